@@ -1,0 +1,88 @@
+//! The example pipeline, `orders`: three steps run by one worker.
+//!
+//! 1. `validate` — checks the order has lines with positive quantities (non-retryable `INVALID_ORDER`).
+//! 2. `price` — prices the lines and adds the total.
+//! 3. `confirm` — issues a confirmation number derived from the launch id (idempotent on it).
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError};
+use stepline::envelope::RequestHeader;
+use stepline::worker::StepFunction;
+
+pub const PIPELINE_ID: &str = "orders";
+pub const RELEASE_VERSION: &str = "1";
+
+/// The pipeline definition; `queue` is the name of the worker's request queue.
+pub fn pipeline(queue: &str) -> PipelineDef {
+    let step = |id: &str| StepDef {
+        id: id.to_string(),
+        queue: queue.to_string(),
+        timeout_secs: 60,
+        retry: RetryPolicy {
+            max_attempts: 3,
+            initial_delay_ms: 500,
+            multiplier: 2.0,
+            max_delay_ms: 10_000,
+        },
+    };
+    PipelineDef {
+        pipeline_id: PIPELINE_ID.to_string(),
+        release_version: RELEASE_VERSION.to_string(),
+        steps: vec![step("validate"), step("price"), step("confirm")],
+    }
+}
+
+/// A sample order input.
+pub fn sample_order(n: usize) -> Value {
+    json!({
+        "orderId": format!("order-{n}"),
+        "lines": [
+            {"sku": "espresso", "qty": 1 + n % 3, "unitCents": 250},
+            {"sku": "croissant", "qty": 1, "unitCents": 320}
+        ]
+    })
+}
+
+pub struct OrderSteps;
+
+fn invalid(message: &str) -> StepError {
+    StepError::new("INVALID_ORDER", message, false)
+}
+
+#[async_trait]
+impl StepFunction for OrderSteps {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        match request.step_id.as_str() {
+            "validate" => {
+                let lines = input["lines"]
+                    .as_array()
+                    .filter(|l| !l.is_empty())
+                    .ok_or_else(|| invalid("an order needs at least one line"))?;
+                if lines.iter().any(|l| l["qty"].as_u64().unwrap_or(0) == 0) {
+                    return Err(invalid("every line needs a positive qty"));
+                }
+                Ok(json!({"orderId": input["orderId"], "lines": lines, "valid": true}))
+            }
+            "price" => {
+                let total: u64 = input["lines"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|l| l["qty"].as_u64().unwrap_or(0) * l["unitCents"].as_u64().unwrap_or(0))
+                    .sum();
+                Ok(json!({"orderId": input["orderId"], "totalCents": total}))
+            }
+            "confirm" => Ok(json!({
+                "orderId": input["orderId"],
+                "totalCents": input["totalCents"],
+                "confirmation": format!("C-{}", &request.launch_id.simple().to_string()[..8]),
+            })),
+            other => Err(StepError::new(
+                "UNKNOWN_STEP",
+                format!("this worker has no step {other:?}"),
+                false,
+            )),
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! Claim function (EventBridge schedule): sweeps the due-time index and takes leases on due executions.
+
+use std::sync::Arc;
+
+use lambda_runtime::{service_fn, LambdaEvent};
+use stepline::aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use stepline::config::CoordinatorConfig;
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    stepline::telemetry::init();
+    let coordinator = Arc::new(stepline::aws::coordinator(
+        &stepline::aws::sdk_config().await,
+        &CoordinatorConfig::from_env()?,
+    ));
+    lambda_runtime::run(service_fn(|event: LambdaEvent<EventBridgeEvent>| {
+        let coordinator = coordinator.clone();
+        async move { stepline::handlers::claim(&coordinator, event.payload).await }
+    }))
+    .await
+}

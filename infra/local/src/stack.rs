@@ -1,0 +1,406 @@
+//! Provisions the template's tables, queues (DLQs first) and event bus on whatever `AWS_ENDPOINT_URL`
+//! points at, under a stage name, and resolves each function's environment and event sources from the
+//! same template. Provisioning is idempotent: existing resources are reused.
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::{anyhow, bail, Context, Result};
+use aws_config::SdkConfig;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
+    ProjectionType, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+use serde::Serialize;
+use serde_yaml::Value;
+
+use crate::template::{resolve, scalar, Lookup, Template};
+
+/// A provisioned resource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Physical {
+    Table { name: String, arn: String },
+    Queue { name: String, url: String, arn: String },
+    Bus { name: String, arn: String },
+}
+
+/// An SQS event source of a function.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SqsSource {
+    pub queue: String,
+    pub queue_url: String,
+    pub queue_arn: String,
+    pub batch_size: i32,
+}
+
+/// A function as the local runner sees it: its resolved environment and its triggers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FunctionSpec {
+    pub env: BTreeMap<String, String>,
+    pub sqs: Vec<SqsSource>,
+    pub schedules: Vec<String>,
+}
+
+/// The provisioned stack.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Stack {
+    pub stage: String,
+    pub parameters: BTreeMap<String, String>,
+    pub resources: BTreeMap<String, Physical>,
+    pub functions: BTreeMap<String, FunctionSpec>,
+}
+
+impl Lookup for Stack {
+    fn parameter(&self, name: &str) -> Option<String> {
+        match name {
+            "AWS::StackName" => Some(format!("stepline-{}", self.stage)),
+            "AWS::Region" => Some(std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into())),
+            _ => self.parameters.get(name).cloned(),
+        }
+    }
+
+    fn reference(&self, logical: &str) -> Option<String> {
+        Some(match self.resources.get(logical)? {
+            Physical::Table { name, .. } | Physical::Bus { name, .. } => name.clone(),
+            Physical::Queue { url, .. } => url.clone(),
+        })
+    }
+
+    fn attribute(&self, logical: &str, attribute: &str) -> Option<String> {
+        let resource = self.resources.get(logical)?;
+        Some(match (resource, attribute) {
+            (Physical::Table { arn, .. } | Physical::Queue { arn, .. } | Physical::Bus { arn, .. }, "Arn") => {
+                arn.clone()
+            }
+            (Physical::Queue { name, .. }, "QueueName") => name.clone(),
+            (Physical::Queue { url, .. }, "QueueUrl") => url.clone(),
+            (Physical::Bus { name, .. }, "Name") => name.clone(),
+            _ => return None,
+        })
+    }
+}
+
+impl Stack {
+    /// Provisions every table, queue and bus of `template` under `stage`.
+    pub async fn provision(sdk: &SdkConfig, template: &Template, stage: &str) -> Result<Stack> {
+        let mut parameters = template.parameter_defaults();
+        parameters.insert("Stage".into(), stage.to_string());
+        let mut stack = Stack {
+            stage: stage.to_string(),
+            parameters,
+            resources: BTreeMap::new(),
+            functions: BTreeMap::new(),
+        };
+        let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
+        let sqs = aws_sdk_sqs::Client::new(sdk);
+        let events = aws_sdk_eventbridge::Client::new(sdk);
+        let resources = template.resources();
+
+        for (logical, kind, props) in &resources {
+            if kind == "AWS::DynamoDB::Table" {
+                let table = create_table(&dynamodb, &stack, props)
+                    .await
+                    .with_context(|| format!("creating table {logical}"))?;
+                stack.resources.insert(logical.clone(), table);
+            }
+        }
+        // Queues without a redrive policy (the DLQs) first, so redrive targets resolve.
+        let queues: Vec<_> = resources
+            .iter()
+            .filter(|(_, kind, _)| kind == "AWS::SQS::Queue")
+            .collect();
+        for pass in [false, true] {
+            for (logical, _, props) in &queues {
+                if props.get("RedrivePolicy").is_some() != pass {
+                    continue;
+                }
+                let queue = create_queue(&sqs, &stack, props)
+                    .await
+                    .with_context(|| format!("creating queue {logical}"))?;
+                stack.resources.insert(logical.clone(), queue);
+            }
+        }
+        for (logical, kind, props) in &resources {
+            if kind == "AWS::Events::EventBus" {
+                let name = resolve(
+                    props.get("Name").ok_or_else(|| anyhow!("{logical}: no Name"))?,
+                    &stack,
+                )?;
+                let arn = match events.create_event_bus().name(&name).send().await {
+                    Ok(out) => out.event_bus_arn.unwrap_or_default(),
+                    Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_already_exists_exception()) => {
+                        events
+                            .describe_event_bus()
+                            .name(&name)
+                            .send()
+                            .await?
+                            .arn
+                            .unwrap_or_default()
+                    }
+                    Err(e) => return Err(anyhow!(aws_sdk_eventbridge::error::DisplayErrorContext(e))),
+                };
+                stack
+                    .resources
+                    .insert(logical.clone(), Physical::Bus { name, arn });
+            }
+        }
+        for (logical, kind, props) in &resources {
+            if kind == "AWS::Serverless::Function" {
+                let spec = function_spec(template, &stack, props)
+                    .with_context(|| format!("resolving function {logical}"))?;
+                stack.functions.insert(logical.clone(), spec);
+            }
+        }
+        Ok(stack)
+    }
+
+    pub fn function(&self, logical: &str) -> Result<&FunctionSpec> {
+        self.functions
+            .get(logical)
+            .ok_or_else(|| anyhow!("the template has no function {logical}"))
+    }
+
+    /// Looks up a function's environment variable (for `from_lookup` configuration readers).
+    pub fn env_of<'a>(&'a self, logical: &str) -> Result<impl Fn(&str) -> Option<String> + 'a> {
+        let spec = self.function(logical)?;
+        Ok(move |name: &str| spec.env.get(name).cloned())
+    }
+
+    pub fn queue(&self, logical: &str) -> Result<(&str, &str)> {
+        match self.resources.get(logical) {
+            Some(Physical::Queue { name, url, .. }) => Ok((name, url)),
+            _ => bail!("the stack has no queue {logical}"),
+        }
+    }
+
+    pub fn table(&self, logical: &str) -> Result<&str> {
+        match self.resources.get(logical) {
+            Some(Physical::Table { name, .. }) => Ok(name),
+            _ => bail!("the stack has no table {logical}"),
+        }
+    }
+}
+
+fn list<'a>(props: &'a Value, key: &str) -> impl Iterator<Item = &'a Value> {
+    props
+        .get(key)
+        .and_then(Value::as_sequence)
+        .into_iter()
+        .flatten()
+}
+
+fn text(value: &Value, key: &str) -> Result<String> {
+    value
+        .get(key)
+        .and_then(scalar)
+        .ok_or_else(|| anyhow!("missing {key}"))
+}
+
+fn key_schema(props: &Value) -> Result<Vec<KeySchemaElement>> {
+    list(props, "KeySchema")
+        .map(|k| {
+            Ok(KeySchemaElement::builder()
+                .attribute_name(text(k, "AttributeName")?)
+                .key_type(KeyType::from(text(k, "KeyType")?.as_str()))
+                .build()?)
+        })
+        .collect()
+}
+
+async fn create_table(
+    client: &aws_sdk_dynamodb::Client,
+    stack: &Stack,
+    props: &Value,
+) -> Result<Physical> {
+    let name = resolve(
+        props.get("TableName").ok_or_else(|| anyhow!("no TableName"))?,
+        stack,
+    )?;
+    let mut request = client
+        .create_table()
+        .table_name(&name)
+        .billing_mode(BillingMode::from(
+            props
+                .get("BillingMode")
+                .and_then(scalar)
+                .unwrap_or_else(|| "PAY_PER_REQUEST".into())
+                .as_str(),
+        ))
+        .set_key_schema(Some(key_schema(props)?));
+    for attr in list(props, "AttributeDefinitions") {
+        request = request.attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(text(attr, "AttributeName")?)
+                .attribute_type(ScalarAttributeType::from(text(attr, "AttributeType")?.as_str()))
+                .build()?,
+        );
+    }
+    for gsi in list(props, "GlobalSecondaryIndexes") {
+        let projection = gsi.get("Projection").cloned().unwrap_or(Value::Null);
+        let non_key: Vec<String> = list(&projection, "NonKeyAttributes")
+            .filter_map(scalar)
+            .collect();
+        request = request.global_secondary_indexes(
+            GlobalSecondaryIndex::builder()
+                .index_name(text(gsi, "IndexName")?)
+                .set_key_schema(Some(key_schema(gsi)?))
+                .projection(
+                    Projection::builder()
+                        .projection_type(ProjectionType::from(
+                            projection
+                                .get("ProjectionType")
+                                .and_then(scalar)
+                                .unwrap_or_else(|| "ALL".into())
+                                .as_str(),
+                        ))
+                        .set_non_key_attributes((!non_key.is_empty()).then_some(non_key))
+                        .build(),
+                )
+                .build()?,
+        );
+    }
+    match request.send().await {
+        Ok(_) => {}
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {}
+        Err(e) => return Err(anyhow!(aws_sdk_dynamodb::error::DisplayErrorContext(e))),
+    }
+    // Wait until ACTIVE (immediate on emulators, seconds on AWS).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let arn = loop {
+        let table = client
+            .describe_table()
+            .table_name(&name)
+            .send()
+            .await?
+            .table
+            .ok_or_else(|| anyhow!("DescribeTable returned no table"))?;
+        if table.table_status == Some(TableStatus::Active) {
+            break table.table_arn.unwrap_or_default();
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("table {name} did not become ACTIVE");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    if let Some(ttl) = props.get("TimeToLiveSpecification") {
+        let spec = TimeToLiveSpecification::builder()
+            .attribute_name(text(ttl, "AttributeName")?)
+            .enabled(ttl.get("Enabled").and_then(Value::as_bool).unwrap_or(true))
+            .build()?;
+        // Fails when TTL is already enabled with the same attribute: that is the state we want.
+        let _ = client
+            .update_time_to_live()
+            .table_name(&name)
+            .time_to_live_specification(spec)
+            .send()
+            .await;
+    }
+    Ok(Physical::Table { name, arn })
+}
+
+async fn create_queue(client: &aws_sdk_sqs::Client, stack: &Stack, props: &Value) -> Result<Physical> {
+    let name = resolve(
+        props.get("QueueName").ok_or_else(|| anyhow!("no QueueName"))?,
+        stack,
+    )?;
+    let mut attributes = HashMap::new();
+    if let Some(map) = props.as_mapping() {
+        for (key, value) in map {
+            let Some(key) = key.as_str() else { continue };
+            match key {
+                "QueueName" | "Tags" => {}
+                "RedrivePolicy" => {
+                    let policy = serde_json::json!({
+                        "deadLetterTargetArn": resolve(
+                            value.get("deadLetterTargetArn").ok_or_else(|| anyhow!("no deadLetterTargetArn"))?,
+                            stack,
+                        )?,
+                        "maxReceiveCount": text(value, "maxReceiveCount")?,
+                    });
+                    attributes.insert(QueueAttributeName::RedrivePolicy, policy.to_string());
+                }
+                other => {
+                    attributes.insert(QueueAttributeName::from(other), resolve(value, stack)?);
+                }
+            }
+        }
+    }
+    let url = client
+        .create_queue()
+        .queue_name(&name)
+        .set_attributes(Some(attributes))
+        .send()
+        .await
+        .map_err(|e| anyhow!(aws_sdk_sqs::error::DisplayErrorContext(e)))?
+        .queue_url
+        .ok_or_else(|| anyhow!("CreateQueue returned no URL"))?;
+    let arn = client
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await?
+        .attributes
+        .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
+        .ok_or_else(|| anyhow!("no QueueArn for {name}"))?;
+    Ok(Physical::Queue { name, url, arn })
+}
+
+fn function_spec(template: &Template, stack: &Stack, props: &Value) -> Result<FunctionSpec> {
+    let mut spec = FunctionSpec::default();
+    let own_env = props.get("Environment").and_then(|e| e.get("Variables"));
+    for vars in [template.global_env(), own_env].into_iter().flatten() {
+        if let Some(map) = vars.as_mapping() {
+            for (key, value) in map {
+                let key = key.as_str().ok_or_else(|| anyhow!("non-string variable name"))?;
+                spec.env
+                    .insert(key.to_string(), resolve(value, stack).with_context(|| key.to_string())?);
+            }
+        }
+    }
+    if let Some(events) = props.get("Events").and_then(Value::as_mapping) {
+        for (_, event) in events {
+            let properties = event.get("Properties").cloned().unwrap_or(Value::Null);
+            match event.get("Type").and_then(Value::as_str) {
+                Some("SQS") => {
+                    let arn = resolve(
+                        properties.get("Queue").ok_or_else(|| anyhow!("SQS event without Queue"))?,
+                        stack,
+                    )?;
+                    let (queue, url) = stack
+                        .resources
+                        .iter()
+                        .find_map(|(logical, r)| match r {
+                            Physical::Queue { arn: a, url, .. } if *a == arn => Some((logical.clone(), url.clone())),
+                            _ => None,
+                        })
+                        .ok_or_else(|| anyhow!("no provisioned queue has ARN {arn}"))?;
+                    let batch_size = properties
+                        .get("BatchSize")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(10) as i32;
+                    spec.sqs.push(SqsSource {
+                        queue,
+                        queue_url: url,
+                        queue_arn: arn,
+                        batch_size,
+                    });
+                }
+                Some("Schedule" | "ScheduleV2") => {
+                    let expression = properties
+                        .get("Schedule")
+                        .or_else(|| properties.get("ScheduleExpression"))
+                        .and_then(scalar)
+                        .unwrap_or_default();
+                    spec.schedules.push(expression);
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(spec)
+}

@@ -1,0 +1,9 @@
+//! Adapters: the ports implemented on AWS (DynamoDB, SQS) and in memory.
+
+pub mod dynamodb;
+pub mod memory;
+pub mod sqs;
+
+pub use dynamodb::{DynamoDbExecutionStore, DynamoDbReleaseRegistry};
+pub use memory::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
+pub use sqs::SqsSender;

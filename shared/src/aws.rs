@@ -1,0 +1,45 @@
+//! Wiring of the AWS adapters. Every client is built from the default configuration chain, which reads
+//! `AWS_ENDPOINT_URL`: the same code talks to AWS, moto or LocalStack.
+
+use std::sync::Arc;
+
+use aws_config::{BehaviorVersion, SdkConfig};
+
+use crate::adapters::{DynamoDbExecutionStore, DynamoDbReleaseRegistry, SqsSender};
+use crate::config::{CoordinatorConfig, WorkerConfig};
+use crate::coordinator::{Coordinator, Settings};
+use crate::envelope::Identity;
+use crate::ports::SystemClock;
+use crate::worker::{StepFunction, Worker};
+
+pub async fn sdk_config() -> SdkConfig {
+    aws_config::load_defaults(BehaviorVersion::latest()).await
+}
+
+/// The coordinator on DynamoDB and SQS.
+pub fn coordinator(sdk: &SdkConfig, config: &CoordinatorConfig) -> Coordinator {
+    let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
+    Coordinator::new(
+        Arc::new(DynamoDbExecutionStore::new(
+            dynamodb.clone(),
+            &config.execution_table,
+            config.due_shards,
+        )),
+        Arc::new(DynamoDbReleaseRegistry::new(dynamodb, &config.release_table)),
+        Arc::new(SqsSender::new(aws_sdk_sqs::Client::new(sdk))),
+        Arc::new(SystemClock),
+        Settings::from_config(config),
+    )
+}
+
+/// A worker replying through SQS.
+pub fn worker(sdk: &SdkConfig, config: &WorkerConfig, steps: Arc<dyn StepFunction>) -> Worker {
+    Worker::new(
+        Identity {
+            pipeline_id: config.pipeline_id.clone(),
+            release_version: config.release_version.clone(),
+        },
+        Arc::new(SqsSender::new(aws_sdk_sqs::Client::new(sdk))),
+        steps,
+    )
+}

@@ -1,0 +1,110 @@
+//! Function configuration, read from environment variables (set by template.yaml, or by the local
+//! runner from the same template).
+
+use std::str::FromStr;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("environment variable {0} is not set")]
+    Missing(&'static str),
+    #[error("environment variable {name} has an invalid value {value:?}")]
+    Invalid { name: &'static str, value: String },
+}
+
+/// Configuration of the coordinator functions (claim, launch, completion, redrive).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoordinatorConfig {
+    pub execution_table: String,
+    pub release_table: String,
+    pub launch_queue_url: String,
+    pub reply_queue_url: String,
+    /// Shards of the due-time index.
+    pub due_shards: u32,
+    pub lease_seconds: u32,
+    /// Due executions taken per shard and claim run.
+    pub claim_limit: i32,
+}
+
+impl CoordinatorConfig {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let required = |name: &'static str| get(name).ok_or(ConfigError::Missing(name));
+        Ok(Self {
+            execution_table: required("EXECUTION_TABLE")?,
+            release_table: required("RELEASE_TABLE")?,
+            launch_queue_url: required("LAUNCH_QUEUE_URL")?,
+            reply_queue_url: required("REPLY_QUEUE_URL")?,
+            due_shards: parsed(&get, "DUE_SHARDS", 4)?,
+            lease_seconds: parsed(&get, "LEASE_SECONDS", 60)?,
+            claim_limit: parsed(&get, "CLAIM_LIMIT", 100)?,
+        })
+    }
+}
+
+/// Identity of a worker: the one pipeline release it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    pub pipeline_id: String,
+    pub release_version: String,
+}
+
+impl WorkerConfig {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        Ok(Self {
+            pipeline_id: get("PIPELINE_ID").ok_or(ConfigError::Missing("PIPELINE_ID"))?,
+            release_version: get("RELEASE_VERSION").ok_or(ConfigError::Missing("RELEASE_VERSION"))?,
+        })
+    }
+}
+
+fn parsed<T: FromStr>(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: T,
+) -> Result<T, ConfigError> {
+    match get(name) {
+        None => Ok(default),
+        Some(value) => value
+            .parse()
+            .map_err(|_| ConfigError::Invalid { name, value }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn reads_required_and_defaults() {
+        let env: HashMap<&str, &str> = [
+            ("EXECUTION_TABLE", "e"),
+            ("RELEASE_TABLE", "r"),
+            ("LAUNCH_QUEUE_URL", "l"),
+            ("REPLY_QUEUE_URL", "p"),
+            ("DUE_SHARDS", "8"),
+        ]
+        .into();
+        let cfg = CoordinatorConfig::from_lookup(|k| env.get(k).map(|v| v.to_string())).unwrap();
+        assert_eq!(cfg.due_shards, 8);
+        assert_eq!(cfg.lease_seconds, 60);
+        let missing = CoordinatorConfig::from_lookup(|_| None).unwrap_err();
+        assert_eq!(missing, ConfigError::Missing("EXECUTION_TABLE"));
+        let bad = CoordinatorConfig::from_lookup(|k| {
+            if k == "DUE_SHARDS" {
+                Some("many".into())
+            } else {
+                Some("x".into())
+            }
+        })
+        .unwrap_err();
+        assert!(matches!(bad, ConfigError::Invalid { name: "DUE_SHARDS", .. }));
+    }
+}

@@ -1,0 +1,495 @@
+//! The coordinator service: load a record, `decide`, commit conditionally on the version read, then carry
+//! out the decision's actions. The Lambda handlers in `handlers` are thin shells over it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::config::CoordinatorConfig;
+use crate::domain::{self, Action, Context, Decision, Event, Execution, PipelineDef, Rejection, Skip};
+use crate::envelope::{Identity, LaunchWork, RequestEnvelope, RequestHeader, REQUEST_KIND};
+use crate::ports::{Clock, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry, SendError, StoreError};
+
+/// How often a decision is re-made after losing a conditional write before giving up (the message is
+/// then retried by its queue).
+const MAX_RACES: u32 = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    #[error("execution {0} not found")]
+    NotFound(Uuid),
+    #[error("pipeline {pipeline_id} release {release_version} is not registered")]
+    UnknownRelease {
+        pipeline_id: String,
+        release_version: String,
+    },
+    #[error("pipeline {0} has no active release")]
+    NoActiveRelease(String),
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("gave up after {0} conflicting writes")]
+    Contention(u32),
+}
+
+impl CoordinatorError {
+    /// Stable error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            CoordinatorError::NotFound(_) => "NOT_FOUND",
+            CoordinatorError::UnknownRelease { .. } => "UNKNOWN_RELEASE",
+            CoordinatorError::NoActiveRelease(_) => "NO_ACTIVE_RELEASE",
+            CoordinatorError::Invalid(_) => "INVALID_REQUEST",
+            CoordinatorError::Rejected(r) => r.code(),
+            CoordinatorError::Store(StoreError::Corrupt(_)) => "CORRUPT_RECORD",
+            CoordinatorError::Store(_) => "STORE_UNAVAILABLE",
+            CoordinatorError::Contention(_) => "CONTENTION",
+        }
+    }
+
+    /// Whether the same request may succeed later (the message should be redelivered).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            CoordinatorError::Store(e) => e.is_retryable(),
+            CoordinatorError::Contention(_) => true,
+            _ => false,
+        }
+    }
+}
+
+impl From<CoordinatorError> for lambda_runtime::Diagnostic {
+    fn from(err: CoordinatorError) -> Self {
+        lambda_runtime::Diagnostic {
+            error_type: err.code().to_string(),
+            error_message: err.to_string(),
+        }
+    }
+}
+
+/// Runtime settings of the coordinator.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub launch_queue: String,
+    pub reply_queue: String,
+    pub lease_ms: i64,
+    pub claim_limit: i32,
+    /// Identifies this process in lease owners.
+    pub instance: String,
+}
+
+impl Settings {
+    pub fn from_config(config: &CoordinatorConfig) -> Self {
+        Self {
+            launch_queue: config.launch_queue_url.clone(),
+            reply_queue: config.reply_queue_url.clone(),
+            lease_ms: i64::from(config.lease_seconds) * 1000,
+            claim_limit: config.claim_limit,
+            instance: Uuid::new_v4().simple().to_string()[..12].to_string(),
+        }
+    }
+}
+
+/// What applying an event did.
+#[derive(Debug, Clone)]
+pub enum Applied {
+    Committed {
+        record: Execution,
+        actions: Vec<Action>,
+        definition: Arc<PipelineDef>,
+    },
+    Skipped {
+        skip: Skip,
+        record: Execution,
+    },
+}
+
+impl Applied {
+    pub fn record(&self) -> &Execution {
+        match self {
+            Applied::Committed { record, .. } | Applied::Skipped { record, .. } => record,
+        }
+    }
+}
+
+/// A new execution's request.
+#[derive(Debug, Clone, Default)]
+pub struct SubmitRequest {
+    pub pipeline_id: String,
+    /// Defaults to the pipeline's active release.
+    pub release_version: Option<String>,
+    pub tenant: String,
+    pub input: Value,
+    /// Submitting the same key again (same tenant) returns the first execution.
+    pub idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Submitted {
+    pub execution: Uuid,
+    pub duplicate: bool,
+    pub version: u64,
+}
+
+/// Namespace of execution ids derived from idempotency keys.
+const IDEMPOTENCY_NAMESPACE: Uuid = Uuid::from_u128(0x3b0e_91c4_55d2_4f0a_9c7e_1a2b_8d6f_40e1);
+
+pub struct Coordinator {
+    store: Arc<dyn ExecutionStore>,
+    registry: Arc<dyn ReleaseRegistry>,
+    sender: Arc<dyn MessageSender>,
+    clock: Arc<dyn Clock>,
+    settings: Settings,
+    definitions: Mutex<HashMap<(String, String), Arc<PipelineDef>>>,
+}
+
+impl Coordinator {
+    pub fn new(
+        store: Arc<dyn ExecutionStore>,
+        registry: Arc<dyn ReleaseRegistry>,
+        sender: Arc<dyn MessageSender>,
+        clock: Arc<dyn Clock>,
+        settings: Settings,
+    ) -> Self {
+        Self {
+            store,
+            registry,
+            sender,
+            clock,
+            settings,
+            definitions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn ExecutionStore> {
+        &self.store
+    }
+
+    pub fn registry(&self) -> &Arc<dyn ReleaseRegistry> {
+        &self.registry
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn now(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    fn context(&self, role: &str) -> Context {
+        Context {
+            now: self.clock.now_ms(),
+            jitter: self.clock.jitter(),
+            token: self.clock.token(),
+            owner: format!("{role}:{}", self.settings.instance),
+            lease_ms: self.settings.lease_ms,
+        }
+    }
+
+    /// A pinned definition; immutable once registered, so cached for the life of the process.
+    pub async fn definition(
+        &self,
+        pipeline_id: &str,
+        release_version: &str,
+    ) -> Result<Arc<PipelineDef>, CoordinatorError> {
+        let key = (pipeline_id.to_string(), release_version.to_string());
+        if let Some(def) = self.definitions.lock().expect("definitions").get(&key) {
+            return Ok(def.clone());
+        }
+        let def = self
+            .registry
+            .get(pipeline_id, release_version)
+            .await?
+            .ok_or_else(|| CoordinatorError::UnknownRelease {
+                pipeline_id: pipeline_id.to_string(),
+                release_version: release_version.to_string(),
+            })?;
+        let def = Arc::new(def);
+        self.definitions
+            .lock()
+            .expect("definitions")
+            .insert(key, def.clone());
+        Ok(def)
+    }
+
+    pub async fn get(&self, id: Uuid) -> Result<Execution, CoordinatorError> {
+        self.store
+            .get(id)
+            .await?
+            .ok_or(CoordinatorError::NotFound(id))
+    }
+
+    /// Load, decide, commit on the version read; on a lost race, decide again on the fresh record.
+    pub async fn apply(
+        &self,
+        id: Uuid,
+        event: &Event,
+        role: &str,
+    ) -> Result<Applied, CoordinatorError> {
+        for _ in 0..MAX_RACES {
+            let record = self.get(id).await?;
+            let definition = self
+                .definition(&record.pipeline_id, &record.release_version)
+                .await?;
+            let ctx = self.context(role);
+            match domain::decide(&record, &definition, &ctx, event) {
+                Decision::Commit {
+                    record: next,
+                    actions,
+                } => match self.store.replace(&next, record.version).await {
+                    Ok(()) => {
+                        return Ok(Applied::Committed {
+                            record: *next,
+                            actions,
+                            definition,
+                        })
+                    }
+                    Err(StoreError::Conflict) => continue,
+                    Err(e) => return Err(e.into()),
+                },
+                Decision::Skip(skip) => return Ok(Applied::Skipped { skip, record }),
+                Decision::Reject(rejection) => return Err(rejection.into()),
+            }
+        }
+        Err(CoordinatorError::Contention(MAX_RACES))
+    }
+
+    /// Starts a new execution pinned to the requested (or active) release and enqueues its first launch.
+    pub async fn submit(&self, request: SubmitRequest) -> Result<Submitted, CoordinatorError> {
+        if request.pipeline_id.is_empty() || request.tenant.is_empty() {
+            return Err(CoordinatorError::Invalid(
+                "pipelineId and tenant are required".into(),
+            ));
+        }
+        let release = match request.release_version {
+            Some(release) => release,
+            None => self
+                .registry
+                .active(&request.pipeline_id)
+                .await?
+                .ok_or_else(|| CoordinatorError::NoActiveRelease(request.pipeline_id.clone()))?,
+        };
+        let definition = self.definition(&request.pipeline_id, &release).await?;
+        let id = match &request.idempotency_key {
+            Some(key) => Uuid::new_v5(
+                &IDEMPOTENCY_NAMESPACE,
+                format!("{}/{}/{key}", request.tenant, request.pipeline_id).as_bytes(),
+            ),
+            None => self.clock.token(),
+        };
+        let ctx = self.context("submit");
+        let (record, actions) = domain::start(
+            id,
+            &request.tenant,
+            &definition,
+            request.input,
+            request.idempotency_key,
+            &ctx,
+        );
+        match self.store.create(&record).await {
+            Ok(()) => {}
+            Err(StoreError::Conflict) => {
+                let existing = self.get(id).await?;
+                return Ok(Submitted {
+                    execution: id,
+                    duplicate: true,
+                    version: existing.version,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(execution_id = %id, pipeline = %record.pipeline_id, release = %release, "execution submitted");
+        let mut outbox = Outbox::default();
+        self.stage(&mut outbox, &record, &definition, &actions, 0);
+        self.flush(outbox).await;
+        Ok(Submitted {
+            execution: id,
+            duplicate: false,
+            version: record.version,
+        })
+    }
+
+    /// Turns a committed decision's actions into messages.
+    pub fn stage(
+        &self,
+        outbox: &mut Outbox,
+        record: &Execution,
+        definition: &PipelineDef,
+        actions: &[Action],
+        source: usize,
+    ) {
+        for action in actions {
+            match action {
+                Action::EnqueueLaunch {
+                    generation,
+                    token,
+                    delay_secs,
+                } => {
+                    let work = LaunchWork {
+                        execution_id: record.id,
+                        generation: *generation,
+                        token: *token,
+                    };
+                    outbox.push(
+                        &self.settings.launch_queue,
+                        source,
+                        OutMessage {
+                            body: serde_json::to_string(&work).expect("launch work serializes"),
+                            delay_secs: *delay_secs,
+                        },
+                    );
+                }
+                Action::SendRequest {
+                    step,
+                    attempt,
+                    launch_id,
+                    deadline,
+                } => {
+                    let (Some(step_def), Some(input)) =
+                        (definition.step(*step), record.step_input(*step))
+                    else {
+                        tracing::error!(execution_id = %record.id, step, "request without step definition or input");
+                        continue;
+                    };
+                    let envelope = RequestEnvelope {
+                        header: RequestHeader {
+                            kind: REQUEST_KIND.to_string(),
+                            identity: Identity {
+                                pipeline_id: record.pipeline_id.clone(),
+                                release_version: record.release_version.clone(),
+                            },
+                            tenant: record.tenant.clone(),
+                            execution_id: record.id,
+                            step_id: step_def.id.clone(),
+                            step_index: *step,
+                            attempt: *attempt,
+                            launch_id: *launch_id,
+                            reply_to: self.settings.reply_queue.clone(),
+                            deadline: *deadline,
+                        },
+                        payload: input.value(),
+                    };
+                    tracing::info!(
+                        execution_id = %record.id, tenant = %record.tenant, step = %step_def.id,
+                        attempt, launch_id = %launch_id, "step launched"
+                    );
+                    outbox.push(
+                        &step_def.queue,
+                        source,
+                        OutMessage {
+                            body: serde_json::to_string(&envelope).expect("request serializes"),
+                            delay_secs: 0,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Sends everything staged, batched per queue. A send that fails after its commit is recovered by the
+    /// sweeper: the committed record is due at its lease expiry or step deadline. Returns the failures.
+    pub async fn flush(&self, outbox: Outbox) -> Vec<(usize, SendError)> {
+        let mut failures = Vec::new();
+        for (queue, entries) in outbox.by_queue {
+            let messages: Vec<OutMessage> = entries.iter().map(|(_, m)| m.clone()).collect();
+            let results = self.sender.send(&queue, &messages).await;
+            for ((source, _), result) in entries.into_iter().zip(results) {
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, "send failed after commit; the sweeper will recover it");
+                    failures.push((source, e));
+                }
+            }
+        }
+        failures
+    }
+
+    /// Applies an event and carries out its actions at once (single-message paths: redrive, cancel).
+    pub async fn apply_and_dispatch(
+        &self,
+        id: Uuid,
+        event: &Event,
+        role: &str,
+    ) -> Result<Applied, CoordinatorError> {
+        let applied = self.apply(id, event, role).await?;
+        if let Applied::Committed {
+            record,
+            actions,
+            definition,
+        } = &applied
+        {
+            let mut outbox = Outbox::default();
+            self.stage(&mut outbox, record, definition, actions, 0);
+            self.flush(outbox).await;
+        }
+        Ok(applied)
+    }
+
+    /// One sweep: Query every shard of the due index, take a lease on each due execution and enqueue its
+    /// launch work.
+    pub async fn claim_due(&self) -> Result<ClaimReport, CoordinatorError> {
+        let now = self.clock.now_ms();
+        let mut report = ClaimReport::default();
+        let mut outbox = Outbox::default();
+        for shard in 0..self.store.shards() {
+            let due = self
+                .store
+                .due(shard, now, self.settings.claim_limit)
+                .await?;
+            report.due += due.len();
+            for id in due {
+                match self.apply(id, &Event::Claim, "claim").await {
+                    Ok(Applied::Committed {
+                        record,
+                        actions,
+                        definition,
+                    }) => {
+                        report.claimed += 1;
+                        tracing::info!(execution_id = %id, generation = record.generation, "lease taken");
+                        self.stage(&mut outbox, &record, &definition, &actions, 0);
+                    }
+                    Ok(Applied::Skipped { .. }) => report.skipped += 1,
+                    Err(e) => {
+                        report.failed += 1;
+                        tracing::warn!(execution_id = %id, code = e.code(), error = %e, "claim failed");
+                    }
+                }
+            }
+        }
+        self.flush(outbox).await;
+        Ok(report)
+    }
+}
+
+/// What a claim run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ClaimReport {
+    pub due: usize,
+    pub claimed: usize,
+    pub skipped: usize,
+    pub failed: usize,
+}
+
+/// Messages staged during a batch, grouped by destination queue so each queue gets `SendMessageBatch`es.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    by_queue: BTreeMap<String, Vec<(usize, OutMessage)>>,
+}
+
+impl Outbox {
+    pub fn push(&mut self, queue: &str, source: usize, message: OutMessage) {
+        self.by_queue
+            .entry(queue.to_string())
+            .or_default()
+            .push((source, message));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_queue.is_empty()
+    }
+}

@@ -1,0 +1,204 @@
+//! The execution record: one run of a pinned pipeline release on one input, with its progress, lease,
+//! fencing generation and version. This is what the execution table stores (one item per execution).
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::payload::Payload;
+
+/// Lifecycle of an execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Status {
+    /// Accepted, first step not launched yet (or re-driven and waiting for its new attempt).
+    Queued,
+    /// A step attempt is launched and its reply awaited.
+    Running,
+    /// Parked on an await unit (human or external system).
+    WaitingExternal,
+    /// The last attempt failed; the next one is scheduled.
+    WaitRetry,
+    Succeeded,
+    /// A step failed for good (attempt budget exhausted or non-retryable); can be re-driven.
+    Failed,
+    /// Dead-lettered; can be re-driven.
+    Dlq,
+    Cancelled,
+}
+
+impl Status {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Status::Succeeded | Status::Failed | Status::Dlq | Status::Cancelled
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Queued => "QUEUED",
+            Status::Running => "RUNNING",
+            Status::WaitingExternal => "WAITING_EXTERNAL",
+            Status::WaitRetry => "WAIT_RETRY",
+            Status::Succeeded => "SUCCEEDED",
+            Status::Failed => "FAILED",
+            Status::Dlq => "DLQ",
+            Status::Cancelled => "CANCELLED",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A time-bounded right to act on an execution. Taking one increments the record's generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lease {
+    pub owner: String,
+    pub token: Uuid,
+    /// Epoch milliseconds.
+    pub expires_at: i64,
+}
+
+/// A step failure as reported by a worker or decided by the coordinator (timeouts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepError {
+    /// Stable, machine-readable code, e.g. `STEP_TIMEOUT` or a worker's own code.
+    pub code: String,
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl StepError {
+    pub fn new(code: &str, message: impl Into<String>, retryable: bool) -> Self {
+        Self {
+            code: code.to_string(),
+            message: message.into(),
+            retryable,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum StepStatus {
+    /// Saved with its launch id before the request is sent.
+    Launching,
+    /// The last attempt failed; a retry is scheduled or the execution failed.
+    Failed,
+    Succeeded,
+}
+
+/// The consumer receipt of the last reply applied to a step: its launch id and the fingerprint of its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Receipt {
+    pub launch_id: Uuid,
+    pub fingerprint: String,
+}
+
+/// Progress of one step, indexed like the pipeline's steps (present once the step was first launched).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepProgress {
+    pub status: StepStatus,
+    pub launch_id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Payload>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<Receipt>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<StepError>,
+}
+
+/// Audit entry of an operator re-drive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RedriveNote {
+    pub at: i64,
+    pub reason: String,
+    pub from_status: Status,
+    pub from_version: u64,
+}
+
+/// The execution record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Execution {
+    pub id: Uuid,
+    pub tenant: String,
+    pub pipeline_id: String,
+    /// The release this execution is pinned to; retries and re-drives keep it.
+    pub release_version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    pub status: Status,
+    /// Index of the current step.
+    pub step: u32,
+    /// Attempt number of the current step (1-based once launched, counting every attempt ever made).
+    pub attempt: u32,
+    /// Attempts made before the current retry budget started (a re-drive opens a new budget).
+    #[serde(default)]
+    pub budget_base: u32,
+    /// Incremented by every write; every write is conditional on the version read.
+    pub version: u64,
+    /// Fencing generation: incremented whenever a lease is taken.
+    pub generation: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Lease>,
+    /// When the execution next needs the coordinator's attention (retry time, step deadline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_at: Option<i64>,
+    /// Launch id of the current attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_id: Option<Uuid>,
+    /// How often the current attempt's request was re-sent by the sweeper.
+    #[serde(default)]
+    pub resends: u32,
+    pub input: Payload,
+    #[serde(default)]
+    pub steps: Vec<StepProgress>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Payload>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<StepError>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redrives: Vec<RedriveNote>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl Execution {
+    /// When the sweeper should look at this execution: never once terminal; at lease expiry while leased
+    /// (the holder is expected to act first); otherwise at `wake_at`. Stored as the due-index sort key.
+    pub fn due_at(&self) -> Option<i64> {
+        if self.status.is_terminal() {
+            return None;
+        }
+        match &self.lease {
+            Some(lease) => Some(lease.expires_at),
+            None => self.wake_at,
+        }
+    }
+
+    /// The input of step `index`: the execution input for the first step, else the previous step's output.
+    pub fn step_input(&self, index: u32) -> Option<&Payload> {
+        if index == 0 {
+            Some(&self.input)
+        } else {
+            self.steps
+                .get(index as usize - 1)
+                .and_then(|p| p.output.as_ref())
+        }
+    }
+
+    /// Attempts used in the current retry budget.
+    pub fn attempts_in_budget(&self) -> u32 {
+        self.attempt.saturating_sub(self.budget_base)
+    }
+}

@@ -1,0 +1,505 @@
+//! The coordinator's state machine: `decide(record, definition, context, event)` returns the new record
+//! and the effects to carry out, or why nothing is written. No I/O: handlers load, decide, commit
+//! conditionally on the version read, then perform the actions.
+//!
+//! | status            | event        | guard                                   | next status / effect                     |
+//! |-------------------|--------------|-----------------------------------------|------------------------------------------|
+//! | not terminal      | Claim        | due, lease absent or expired            | lease (gen+1) · EnqueueLaunch            |
+//! | QUEUED/WAIT_RETRY | LaunchWork   | lease generation+token match            | RUNNING, step `launching` · SendRequest  |
+//! | RUNNING           | LaunchWork   | lease match, deadline passed, no resend | same launch re-sent · SendRequest        |
+//! | RUNNING           | LaunchWork   | lease match, deadline passed, resent    | attempt failed with STEP_TIMEOUT (retry) |
+//! | RUNNING           | Reply ok     | current launch id                       | next step `launching` · SendRequest, or SUCCEEDED |
+//! | RUNNING           | Reply error  | current launch id, budget left          | WAIT_RETRY, lease · EnqueueLaunch(delay) |
+//! | RUNNING           | Reply error  | current launch id, no budget/non-retry  | FAILED                                   |
+//! | FAILED/DLQ        | Redrive      | expected version                        | QUEUED, new budget, lease · EnqueueLaunch|
+//! | not terminal      | Cancel       |                                         | CANCELLED                                |
+//!
+//! A reply whose launch id already has a receipt is a duplicate (same bytes) or a conflict (other bytes).
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::execution::{
+    Execution, Lease, Receipt, RedriveNote, Status, StepError, StepProgress, StepStatus,
+};
+use super::ids::launch_id;
+use super::payload::Payload;
+use super::pipeline::PipelineDef;
+
+/// A launched attempt with no reply by its deadline has its request re-sent this many times (same launch
+/// id, recovering a crash between save and send) before the attempt is declared timed out.
+pub const MAX_RESENDS: u32 = 1;
+/// SQS `DelaySeconds` upper bound; longer retry waits are left to the due-time index.
+pub const MAX_DELAY_SECONDS: u64 = 900;
+
+/// Inputs from the world that the machine must not fetch itself.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// Epoch milliseconds.
+    pub now: i64,
+    /// Uniform in `[0, 1)`, for full-jitter backoff.
+    pub jitter: f64,
+    /// A fresh token for a lease this decision may take.
+    pub token: Uuid,
+    /// Who acts (handler name and instance), recorded as lease owner.
+    pub owner: String,
+    pub lease_ms: i64,
+}
+
+/// Outcome reported by a worker for one launch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Succeeded(Value),
+    Failed(StepError),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The sweeper found the execution due.
+    Claim,
+    /// Launch work carrying the lease it was enqueued under.
+    LaunchWork { generation: u64, token: Uuid },
+    /// A worker's reply.
+    Reply {
+        launch_id: Uuid,
+        step: u32,
+        attempt: u32,
+        fingerprint: String,
+        outcome: Outcome,
+    },
+    /// Operator re-drive of a FAILED or DLQ execution.
+    Redrive {
+        expected_version: u64,
+        reason: String,
+    },
+    Cancel {
+        reason: String,
+    },
+}
+
+/// Effects to carry out after the commit.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Send the request envelope of the record's current step and attempt to its worker.
+    SendRequest {
+        step: u32,
+        attempt: u32,
+        launch_id: Uuid,
+        deadline: i64,
+    },
+    /// Put launch work on the launch queue, under the lease the decision took.
+    EnqueueLaunch {
+        generation: u64,
+        token: Uuid,
+        delay_secs: u32,
+    },
+}
+
+/// Why a decision writes nothing. None of these is an error: the message is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    NotDue,
+    Leased,
+    Terminal,
+    /// The lease the work was enqueued under is no longer the record's (taken over or released).
+    Fenced,
+    /// A reply for an attempt that is no longer current (superseded by a timeout retry).
+    Stale,
+    /// The same reply, byte for byte, was already applied.
+    Duplicate,
+}
+
+/// A decision that refuses the event: reported, never applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    #[error("launch id {launch_id} does not belong to this execution's step {step} attempt {attempt}")]
+    UnknownCorrelation {
+        launch_id: Uuid,
+        step: u32,
+        attempt: u32,
+    },
+    #[error("launch id {launch_id} was already applied with different bytes")]
+    Conflict { launch_id: Uuid },
+    #[error("expected version {expected}, found {actual}")]
+    VersionMismatch { expected: u64, actual: u64 },
+    #[error("status {0} cannot be re-driven (only FAILED or DLQ)")]
+    NotRedrivable(Status),
+    #[error("execution is already {0}")]
+    AlreadyTerminal(Status),
+}
+
+impl Rejection {
+    /// Stable error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::UnknownCorrelation { .. } => "UNKNOWN_CORRELATION",
+            Rejection::Conflict { .. } => "RECEIPT_CONFLICT",
+            Rejection::VersionMismatch { .. } => "VERSION_CONFLICT",
+            Rejection::NotRedrivable(_) => "NOT_REDRIVABLE",
+            Rejection::AlreadyTerminal(_) => "ALREADY_TERMINAL",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    Commit {
+        record: Box<Execution>,
+        actions: Vec<Action>,
+    },
+    Skip(Skip),
+    Reject(Rejection),
+}
+
+/// Creates the record of a new execution together with the lease and launch work of its first step.
+pub fn start(
+    id: Uuid,
+    tenant: &str,
+    def: &PipelineDef,
+    input: Value,
+    idempotency_key: Option<String>,
+    ctx: &Context,
+) -> (Execution, Vec<Action>) {
+    let mut record = Execution {
+        id,
+        tenant: tenant.to_string(),
+        pipeline_id: def.pipeline_id.clone(),
+        release_version: def.release_version.clone(),
+        idempotency_key,
+        status: Status::Queued,
+        step: 0,
+        attempt: 0,
+        budget_base: 0,
+        version: 1,
+        generation: 0,
+        lease: None,
+        wake_at: Some(ctx.now),
+        launch_id: None,
+        resends: 0,
+        input: Payload::new(input),
+        steps: Vec::new(),
+        result: None,
+        error: None,
+        redrives: Vec::new(),
+        created_at: ctx.now,
+        updated_at: ctx.now,
+    };
+    let action = take_lease(&mut record, ctx, 0);
+    (record, vec![action])
+}
+
+/// The transition function.
+pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Event) -> Decision {
+    match event {
+        Event::Claim => claim(record, ctx),
+        Event::LaunchWork { generation, token } => launch_work(record, def, ctx, *generation, *token),
+        Event::Reply {
+            launch_id,
+            step,
+            attempt,
+            fingerprint,
+            outcome,
+        } => reply(record, def, ctx, *launch_id, *step, *attempt, fingerprint, outcome),
+        Event::Redrive {
+            expected_version,
+            reason,
+        } => redrive(record, ctx, *expected_version, reason),
+        Event::Cancel { reason } => cancel(record, ctx, reason),
+    }
+}
+
+fn claim(record: &Execution, ctx: &Context) -> Decision {
+    if record.status.is_terminal() {
+        return Decision::Skip(Skip::Terminal);
+    }
+    match record.due_at() {
+        Some(due) if due <= ctx.now => {}
+        _ => return Decision::Skip(Skip::NotDue),
+    }
+    if matches!(&record.lease, Some(lease) if lease.expires_at > ctx.now) {
+        return Decision::Skip(Skip::Leased);
+    }
+    let mut next = bump(record, ctx);
+    let action = take_lease(&mut next, ctx, 0);
+    commit(next, vec![action])
+}
+
+fn launch_work(
+    record: &Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    generation: u64,
+    token: Uuid,
+) -> Decision {
+    if record.status.is_terminal() {
+        return Decision::Skip(Skip::Terminal);
+    }
+    let holds = matches!(&record.lease, Some(lease) if lease.token == token)
+        && record.generation == generation;
+    if !holds {
+        return Decision::Skip(Skip::Fenced);
+    }
+    let mut next = bump(record, ctx);
+    next.lease = None;
+    match record.status {
+        Status::Queued | Status::WaitRetry => {
+            let action = launch_attempt(&mut next, def, ctx, record.attempt + 1);
+            commit(next, vec![action])
+        }
+        Status::Running if record.wake_at.is_some_and(|w| w <= ctx.now) => {
+            if record.resends < MAX_RESENDS {
+                next.resends += 1;
+                let deadline = ctx.now + step_timeout_ms(def, record.step);
+                next.wake_at = Some(deadline);
+                let action = Action::SendRequest {
+                    step: record.step,
+                    attempt: record.attempt,
+                    launch_id: launch_id(record.id, record.step, record.attempt),
+                    deadline,
+                };
+                commit(next, vec![action])
+            } else {
+                let error = StepError::new(
+                    "STEP_TIMEOUT",
+                    format!(
+                        "no reply within {} s (request sent {} times)",
+                        step_timeout_ms(def, record.step) / 1000,
+                        record.resends + 1
+                    ),
+                    true,
+                );
+                let actions = fail_attempt(&mut next, def, ctx, error);
+                commit(next, actions)
+            }
+        }
+        // Nothing to do under this lease (the execution moved on meanwhile): release it.
+        _ => commit(next, Vec::new()),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn reply(
+    record: &Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    reply_launch: Uuid,
+    step: u32,
+    attempt: u32,
+    fingerprint: &str,
+    outcome: &Outcome,
+) -> Decision {
+    if reply_launch != launch_id(record.id, step, attempt) || def.step(step).is_none() {
+        return Decision::Reject(Rejection::UnknownCorrelation {
+            launch_id: reply_launch,
+            step,
+            attempt,
+        });
+    }
+    if let Some(receipt) = record
+        .steps
+        .get(step as usize)
+        .and_then(|p| p.receipt.as_ref())
+        .filter(|r| r.launch_id == reply_launch)
+    {
+        return if receipt.fingerprint == fingerprint {
+            Decision::Skip(Skip::Duplicate)
+        } else {
+            Decision::Reject(Rejection::Conflict {
+                launch_id: reply_launch,
+            })
+        };
+    }
+    let current = record.status == Status::Running
+        && record.step == step
+        && record.attempt == attempt
+        && record.launch_id == Some(reply_launch);
+    if !current {
+        if step > record.step || (step == record.step && attempt > record.attempt) {
+            // A launch id that was never saved cannot have been sent.
+            return Decision::Reject(Rejection::UnknownCorrelation {
+                launch_id: reply_launch,
+                step,
+                attempt,
+            });
+        }
+        return Decision::Skip(if record.status.is_terminal() {
+            Skip::Terminal
+        } else {
+            Skip::Stale
+        });
+    }
+
+    let mut next = bump(record, ctx);
+    next.lease = None;
+    let receipt = Receipt {
+        launch_id: reply_launch,
+        fingerprint: fingerprint.to_string(),
+    };
+    let progress = &mut next.steps[step as usize];
+    progress.receipt = Some(receipt);
+    match outcome {
+        Outcome::Succeeded(output) => {
+            progress.status = StepStatus::Succeeded;
+            progress.output = Some(Payload::new(output.clone()));
+            progress.error = None;
+            next.error = None;
+            if (step as usize) + 1 == def.steps.len() {
+                next.status = Status::Succeeded;
+                next.result = Some(Payload::new(output.clone()));
+                next.wake_at = None;
+                next.launch_id = None;
+                commit(next, Vec::new())
+            } else {
+                next.step = step + 1;
+                next.budget_base = 0;
+                let action = launch_attempt(&mut next, def, ctx, 1);
+                commit(next, vec![action])
+            }
+        }
+        Outcome::Failed(error) => {
+            let actions = fail_attempt(&mut next, def, ctx, error.clone());
+            commit(next, actions)
+        }
+    }
+}
+
+fn redrive(record: &Execution, ctx: &Context, expected_version: u64, reason: &str) -> Decision {
+    if !matches!(record.status, Status::Failed | Status::Dlq) {
+        return Decision::Reject(Rejection::NotRedrivable(record.status));
+    }
+    if record.version != expected_version {
+        return Decision::Reject(Rejection::VersionMismatch {
+            expected: expected_version,
+            actual: record.version,
+        });
+    }
+    let mut next = bump(record, ctx);
+    next.redrives.push(RedriveNote {
+        at: ctx.now,
+        reason: reason.to_string(),
+        from_status: record.status,
+        from_version: record.version,
+    });
+    next.status = Status::Queued;
+    next.budget_base = record.attempt;
+    next.error = None;
+    next.wake_at = Some(ctx.now);
+    let action = take_lease(&mut next, ctx, 0);
+    commit(next, vec![action])
+}
+
+fn cancel(record: &Execution, ctx: &Context, reason: &str) -> Decision {
+    if record.status.is_terminal() {
+        return Decision::Reject(Rejection::AlreadyTerminal(record.status));
+    }
+    let mut next = bump(record, ctx);
+    next.status = Status::Cancelled;
+    next.lease = None;
+    next.wake_at = None;
+    next.error = Some(StepError::new("CANCELLED", reason, false));
+    commit(next, Vec::new())
+}
+
+/// Starts attempt `attempt` of the record's current step: saved as `launching` with its deterministic
+/// launch id, to be sent after the commit.
+fn launch_attempt(next: &mut Execution, def: &PipelineDef, ctx: &Context, attempt: u32) -> Action {
+    let step = next.step;
+    let id = launch_id(next.id, step, attempt);
+    let deadline = ctx.now + step_timeout_ms(def, step);
+    next.status = Status::Running;
+    next.attempt = attempt;
+    next.launch_id = Some(id);
+    next.resends = 0;
+    next.wake_at = Some(deadline);
+    let progress = StepProgress {
+        status: StepStatus::Launching,
+        launch_id: id,
+        output: None,
+        receipt: None,
+        error: None,
+    };
+    match next.steps.get_mut(step as usize) {
+        Some(existing) => {
+            existing.status = StepStatus::Launching;
+            existing.launch_id = id;
+        }
+        None => next.steps.push(progress),
+    }
+    Action::SendRequest {
+        step,
+        attempt,
+        launch_id: id,
+        deadline,
+    }
+}
+
+/// Records a failed attempt and either schedules the retry or fails the execution.
+fn fail_attempt(
+    next: &mut Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    error: StepError,
+) -> Vec<Action> {
+    let policy = def
+        .step(next.step)
+        .map(|s| s.retry.clone())
+        .unwrap_or_default();
+    if let Some(progress) = next.steps.get_mut(next.step as usize) {
+        progress.status = StepStatus::Failed;
+        progress.error = Some(error.clone());
+    }
+    next.launch_id = None;
+    next.lease = None;
+    let used = next.attempts_in_budget();
+    if error.retryable && used < policy.max_attempts {
+        let delay_ms = policy.delay_ms(used, ctx.jitter);
+        next.status = Status::WaitRetry;
+        next.error = Some(error);
+        next.wake_at = Some(ctx.now + delay_ms as i64);
+        let delay_secs = delay_ms.div_ceil(1000);
+        if delay_secs <= MAX_DELAY_SECONDS {
+            vec![take_lease(next, ctx, delay_ms as i64)]
+        } else {
+            Vec::new()
+        }
+    } else {
+        next.status = Status::Failed;
+        next.error = Some(error);
+        next.wake_at = None;
+        Vec::new()
+    }
+}
+
+/// Takes a fresh lease (new generation) covering `delay_ms` plus the lease time, and returns the launch
+/// work that carries it.
+fn take_lease(next: &mut Execution, ctx: &Context, delay_ms: i64) -> Action {
+    next.generation += 1;
+    next.lease = Some(Lease {
+        owner: ctx.owner.clone(),
+        token: ctx.token,
+        expires_at: ctx.now + delay_ms + ctx.lease_ms,
+    });
+    Action::EnqueueLaunch {
+        generation: next.generation,
+        token: ctx.token,
+        delay_secs: (delay_ms.max(0) as u64).div_ceil(1000) as u32,
+    }
+}
+
+fn bump(record: &Execution, ctx: &Context) -> Execution {
+    let mut next = record.clone();
+    next.version += 1;
+    next.updated_at = ctx.now;
+    next
+}
+
+fn step_timeout_ms(def: &PipelineDef, step: u32) -> i64 {
+    def.step(step).map_or(300, |s| s.timeout_secs) as i64 * 1000
+}
+
+fn commit(record: Execution, actions: Vec<Action>) -> Decision {
+    Decision::Commit {
+        record: Box::new(record),
+        actions,
+    }
+}

@@ -1,0 +1,13 @@
+//! The pure domain: pipeline definitions, the execution record and the state machine. No AWS here.
+
+pub mod execution;
+pub mod ids;
+pub mod machine;
+pub mod payload;
+pub mod pipeline;
+
+pub use execution::{Execution, Lease, Receipt, RedriveNote, Status, StepError, StepProgress, StepStatus};
+pub use ids::launch_id;
+pub use machine::{decide, start, Action, Context, Decision, Event, Outcome, Rejection, Skip};
+pub use payload::Payload;
+pub use pipeline::{PipelineDef, RetryPolicy, StepDef};

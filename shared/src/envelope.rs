@@ -1,0 +1,169 @@
+//! Wire formats between the coordinator and workers (request and reply envelopes) and between the
+//! coordinator's own handlers (launch work). Payloads travel here, not in the execution item.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::domain::StepError;
+
+pub const REQUEST_KIND: &str = "stepline.request.v1";
+pub const REPLY_KIND: &str = "stepline.reply.v1";
+
+/// The pinned identity a command is addressed to; a worker serves exactly one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Identity {
+    pub pipeline_id: String,
+    pub release_version: String,
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.pipeline_id, self.release_version)
+    }
+}
+
+/// Everything of a request but its payload, so a worker can check the identity before decoding it.
+/// (The payload sits beside the header, not flattened into it: a raw payload cannot be flattened.)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestHeader {
+    pub kind: String,
+    pub identity: Identity,
+    pub tenant: String,
+    pub execution_id: Uuid,
+    pub step_id: String,
+    pub step_index: u32,
+    pub attempt: u32,
+    pub launch_id: Uuid,
+    /// URL of the queue the reply goes to.
+    pub reply_to: String,
+    /// Epoch milliseconds after which the coordinator stops waiting for this attempt.
+    pub deadline: i64,
+}
+
+/// A command to run one step attempt.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestEnvelope<'a> {
+    pub header: RequestHeader,
+    pub payload: &'a Value,
+}
+
+/// A request as a worker first reads it: header decoded, payload left as raw text.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RawRequest<'a> {
+    pub header: RequestHeader,
+    #[serde(borrow)]
+    pub payload: &'a RawValue,
+}
+
+/// The result of one step attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplyEnvelope {
+    pub kind: String,
+    pub identity: Identity,
+    pub execution_id: Uuid,
+    pub step_index: u32,
+    pub attempt: u32,
+    pub launch_id: Uuid,
+    pub outcome: ReplyOutcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ReplyOutcome {
+    Succeeded { output: Value },
+    Failed { error: StepError },
+}
+
+impl ReplyEnvelope {
+    pub fn for_request(header: &RequestHeader, outcome: ReplyOutcome) -> Self {
+        Self {
+            kind: REPLY_KIND.to_string(),
+            identity: header.identity.clone(),
+            execution_id: header.execution_id,
+            step_index: header.step_index,
+            attempt: header.attempt,
+            launch_id: header.launch_id,
+            outcome,
+        }
+    }
+}
+
+/// Work for the launch handler: act on an execution under the lease (generation and token) it was
+/// enqueued with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaunchWork {
+    pub execution_id: Uuid,
+    pub generation: u64,
+    pub token: Uuid,
+}
+
+/// Fingerprint of a message's bytes (SHA-256, first 128 bits in hex): tells a duplicate from a conflict.
+pub fn fingerprint(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    hex::encode(&digest[..16])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> RequestHeader {
+        RequestHeader {
+            kind: REQUEST_KIND.into(),
+            identity: Identity {
+                pipeline_id: "p".into(),
+                release_version: "1".into(),
+            },
+            tenant: "t".into(),
+            execution_id: Uuid::from_u128(1),
+            step_id: "s".into(),
+            step_index: 0,
+            attempt: 1,
+            launch_id: Uuid::from_u128(2),
+            reply_to: "http://q".into(),
+            deadline: 5,
+        }
+    }
+
+    #[test]
+    fn request_round_trips_with_raw_payload() {
+        let payload = serde_json::json!({"a": [1, 2]});
+        let text = serde_json::to_string(&RequestEnvelope {
+            header: header(),
+            payload: &payload,
+        })
+        .unwrap();
+        let raw: RawRequest = serde_json::from_str(&text).unwrap();
+        assert_eq!(raw.header, header());
+        assert_eq!(raw.payload.get(), r#"{"a":[1,2]}"#);
+    }
+
+    #[test]
+    fn reply_outcome_is_tagged_by_status() {
+        let reply = ReplyEnvelope::for_request(
+            &header(),
+            ReplyOutcome::Failed {
+                error: StepError::new("E", "boom", true),
+            },
+        );
+        let text = serde_json::to_string(&reply).unwrap();
+        assert!(text.contains(r#""status":"FAILED""#), "{text}");
+        assert_eq!(serde_json::from_str::<ReplyEnvelope>(&text).unwrap(), reply);
+    }
+
+    #[test]
+    fn fingerprints_differ_by_bytes() {
+        assert_eq!(fingerprint(b"a"), fingerprint(b"a"));
+        assert_ne!(fingerprint(b"a"), fingerprint(b"b"));
+        assert_eq!(fingerprint(b"a").len(), 32);
+    }
+}

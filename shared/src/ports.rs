@@ -1,0 +1,116 @@
+//! Ports: the narrow interfaces the handlers depend on. AWS adapters live in `adapters`, in-memory
+//! stand-ins for unit and simulation tests in `adapters::memory`.
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use crate::domain::{Execution, PipelineDef};
+
+/// Store failures the handlers must tell apart.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// A conditional write lost: the item changed since it was read (or already exists).
+    #[error("conditional write failed: the item changed since it was read")]
+    Conflict,
+    /// A transient failure (throttling, network): try again.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// An item that cannot be mapped to a record.
+    #[error("corrupt item: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_) | StoreError::Conflict)
+    }
+}
+
+/// The execution table. Every change is conditional on the version read.
+#[async_trait]
+pub trait ExecutionStore: Send + Sync {
+    /// Strongly consistent read.
+    async fn get(&self, id: Uuid) -> Result<Option<Execution>, StoreError>;
+    /// Creates a record; `Conflict` if the id exists.
+    async fn create(&self, record: &Execution) -> Result<(), StoreError>;
+    /// Replaces the record if its stored version is still `expected_version`; `Conflict` otherwise.
+    async fn replace(&self, record: &Execution, expected_version: u64) -> Result<(), StoreError>;
+    /// Ids of executions due at `now` in one shard of the due-time index (a Query, never a Scan).
+    async fn due(&self, shard: u32, now: i64, limit: i32) -> Result<Vec<Uuid>, StoreError>;
+    /// Number of due-index shards.
+    fn shards(&self) -> u32;
+}
+
+/// Result of registering a pipeline release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registration {
+    Created,
+    /// The identical definition was already registered: nothing written.
+    Unchanged,
+}
+
+/// The release registry, as far as the coordinator needs it: immutable definitions and the active release.
+#[async_trait]
+pub trait ReleaseRegistry: Send + Sync {
+    async fn get(
+        &self,
+        pipeline_id: &str,
+        release_version: &str,
+    ) -> Result<Option<PipelineDef>, StoreError>;
+    /// Registers an immutable definition; a different definition under the same release is `Conflict`.
+    async fn register(&self, def: &PipelineDef) -> Result<Registration, StoreError>;
+    async fn activate(&self, pipeline_id: &str, release_version: &str) -> Result<(), StoreError>;
+    async fn active(&self, pipeline_id: &str) -> Result<Option<String>, StoreError>;
+}
+
+/// One message to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutMessage {
+    pub body: String,
+    pub delay_secs: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("send to {queue} failed: {reason}")]
+pub struct SendError {
+    pub queue: String,
+    pub reason: String,
+}
+
+/// Sends messages to a queue, named by URL or by queue name (resolved through the queue service).
+#[async_trait]
+pub trait MessageSender: Send + Sync {
+    /// Sends in batches; returns one result per message, in order.
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>>;
+}
+
+/// Time and randomness, injected so the state machine's inputs can be controlled in tests.
+pub trait Clock: Send + Sync {
+    /// Epoch milliseconds.
+    fn now_ms(&self) -> i64;
+    /// A fresh random token.
+    fn token(&self) -> Uuid;
+    /// Uniform in `[0, 1)`.
+    fn jitter(&self) -> f64;
+}
+
+/// Wall clock and thread-local randomness.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or_default()
+    }
+
+    fn token(&self) -> Uuid {
+        Uuid::new_v4()
+    }
+
+    fn jitter(&self) -> f64 {
+        fastrand::f64()
+    }
+}
