@@ -9,7 +9,7 @@ use crate::adapters::{DynamoDbExecutionStore, DynamoDbReleaseRegistry, SqsSender
 use crate::config::{CoordinatorConfig, WorkerConfig};
 use crate::coordinator::{Coordinator, Settings};
 use crate::envelope::Identity;
-use crate::ports::SystemClock;
+use crate::ports::{Clock, SystemClock};
 use crate::worker::{StepFunction, Worker};
 
 pub async fn sdk_config() -> SdkConfig {
@@ -18,6 +18,15 @@ pub async fn sdk_config() -> SdkConfig {
 
 /// The coordinator on DynamoDB and SQS.
 pub fn coordinator(sdk: &SdkConfig, config: &CoordinatorConfig) -> Coordinator {
+    coordinator_with_clock(sdk, config, Arc::new(SystemClock))
+}
+
+/// The coordinator on DynamoDB and SQS with a given clock (tests move time forward with it).
+pub fn coordinator_with_clock(
+    sdk: &SdkConfig,
+    config: &CoordinatorConfig,
+    clock: Arc<dyn Clock>,
+) -> Coordinator {
     let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
     Coordinator::new(
         Arc::new(DynamoDbExecutionStore::new(
@@ -25,9 +34,12 @@ pub fn coordinator(sdk: &SdkConfig, config: &CoordinatorConfig) -> Coordinator {
             &config.execution_table,
             config.due_shards,
         )),
-        Arc::new(DynamoDbReleaseRegistry::new(dynamodb, &config.release_table)),
+        Arc::new(DynamoDbReleaseRegistry::new(
+            dynamodb,
+            &config.release_table,
+        )),
         Arc::new(SqsSender::new(aws_sdk_sqs::Client::new(sdk))),
-        Arc::new(SystemClock),
+        clock,
         Settings::from_config(config),
     )
 }

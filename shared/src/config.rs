@@ -59,7 +59,8 @@ impl WorkerConfig {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         Ok(Self {
             pipeline_id: get("PIPELINE_ID").ok_or(ConfigError::Missing("PIPELINE_ID"))?,
-            release_version: get("RELEASE_VERSION").ok_or(ConfigError::Missing("RELEASE_VERSION"))?,
+            release_version: get("RELEASE_VERSION")
+                .ok_or(ConfigError::Missing("RELEASE_VERSION"))?,
         })
     }
 }
@@ -105,6 +106,12 @@ mod tests {
             }
         })
         .unwrap_err();
-        assert!(matches!(bad, ConfigError::Invalid { name: "DUE_SHARDS", .. }));
+        assert!(matches!(
+            bad,
+            ConfigError::Invalid {
+                name: "DUE_SHARDS",
+                ..
+            }
+        ));
     }
 }

@@ -9,9 +9,13 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::config::CoordinatorConfig;
-use crate::domain::{self, Action, Context, Decision, Event, Execution, PipelineDef, Rejection, Skip};
+use crate::domain::{
+    self, Action, Context, Decision, Event, Execution, PipelineDef, Rejection, Skip,
+};
 use crate::envelope::{Identity, LaunchWork, RequestEnvelope, RequestHeader, REQUEST_KIND};
-use crate::ports::{Clock, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry, SendError, StoreError};
+use crate::ports::{
+    Clock, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry, SendError, StoreError,
+};
 
 /// How often a decision is re-made after losing a conditional write before giving up (the message is
 /// then retried by its queue).

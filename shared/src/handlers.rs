@@ -17,7 +17,13 @@ pub async fn claim(
     _event: EventBridgeEvent<Value>,
 ) -> Result<ClaimReport, CoordinatorError> {
     let report = coordinator.claim_due().await?;
-    tracing::info!(due = report.due, claimed = report.claimed, skipped = report.skipped, failed = report.failed, "claim run");
+    tracing::info!(
+        due = report.due,
+        claimed = report.claimed,
+        skipped = report.skipped,
+        failed = report.failed,
+        "claim run"
+    );
     Ok(report)
 }
 
@@ -42,7 +48,11 @@ impl MessageError {
 
 /// Runs `event` for each message of a batch, sends what the committed decisions staged (batched per
 /// queue), and reports the messages that failed.
-async fn each_message<F, Fut>(coordinator: &Coordinator, event: SqsEvent, mut process: F) -> SqsBatchResponse
+async fn each_message<F, Fut>(
+    coordinator: &Coordinator,
+    event: SqsEvent,
+    mut process: F,
+) -> SqsBatchResponse
 where
     F: FnMut(SqsMessage) -> Fut,
     Fut: std::future::Future<Output = Result<Option<Applied>, MessageError>>,
@@ -158,7 +168,9 @@ pub async fn redrive(
     request: RedriveRequest,
 ) -> Result<RedriveResponse, CoordinatorError> {
     if request.reason.trim().is_empty() {
-        return Err(CoordinatorError::Invalid("a re-drive needs a reason".into()));
+        return Err(CoordinatorError::Invalid(
+            "a re-drive needs a reason".into(),
+        ));
     }
     let event = Event::Redrive {
         expected_version: request.expected_version,

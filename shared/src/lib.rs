@@ -16,5 +16,7 @@ pub mod ports;
 pub mod telemetry;
 pub mod worker;
 
-pub use coordinator::{Applied, ClaimReport, Coordinator, CoordinatorError, Settings, SubmitRequest, Submitted};
 pub use aws_lambda_events;
+pub use coordinator::{
+    Applied, ClaimReport, Coordinator, CoordinatorError, Settings, SubmitRequest, Submitted,
+};

@@ -15,7 +15,9 @@ use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent
 use serde_json::Value;
 
 use crate::domain::StepError;
-use crate::envelope::{Identity, RawRequest, ReplyEnvelope, ReplyOutcome, RequestHeader, REQUEST_KIND};
+use crate::envelope::{
+    Identity, RawRequest, ReplyEnvelope, ReplyOutcome, RequestHeader, REQUEST_KIND,
+};
 use crate::ports::{MessageSender, OutMessage, SendError};
 
 /// The step code a worker hosts.
@@ -52,7 +54,11 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(identity: Identity, sender: Arc<dyn MessageSender>, steps: Arc<dyn StepFunction>) -> Self {
+    pub fn new(
+        identity: Identity,
+        sender: Arc<dyn MessageSender>,
+        steps: Arc<dyn StepFunction>,
+    ) -> Self {
         Self {
             identity,
             sender,
@@ -110,7 +116,10 @@ impl Worker {
             serde_json::from_str(text).map_err(|e| WorkerError::Undecodable(e.to_string()))?;
         let header = raw.header;
         if header.kind != REQUEST_KIND {
-            return Err(WorkerError::Undecodable(format!("unknown kind {:?}", header.kind)));
+            return Err(WorkerError::Undecodable(format!(
+                "unknown kind {:?}",
+                header.kind
+            )));
         }
         if header.identity != self.identity {
             return Err(WorkerError::IdentityMismatch {

@@ -1,0 +1,221 @@
+//! Support for the end-to-end suite: each test provisions its own stage of template.yaml on the local
+//! emulator (so tests run in parallel without sharing queues or tables), registers the example pipeline
+//! and runs the real handlers behind the local runner. Waits poll with deadlines.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use aws_sdk_sqs::types::QueueAttributeName;
+use stepline::config::CoordinatorConfig;
+use stepline::domain::{Execution, PipelineDef};
+use stepline::ports::{Clock, SystemClock};
+use stepline::worker::StepFunction;
+use stepline::{Coordinator, SubmitRequest};
+use stepline_local::{fresh_stage, functions, Binding, LocalStack, Runner, RunnerOptions};
+use uuid::Uuid;
+
+pub use stepline_local;
+
+/// Refuses to run against real AWS by accident: the suite needs `AWS_ENDPOINT_URL` (infra/test.sh sets it).
+fn require_emulator() {
+    assert!(
+        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
+        "AWS_ENDPOINT_URL is not set: run the suite through infra/test.sh (it starts the emulator)"
+    );
+}
+
+pub struct TestStack {
+    pub local: LocalStack,
+    /// A coordinator as the redrive/operator function builds it.
+    pub api: Coordinator,
+    pub pipeline: PipelineDef,
+    runner: Option<Runner>,
+}
+
+impl TestStack {
+    /// Provisions a fresh stage and registers the example pipeline (optionally reshaped by `tune`).
+    pub async fn new(prefix: &str, tune: impl FnOnce(&mut PipelineDef)) -> Result<Self> {
+        require_emulator();
+        let local = LocalStack::up(&fresh_stage(prefix)).await?;
+        let api = local.coordinator(functions::REDRIVE)?;
+        let (queue, _) = local.stack.queue("OrderRequestQueue")?;
+        let mut pipeline = order_worker::pipeline(queue);
+        tune(&mut pipeline);
+        api.registry().register(&pipeline).await?;
+        api.registry()
+            .activate(&pipeline.pipeline_id, &pipeline.release_version)
+            .await?;
+        Ok(Self {
+            local,
+            api,
+            pipeline,
+            runner: None,
+        })
+    }
+
+    /// Runs the coordinator functions and the order worker function with `steps`.
+    pub fn start(&mut self, steps: Arc<dyn StepFunction>) -> Result<()> {
+        let worker = self.local.worker_binding(functions::ORDER_WORKER, steps)?;
+        self.start_with(worker)
+    }
+
+    /// Runs the coordinator functions and the given worker binding.
+    pub fn start_with(&mut self, worker: Binding) -> Result<()> {
+        let mut bindings = self.local.coordinator_bindings()?;
+        bindings.push(worker);
+        self.runner = Some(self.local.run(
+            bindings,
+            RunnerOptions {
+                tick: Duration::from_millis(300),
+                pollers: 2,
+            },
+        )?);
+        Ok(())
+    }
+
+    pub fn stop(&mut self) {
+        self.runner = None;
+    }
+
+    pub async fn submit(&self, input: serde_json::Value) -> Result<Uuid> {
+        Ok(self
+            .api
+            .submit(SubmitRequest {
+                pipeline_id: self.pipeline.pipeline_id.clone(),
+                tenant: "test".into(),
+                input,
+                ..Default::default()
+            })
+            .await?
+            .execution)
+    }
+
+    /// A coordinator of `function` whose clock runs `offset` ahead (to make leases and deadlines expire).
+    pub fn coordinator_at(&self, function: &str, offset: Duration) -> Result<Coordinator> {
+        let config = CoordinatorConfig::from_lookup(self.local.stack.env_of(function)?)?;
+        Ok(stepline::aws::coordinator_with_clock(
+            &self.local.sdk,
+            &config,
+            Arc::new(ShiftedClock(offset.as_millis() as i64)),
+        ))
+    }
+
+    /// Polls the execution until `done` holds, or fails after `timeout` with the last record seen.
+    pub async fn wait_for(
+        &self,
+        id: Uuid,
+        timeout: Duration,
+        done: impl Fn(&Execution) -> bool,
+    ) -> Result<Execution> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let record = self.api.get(id).await?;
+            if done(&record) {
+                return Ok(record);
+            }
+            if Instant::now() > deadline {
+                bail!("condition not reached within {timeout:?}; last record: {record:#?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn wait_terminal(&self, id: Uuid) -> Result<Execution> {
+        self.wait_for(id, Duration::from_secs(60), |r| r.status.is_terminal())
+            .await
+    }
+
+    pub fn sqs(&self) -> aws_sdk_sqs::Client {
+        aws_sdk_sqs::Client::new(&self.local.sdk)
+    }
+
+    /// Visible plus in-flight messages of a queue of the stack.
+    pub async fn queue_depth(&self, logical: &str) -> Result<u64> {
+        let (_, url) = self.local.stack.queue(logical)?;
+        let attrs = self
+            .sqs()
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+            .send()
+            .await?
+            .attributes
+            .unwrap_or_default();
+        Ok(attrs.values().filter_map(|v| v.parse::<u64>().ok()).sum())
+    }
+
+    /// Polls until a queue of the stack is empty (everything received and deleted).
+    pub async fn wait_drained(&self, logical: &str, timeout: Duration) -> Result<()> {
+        wait_until(timeout, || async {
+            Ok(self.queue_depth(logical).await? == 0)
+        })
+        .await
+    }
+
+    /// Receives every message currently visible on a queue of the stack (and deletes them).
+    pub async fn take_all(&self, logical: &str) -> Result<Vec<String>> {
+        let (_, url) = self.local.stack.queue(logical)?;
+        let sqs = self.sqs();
+        let mut bodies = Vec::new();
+        loop {
+            let out = sqs
+                .receive_message()
+                .queue_url(url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .send()
+                .await?;
+            let messages = out.messages.unwrap_or_default();
+            if messages.is_empty() {
+                return Ok(bodies);
+            }
+            for m in messages {
+                bodies.push(m.body.unwrap_or_default());
+                sqs.delete_message()
+                    .queue_url(url)
+                    .set_receipt_handle(m.receipt_handle)
+                    .send()
+                    .await?;
+            }
+        }
+    }
+}
+
+/// Polls an async condition until it holds or `timeout` passes.
+pub async fn wait_until<F, Fut>(timeout: Duration, mut condition: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition().await? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("condition not reached within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The system clock moved forward by a fixed offset.
+pub struct ShiftedClock(pub i64);
+
+impl Clock for ShiftedClock {
+    fn now_ms(&self) -> i64 {
+        SystemClock.now_ms() + self.0
+    }
+
+    fn token(&self) -> Uuid {
+        SystemClock.token()
+    }
+
+    fn jitter(&self) -> f64 {
+        SystemClock.jitter()
+    }
+}

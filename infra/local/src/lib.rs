@@ -76,7 +76,9 @@ impl LocalStack {
                 function: functions::COMPLETION.into(),
                 handler: Arc::new(move |event| {
                     let completion = completion.clone();
-                    Box::pin(async move { stepline::handlers::completion(&completion, event).await })
+                    Box::pin(
+                        async move { stepline::handlers::completion(&completion, event).await },
+                    )
                 }),
             },
         ])
@@ -97,11 +99,19 @@ impl LocalStack {
 
     /// Starts the runner for `bindings`.
     pub fn run(&self, bindings: Vec<Binding>, options: RunnerOptions) -> Result<Runner> {
-        Runner::start(aws_sdk_sqs::Client::new(&self.sdk), &self.stack, bindings, options)
+        Runner::start(
+            aws_sdk_sqs::Client::new(&self.sdk),
+            &self.stack,
+            bindings,
+            options,
+        )
     }
 }
 
 /// A fresh stage name (lowercase, as the template's Stage pattern requires).
 pub fn fresh_stage(prefix: &str) -> String {
-    format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
 }

@@ -18,7 +18,10 @@ use stepline_local::{fresh_stage, functions, LocalStack, RunnerOptions};
 use uuid::Uuid;
 
 #[derive(Parser)]
-#[command(name = "stepline-local", about = "Local stack of the Stepline coordinator")]
+#[command(
+    name = "stepline-local",
+    about = "Local stack of the Stepline coordinator"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -161,11 +164,21 @@ async fn demo(executions: usize, stage: Option<String>, timeout: Duration) -> Re
             (None, Some(error)) => format!("{}: {}", error.code, error.message),
             _ => String::new(),
         };
-        println!("{order:<10} {id} {:<10} {detail}", record.status.to_string());
+        println!(
+            "{order:<10} {id} {:<10} {detail}",
+            record.status.to_string()
+        );
         all_ok &= record.status == Status::Succeeded;
     }
-    let ok = finals.iter().filter(|r| r.status == Status::Succeeded).count();
-    println!("\n{ok}/{} executions SUCCEEDED in {:.1}s", finals.len(), begin.elapsed().as_secs_f64());
+    let ok = finals
+        .iter()
+        .filter(|r| r.status == Status::Succeeded)
+        .count();
+    println!(
+        "\n{ok}/{} executions SUCCEEDED in {:.1}s",
+        finals.len(),
+        begin.elapsed().as_secs_f64()
+    );
     if !all_ok {
         bail!("not every execution SUCCEEDED");
     }

@@ -22,8 +22,14 @@ pub type ScheduleHandler = Arc<dyn Fn(EventBridgeEvent<Value>) -> BoxFuture<()> 
 
 /// A function of the template bound to the code that handles it.
 pub enum Binding {
-    Sqs { function: String, handler: SqsHandler },
-    Schedule { function: String, handler: ScheduleHandler },
+    Sqs {
+        function: String,
+        handler: SqsHandler,
+    },
+    Schedule {
+        function: String,
+        handler: ScheduleHandler,
+    },
 }
 
 /// Runner options.
@@ -149,7 +155,10 @@ async fn poll(sqs: aws_sdk_sqs::Client, source: SqsSource, handler: SqsHandler) 
             message.event_source = Some("aws:sqs".into());
             message.event_source_arn = Some(source.queue_arn.clone());
             message.aws_region = Some(region.clone());
-            receipts.push((m.message_id.unwrap_or_default(), m.receipt_handle.unwrap_or_default()));
+            receipts.push((
+                m.message_id.unwrap_or_default(),
+                m.receipt_handle.unwrap_or_default(),
+            ));
             event.records.push(message);
         }
         // A panicking handler fails the whole batch, as a crashed invocation does on Lambda.

@@ -20,9 +20,19 @@ use crate::template::{resolve, scalar, Lookup, Template};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum Physical {
-    Table { name: String, arn: String },
-    Queue { name: String, url: String, arn: String },
-    Bus { name: String, arn: String },
+    Table {
+        name: String,
+        arn: String,
+    },
+    Queue {
+        name: String,
+        url: String,
+        arn: String,
+    },
+    Bus {
+        name: String,
+        arn: String,
+    },
 }
 
 /// An SQS event source of a function.
@@ -58,7 +68,9 @@ impl Lookup for Stack {
     fn parameter(&self, name: &str) -> Option<String> {
         match name {
             "AWS::StackName" => Some(format!("stepline-{}", self.stage)),
-            "AWS::Region" => Some(std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into())),
+            "AWS::Region" => {
+                Some(std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into()))
+            }
             _ => self.parameters.get(name).cloned(),
         }
     }
@@ -73,9 +85,12 @@ impl Lookup for Stack {
     fn attribute(&self, logical: &str, attribute: &str) -> Option<String> {
         let resource = self.resources.get(logical)?;
         Some(match (resource, attribute) {
-            (Physical::Table { arn, .. } | Physical::Queue { arn, .. } | Physical::Bus { arn, .. }, "Arn") => {
-                arn.clone()
-            }
+            (
+                Physical::Table { arn, .. }
+                | Physical::Queue { arn, .. }
+                | Physical::Bus { arn, .. },
+                "Arn",
+            ) => arn.clone(),
             (Physical::Queue { name, .. }, "QueueName") => name.clone(),
             (Physical::Queue { url, .. }, "QueueUrl") => url.clone(),
             (Physical::Bus { name, .. }, "Name") => name.clone(),
@@ -127,12 +142,17 @@ impl Stack {
         for (logical, kind, props) in &resources {
             if kind == "AWS::Events::EventBus" {
                 let name = resolve(
-                    props.get("Name").ok_or_else(|| anyhow!("{logical}: no Name"))?,
+                    props
+                        .get("Name")
+                        .ok_or_else(|| anyhow!("{logical}: no Name"))?,
                     &stack,
                 )?;
                 let arn = match events.create_event_bus().name(&name).send().await {
                     Ok(out) => out.event_bus_arn.unwrap_or_default(),
-                    Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_already_exists_exception()) => {
+                    Err(e)
+                        if e.as_service_error()
+                            .is_some_and(|s| s.is_resource_already_exists_exception()) =>
+                    {
                         events
                             .describe_event_bus()
                             .name(&name)
@@ -141,7 +161,9 @@ impl Stack {
                             .arn
                             .unwrap_or_default()
                     }
-                    Err(e) => return Err(anyhow!(aws_sdk_eventbridge::error::DisplayErrorContext(e))),
+                    Err(e) => {
+                        return Err(anyhow!(aws_sdk_eventbridge::error::DisplayErrorContext(e)))
+                    }
                 };
                 stack
                     .resources
@@ -217,7 +239,9 @@ async fn create_table(
     props: &Value,
 ) -> Result<Physical> {
     let name = resolve(
-        props.get("TableName").ok_or_else(|| anyhow!("no TableName"))?,
+        props
+            .get("TableName")
+            .ok_or_else(|| anyhow!("no TableName"))?,
         stack,
     )?;
     let mut request = client
@@ -235,7 +259,9 @@ async fn create_table(
         request = request.attribute_definitions(
             AttributeDefinition::builder()
                 .attribute_name(text(attr, "AttributeName")?)
-                .attribute_type(ScalarAttributeType::from(text(attr, "AttributeType")?.as_str()))
+                .attribute_type(ScalarAttributeType::from(
+                    text(attr, "AttributeType")?.as_str(),
+                ))
                 .build()?,
         );
     }
@@ -265,7 +291,9 @@ async fn create_table(
     }
     match request.send().await {
         Ok(_) => {}
-        Err(e) if e.as_service_error().is_some_and(|s| s.is_resource_in_use_exception()) => {}
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_resource_in_use_exception()) => {}
         Err(e) => return Err(anyhow!(aws_sdk_dynamodb::error::DisplayErrorContext(e))),
     }
     // Wait until ACTIVE (immediate on emulators, seconds on AWS).
@@ -302,9 +330,15 @@ async fn create_table(
     Ok(Physical::Table { name, arn })
 }
 
-async fn create_queue(client: &aws_sdk_sqs::Client, stack: &Stack, props: &Value) -> Result<Physical> {
+async fn create_queue(
+    client: &aws_sdk_sqs::Client,
+    stack: &Stack,
+    props: &Value,
+) -> Result<Physical> {
     let name = resolve(
-        props.get("QueueName").ok_or_else(|| anyhow!("no QueueName"))?,
+        props
+            .get("QueueName")
+            .ok_or_else(|| anyhow!("no QueueName"))?,
         stack,
     )?;
     let mut attributes = HashMap::new();
@@ -356,9 +390,13 @@ fn function_spec(template: &Template, stack: &Stack, props: &Value) -> Result<Fu
     for vars in [template.global_env(), own_env].into_iter().flatten() {
         if let Some(map) = vars.as_mapping() {
             for (key, value) in map {
-                let key = key.as_str().ok_or_else(|| anyhow!("non-string variable name"))?;
-                spec.env
-                    .insert(key.to_string(), resolve(value, stack).with_context(|| key.to_string())?);
+                let key = key
+                    .as_str()
+                    .ok_or_else(|| anyhow!("non-string variable name"))?;
+                spec.env.insert(
+                    key.to_string(),
+                    resolve(value, stack).with_context(|| key.to_string())?,
+                );
             }
         }
     }
@@ -368,14 +406,18 @@ fn function_spec(template: &Template, stack: &Stack, props: &Value) -> Result<Fu
             match event.get("Type").and_then(Value::as_str) {
                 Some("SQS") => {
                     let arn = resolve(
-                        properties.get("Queue").ok_or_else(|| anyhow!("SQS event without Queue"))?,
+                        properties
+                            .get("Queue")
+                            .ok_or_else(|| anyhow!("SQS event without Queue"))?,
                         stack,
                     )?;
                     let (queue, url) = stack
                         .resources
                         .iter()
                         .find_map(|(logical, r)| match r {
-                            Physical::Queue { arn: a, url, .. } if *a == arn => Some((logical.clone(), url.clone())),
+                            Physical::Queue { arn: a, url, .. } if *a == arn => {
+                                Some((logical.clone(), url.clone()))
+                            }
                             _ => None,
                         })
                         .ok_or_else(|| anyhow!("no provisioned queue has ARN {arn}"))?;

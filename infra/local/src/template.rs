@@ -15,8 +15,8 @@ pub struct Template {
 
 impl Template {
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         Self::parse(&text)
     }
 
@@ -106,10 +106,7 @@ pub fn resolve(value: &Value, lookup: &dyn Lookup) -> Result<String> {
         Value::Mapping(map) if map.len() == 1 => {
             let (k, v) = map.iter().next().expect("one entry");
             let name = k.as_str().unwrap_or_default();
-            (
-                name.trim_start_matches("Fn::").to_string(),
-                v.clone(),
-            )
+            (name.trim_start_matches("Fn::").to_string(), v.clone())
         }
         other => bail!("cannot resolve {other:?}"),
     };

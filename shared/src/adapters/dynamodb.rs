@@ -178,7 +178,12 @@ impl DynamoDbReleaseRegistry {
         s(format!("pipeline#{pipeline_id}"))
     }
 
-    async fn get_attr(&self, pipeline_id: &str, sk: String, attr: &str) -> Result<Option<String>, StoreError> {
+    async fn get_attr(
+        &self,
+        pipeline_id: &str,
+        sk: String,
+        attr: &str,
+    ) -> Result<Option<String>, StoreError> {
         let out = self
             .client
             .get_item()
@@ -203,10 +208,14 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
         pipeline_id: &str,
         release_version: &str,
     ) -> Result<Option<PipelineDef>, StoreError> {
-        self.get_attr(pipeline_id, format!("release#{release_version}"), "definition")
-            .await?
-            .map(|text| serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string())))
-            .transpose()
+        self.get_attr(
+            pipeline_id,
+            format!("release#{release_version}"),
+            "definition",
+        )
+        .await?
+        .map(|text| serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string())))
+        .transpose()
     }
 
     async fn register(&self, def: &PipelineDef) -> Result<Registration, StoreError> {

@@ -121,7 +121,12 @@ impl ReleaseRegistry for InMemoryReleaseRegistry {
     }
 
     async fn active(&self, pipeline_id: &str) -> Result<Option<String>, StoreError> {
-        Ok(self.active.lock().expect("registry").get(pipeline_id).cloned())
+        Ok(self
+            .active
+            .lock()
+            .expect("registry")
+            .get(pipeline_id)
+            .cloned())
     }
 }
 

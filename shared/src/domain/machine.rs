@@ -58,7 +58,10 @@ pub enum Event {
     /// The sweeper found the execution due.
     Claim,
     /// Launch work carrying the lease it was enqueued under.
-    LaunchWork { generation: u64, token: Uuid },
+    LaunchWork {
+        generation: u64,
+        token: Uuid,
+    },
     /// A worker's reply.
     Reply {
         launch_id: Uuid,
@@ -112,7 +115,9 @@ pub enum Skip {
 /// A decision that refuses the event: reported, never applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
-    #[error("launch id {launch_id} does not belong to this execution's step {step} attempt {attempt}")]
+    #[error(
+        "launch id {launch_id} does not belong to this execution's step {step} attempt {attempt}"
+    )]
     UnknownCorrelation {
         launch_id: Uuid,
         step: u32,
@@ -192,14 +197,25 @@ pub fn start(
 pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Event) -> Decision {
     match event {
         Event::Claim => claim(record, ctx),
-        Event::LaunchWork { generation, token } => launch_work(record, def, ctx, *generation, *token),
+        Event::LaunchWork { generation, token } => {
+            launch_work(record, def, ctx, *generation, *token)
+        }
         Event::Reply {
             launch_id,
             step,
             attempt,
             fingerprint,
             outcome,
-        } => reply(record, def, ctx, *launch_id, *step, *attempt, fingerprint, outcome),
+        } => reply(
+            record,
+            def,
+            ctx,
+            *launch_id,
+            *step,
+            *attempt,
+            fingerprint,
+            outcome,
+        ),
         Event::Redrive {
             expected_version,
             reason,

@@ -6,7 +6,9 @@ pub mod machine;
 pub mod payload;
 pub mod pipeline;
 
-pub use execution::{Execution, Lease, Receipt, RedriveNote, Status, StepError, StepProgress, StepStatus};
+pub use execution::{
+    Execution, Lease, Receipt, RedriveNote, Status, StepError, StepProgress, StepStatus,
+};
 pub use ids::launch_id;
 pub use machine::{decide, start, Action, Context, Decision, Event, Outcome, Rejection, Skip};
 pub use payload::Payload;

@@ -56,7 +56,10 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// Delay before retry number `retry` (1-based), scaled by `jitter` in `[0, 1)` (full jitter).
     pub fn delay_ms(&self, retry: u32, jitter: f64) -> u64 {
-        let exp = self.multiplier.max(1.0).powi(retry.saturating_sub(1) as i32);
+        let exp = self
+            .multiplier
+            .max(1.0)
+            .powi(retry.saturating_sub(1) as i32);
         let cap = (self.initial_delay_ms as f64 * exp).min(self.max_delay_ms as f64);
         (cap * jitter.clamp(0.0, 1.0)).round() as u64
     }
@@ -84,10 +87,16 @@ impl PipelineDef {
                 return Err(format!("step {:?} has no queue", step.id));
             }
             if step.retry.max_attempts == 0 {
-                return Err(format!("step {:?}: maxAttempts must be at least 1", step.id));
+                return Err(format!(
+                    "step {:?}: maxAttempts must be at least 1",
+                    step.id
+                ));
             }
             if step.timeout_secs == 0 {
-                return Err(format!("step {:?}: timeoutSecs must be at least 1", step.id));
+                return Err(format!(
+                    "step {:?}: timeoutSecs must be at least 1",
+                    step.id
+                ));
             }
         }
         Ok(())

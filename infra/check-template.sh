@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Offline template checks: cfn-lint and `sam validate --lint`, from a project-local virtualenv.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+venv=.venv-lint
+if [ ! -x "$venv/bin/cfn-lint" ] || [ ! -x "$venv/bin/sam" ]; then
+  echo "template checks: installing cfn-lint and aws-sam-cli into $venv" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check cfn-lint aws-sam-cli
+fi
+export AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}" SAM_CLI_TELEMETRY=0
+"$venv/bin/cfn-lint" template.yaml
+"$venv/bin/sam" validate --lint -t template.yaml
+echo "template checks: cfn-lint and sam validate --lint passed"

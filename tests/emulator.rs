@@ -1,0 +1,343 @@
+//! End-to-end tests against the local AWS emulator (moto server started by infra/test.sh, or whatever
+//! `AWS_ENDPOINT_URL` points at). Every test provisions its own stage of template.yaml and drives the
+//! real handlers through the local runner.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use order_worker::OrderSteps;
+use serde_json::{json, Value};
+use stepline::adapters::SqsSender;
+use stepline::domain::{launch_id, Status, StepError, StepStatus};
+use stepline::envelope::{Identity, LaunchWork, RequestHeader};
+use stepline::handlers::{self, RedriveRequest};
+use stepline::ports::{MessageSender, OutMessage, SendError};
+use stepline::worker::{StepFunction, Worker};
+use stepline_local::{functions, Binding};
+use stepline_suite::TestStack;
+
+/// Writes per execution of the three-step pipeline without retries: create, launch, three replies.
+const HAPPY_PATH_VERSION: u64 = 5;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_pipeline_succeeds_with_every_step_output_recorded() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("e2e-ok", |_| {}).await?;
+    stack.start(Arc::new(OrderSteps))?;
+    let input = order_worker::sample_order(1);
+    let id = stack.submit(input).await?;
+
+    let record = stack.wait_terminal(id).await?;
+
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(record.steps.len(), 3);
+    for (index, progress) in record.steps.iter().enumerate() {
+        assert_eq!(progress.status, StepStatus::Succeeded);
+        assert_eq!(progress.launch_id, launch_id(id, index as u32, 1));
+        assert!(progress.output.is_some(), "step {index} has no output");
+    }
+    assert_eq!(
+        record.steps[0].output.as_ref().unwrap().value()["valid"],
+        true
+    );
+    // 2 x 250 + 1 x 320
+    assert_eq!(
+        record.steps[1].output.as_ref().unwrap().value()["totalCents"],
+        820
+    );
+    let result = record.result.as_ref().expect("result").value();
+    assert_eq!(result, record.steps[2].output.as_ref().unwrap().value());
+    assert_eq!(result["orderId"], "order-1");
+    assert!(result["confirmation"].as_str().unwrap().starts_with("C-"));
+    assert_eq!(record.version, HAPPY_PATH_VERSION);
+    assert_eq!(
+        record.due_at(),
+        None,
+        "a finished execution leaves the due index"
+    );
+    Ok(())
+}
+
+/// Sends every message twice and keeps a copy of each body.
+struct DuplicatingSender {
+    inner: SqsSender,
+    sent: Mutex<Vec<(String, String)>>,
+}
+
+#[async_trait]
+impl MessageSender for DuplicatingSender {
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
+        let doubled: Vec<OutMessage> = messages
+            .iter()
+            .flat_map(|m| [m.clone(), m.clone()])
+            .collect();
+        self.sent
+            .lock()
+            .unwrap()
+            .extend(messages.iter().map(|m| (queue.to_string(), m.body.clone())));
+        let results = self.inner.send(queue, &doubled).await;
+        results.chunks(2).map(|pair| pair[0].clone()).collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicated_replies_do_not_advance_an_execution_twice() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("e2e-dup", |_| {}).await?;
+    let sender = Arc::new(DuplicatingSender {
+        inner: SqsSender::new(stack.sqs()),
+        sent: Mutex::new(Vec::new()),
+    });
+    let worker = Arc::new(Worker::new(
+        Identity {
+            pipeline_id: stack.pipeline.pipeline_id.clone(),
+            release_version: stack.pipeline.release_version.clone(),
+        },
+        sender.clone(),
+        Arc::new(OrderSteps),
+    ));
+    stack.start_with(Binding::Sqs {
+        function: functions::ORDER_WORKER.into(),
+        handler: Arc::new(move |event| {
+            let worker = worker.clone();
+            Box::pin(async move { worker.handle(event).await })
+        }),
+    })?;
+    let id = stack.submit(order_worker::sample_order(2)).await?;
+
+    let record = stack.wait_terminal(id).await?;
+    stack
+        .wait_drained("ReplyQueue", Duration::from_secs(30))
+        .await?;
+
+    assert_eq!(record.status, Status::Succeeded);
+    let after = stack.api.get(id).await?;
+    assert_eq!(
+        after.version, HAPPY_PATH_VERSION,
+        "each reply arrived twice but must advance once"
+    );
+    assert!(after
+        .steps
+        .iter()
+        .all(|s| s.status == StepStatus::Succeeded));
+
+    // Inject a copy of the first step's reply, straight into the reply queue, after the run ended.
+    let (_, reply_url) = stack.local.stack.queue("ReplyQueue")?;
+    let first_reply = sender
+        .sent
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(_, body)| body.contains(&launch_id(id, 0, 1).to_string()))
+        .map(|(_, body)| body.clone())
+        .expect("the worker replied to step 0");
+    stack
+        .sqs()
+        .send_message()
+        .queue_url(reply_url)
+        .message_body(first_reply)
+        .send()
+        .await?;
+    stack
+        .wait_drained("ReplyQueue", Duration::from_secs(30))
+        .await?;
+    let last = stack.api.get(id).await?;
+    assert_eq!(last, after, "an injected duplicate changed the record");
+    assert_eq!(
+        stack.queue_depth("ReplyDeadLetterQueue").await?,
+        0,
+        "a byte-identical duplicate is absorbed, not dead-lettered"
+    );
+    Ok(())
+}
+
+/// The order steps with `price` failing while `failing` is set.
+struct FlakyPricing {
+    failing: AtomicBool,
+    retryable: bool,
+    price_runs: AtomicUsize,
+}
+
+#[async_trait]
+impl StepFunction for FlakyPricing {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        if request.step_id == "price" {
+            self.price_runs.fetch_add(1, Ordering::SeqCst);
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(StepError::new(
+                    "PRICING_DOWN",
+                    "pricing service unavailable",
+                    self.retryable,
+                ));
+            }
+        }
+        OrderSteps.run(request, input).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("e2e-retry", |def| {
+        for step in &mut def.steps {
+            step.retry.max_attempts = 3;
+            step.retry.initial_delay_ms = 200;
+            step.retry.max_delay_ms = 400;
+        }
+    })
+    .await?;
+    let steps = Arc::new(FlakyPricing {
+        failing: AtomicBool::new(true),
+        retryable: true,
+        price_runs: AtomicUsize::new(0),
+    });
+    stack.start(steps.clone())?;
+    let id = stack.submit(order_worker::sample_order(3)).await?;
+
+    let record = stack.wait_terminal(id).await?;
+
+    assert_eq!(record.status, Status::Failed, "{record:#?}");
+    let error = record.error.as_ref().expect("error recorded");
+    assert_eq!(error.code, "PRICING_DOWN");
+    assert_eq!(record.step, 1, "failed at the price step");
+    assert_eq!(record.attempt, 3, "three attempts, the budget");
+    assert_eq!(steps.price_runs.load(Ordering::SeqCst), 3);
+    assert_eq!(record.steps[0].status, StepStatus::Succeeded);
+    assert_eq!(record.steps[1].status, StepStatus::Failed);
+    assert_eq!(record.due_at(), None);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redrive_runs_a_failed_execution_to_success_once_the_fault_is_gone() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("e2e-redrive", |_| {}).await?;
+    let steps = Arc::new(FlakyPricing {
+        failing: AtomicBool::new(true),
+        retryable: false,
+        price_runs: AtomicUsize::new(0),
+    });
+    stack.start(steps.clone())?;
+    let id = stack.submit(order_worker::sample_order(4)).await?;
+    let failed = stack.wait_terminal(id).await?;
+    assert_eq!(failed.status, Status::Failed);
+    assert_eq!(failed.attempt, 1, "a non-retryable failure is not retried");
+
+    // A re-drive against a version the operator did not look at is refused.
+    let stale = handlers::redrive(
+        &stack.api,
+        RedriveRequest {
+            execution_id: id,
+            expected_version: failed.version - 1,
+            reason: "stale view".into(),
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(stale.code(), "VERSION_CONFLICT");
+
+    steps.failing.store(false, Ordering::SeqCst);
+    let response = handlers::redrive(
+        &stack.api,
+        RedriveRequest {
+            execution_id: id,
+            expected_version: failed.version,
+            reason: "pricing service restored".into(),
+        },
+    )
+    .await?;
+    assert_eq!(response.status, Status::Queued);
+
+    let record = stack.wait_terminal(id).await?;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(record.release_version, failed.release_version, "pin kept");
+    assert_eq!(
+        record.steps[1].launch_id,
+        launch_id(id, 1, 2),
+        "the re-drive ran the failed step as a new attempt"
+    );
+    assert_eq!(record.redrives.len(), 1);
+    assert_eq!(record.redrives[0].reason, "pricing service restored");
+    assert_eq!(record.redrives[0].from_status, Status::Failed);
+    assert_eq!(steps.price_runs.load(Ordering::SeqCst), 2);
+    assert!(record.error.is_none());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_claims_take_exactly_one_lease_per_execution() -> anyhow::Result<()> {
+    // No runner: the executions' first launch work stays on the launch queue, unconsumed.
+    let stack = TestStack::new("e2e-claim", |_| {}).await?;
+    let mut ids = Vec::new();
+    for n in 0..8 {
+        ids.push(stack.submit(order_worker::sample_order(n)).await?);
+    }
+    let submitted = stack.take_all("LaunchQueue").await?;
+    assert_eq!(submitted.len(), ids.len());
+
+    // Two claim invocations whose clock is past the submit leases race for the same due executions.
+    let later = Duration::from_secs(600);
+    let a = stack.coordinator_at(functions::CLAIM, later)?;
+    let b = stack.coordinator_at(functions::CLAIM, later)?;
+    let event = stepline_local::runner::scheduled_event;
+    let (ra, rb) = tokio::join!(handlers::claim(&a, event()), handlers::claim(&b, event()));
+    let (ra, rb) = (ra?, rb?);
+
+    assert_eq!(ra.claimed + rb.claimed, ids.len(), "{ra:?} {rb:?}");
+    for id in &ids {
+        let record = stack.api.get(*id).await?;
+        assert_eq!(
+            record.generation, 2,
+            "exactly one takeover after the submit lease"
+        );
+        assert!(record.lease.is_some());
+    }
+    let work: Vec<LaunchWork> = stack
+        .take_all("LaunchQueue")
+        .await?
+        .iter()
+        .map(|body| serde_json::from_str(body))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(work.len(), ids.len(), "one launch work per lease");
+    for id in &ids {
+        let mine: Vec<_> = work.iter().filter(|w| w.execution_id == *id).collect();
+        assert_eq!(mine.len(), 1);
+        assert_eq!(mine[0].generation, 2);
+        let record = stack.api.get(*id).await?;
+        assert_eq!(record.lease.as_ref().unwrap().token, mine[0].token);
+    }
+
+    // A third claim now finds nothing it may take: every lease is held.
+    let c = stack.coordinator_at(functions::CLAIM, later)?;
+    let rc = handlers::claim(&c, event()).await?;
+    assert_eq!(rc.claimed, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_replies_are_reported_and_leave_records_alone() -> anyhow::Result<()> {
+    let stack = TestStack::new("e2e-poison", |_| {}).await?;
+    let id = stack.submit(order_worker::sample_order(5)).await?;
+    let before = stack.api.get(id).await?;
+    let completion = stack.local.coordinator(functions::COMPLETION)?;
+    let mut event = stepline::aws_lambda_events::event::sqs::SqsEvent::default();
+    for (n, body) in [
+        "not json",
+        &json!({"kind": "stepline.reply.v1"}).to_string(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut message = stepline::aws_lambda_events::event::sqs::SqsMessage::default();
+        message.message_id = Some(format!("m{n}"));
+        message.body = Some(body.to_string());
+        event.records.push(message);
+    }
+    let response = handlers::completion(&completion, event).await;
+    let failed: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    assert_eq!(failed, ["m0", "m1"]);
+    assert_eq!(stack.api.get(id).await?, before);
+    Ok(())
+}
