@@ -11,7 +11,9 @@ use order_worker::OrderSteps;
 use serde_json::{json, Value};
 use stepline::adapters::SqsSender;
 use stepline::domain::{launch_id, Status, StepError, StepStatus};
-use stepline::envelope::{Identity, LaunchWork, RequestHeader};
+use stepline::envelope::{
+    DeadLetterEnvelope, Identity, LaunchWork, RequestHeader, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE,
+};
 use stepline::handlers::{self, RedriveRequest};
 use stepline::ports::{MessageSender, OutMessage, SendError};
 use stepline::worker::{StepFunction, Worker};
@@ -193,7 +195,11 @@ async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Resul
     stack.start(steps.clone())?;
     let id = stack.submit(order_worker::sample_order(3)).await?;
 
-    let record = stack.wait_terminal(id).await?;
+    let record = stack
+        .wait_for(id, Duration::from_secs(60), |r| {
+            r.status.is_terminal() && r.dead_letter.as_ref().is_some_and(|d| d.sent)
+        })
+        .await?;
 
     assert_eq!(record.status, Status::Failed, "{record:#?}");
     let error = record.error.as_ref().expect("error recorded");
@@ -203,7 +209,18 @@ async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Resul
     assert_eq!(steps.price_runs.load(Ordering::SeqCst), 3);
     assert_eq!(record.steps[0].status, StepStatus::Succeeded);
     assert_eq!(record.steps[1].status, StepStatus::Failed);
-    assert_eq!(record.due_at(), None);
+    assert_eq!(record.due_at(), None, "envelope sent: nothing left to do");
+
+    // The execution DLQ holds one envelope with everything needed to re-drive it.
+    let envelopes = stack.take_all("ExecutionDeadLetterQueue").await?;
+    assert_eq!(envelopes.len(), 1);
+    let envelope: DeadLetterEnvelope = serde_json::from_str(&envelopes[0])?;
+    assert_eq!(envelope.execution_id, id);
+    assert_eq!(envelope.dead_letter_id, record.dead_letter.as_ref().unwrap().id);
+    assert_eq!(envelope.step_id, "price");
+    assert_eq!(envelope.attempt, 3);
+    assert_eq!(envelope.release_version, record.release_version);
+    assert_eq!(envelope.error.as_ref().unwrap().code, "PRICING_DOWN");
     Ok(())
 }
 
@@ -313,7 +330,8 @@ async fn racing_claims_take_exactly_one_lease_per_execution() -> anyhow::Result<
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn undecodable_replies_are_reported_and_leave_records_alone() -> anyhow::Result<()> {
+async fn poison_replies_go_to_the_dlq_with_their_reason_and_leave_records_alone(
+) -> anyhow::Result<()> {
     let stack = TestStack::new("e2e-poison", |_| {}).await?;
     let id = stack.submit(order_worker::sample_order(5)).await?;
     let before = stack.api.get(id).await?;
@@ -332,12 +350,36 @@ async fn undecodable_replies_are_reported_and_leave_records_alone() -> anyhow::R
         event.records.push(message);
     }
     let response = handlers::completion(&completion, event).await;
-    let failed: Vec<_> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.as_str())
-        .collect();
-    assert_eq!(failed, ["m0", "m1"]);
+    assert!(
+        response.batch_item_failures.is_empty(),
+        "poison is dead-lettered at once, not retried"
+    );
     assert_eq!(stack.api.get(id).await?, before);
+
+    let (_, dlq) = stack.local.stack.queue("ReplyDeadLetterQueue")?;
+    let out = stack
+        .sqs()
+        .receive_message()
+        .queue_url(dlq)
+        .max_number_of_messages(10)
+        .message_attribute_names("All")
+        .send()
+        .await?;
+    let messages = out.messages.unwrap_or_default();
+    assert_eq!(messages.len(), 2);
+    for m in &messages {
+        let attrs = m.message_attributes.as_ref().expect("attributes");
+        assert_eq!(
+            attrs[REASON_ATTRIBUTE].string_value.as_deref(),
+            Some("UNDECODABLE")
+        );
+        assert!(attrs[SOURCE_ATTRIBUTE]
+            .string_value
+            .as_deref()
+            .unwrap()
+            .starts_with("reply/m"));
+    }
+    let bodies: Vec<_> = messages.iter().filter_map(|m| m.body.as_deref()).collect();
+    assert!(bodies.contains(&"not json"), "the original body is kept: {bodies:?}");
     Ok(())
 }

@@ -18,6 +18,11 @@ pub struct CoordinatorConfig {
     pub release_table: String,
     pub launch_queue_url: String,
     pub reply_queue_url: String,
+    /// Where dead-letter envelopes of failed executions go.
+    pub execution_dlq_url: String,
+    /// DLQs of the launch and reply queues: messages a handler cannot process go there with a reason.
+    pub launch_dlq_url: String,
+    pub reply_dlq_url: String,
     /// Shards of the due-time index.
     pub due_shards: u32,
     pub lease_seconds: u32,
@@ -37,6 +42,9 @@ impl CoordinatorConfig {
             release_table: required("RELEASE_TABLE")?,
             launch_queue_url: required("LAUNCH_QUEUE_URL")?,
             reply_queue_url: required("REPLY_QUEUE_URL")?,
+            execution_dlq_url: required("EXECUTION_DLQ_URL")?,
+            launch_dlq_url: required("LAUNCH_DLQ_URL")?,
+            reply_dlq_url: required("REPLY_DLQ_URL")?,
             due_shards: parsed(&get, "DUE_SHARDS", 4)?,
             lease_seconds: parsed(&get, "LEASE_SECONDS", 60)?,
             claim_limit: parsed(&get, "CLAIM_LIMIT", 100)?,
@@ -49,6 +57,8 @@ impl CoordinatorConfig {
 pub struct WorkerConfig {
     pub pipeline_id: String,
     pub release_version: String,
+    /// DLQ of the worker's request queue: requests it cannot handle go there with a reason.
+    pub request_dlq_url: Option<String>,
 }
 
 impl WorkerConfig {
@@ -61,6 +71,7 @@ impl WorkerConfig {
             pipeline_id: get("PIPELINE_ID").ok_or(ConfigError::Missing("PIPELINE_ID"))?,
             release_version: get("RELEASE_VERSION")
                 .ok_or(ConfigError::Missing("RELEASE_VERSION"))?,
+            request_dlq_url: get("REQUEST_DLQ_URL"),
         })
     }
 }
@@ -90,6 +101,9 @@ mod tests {
             ("RELEASE_TABLE", "r"),
             ("LAUNCH_QUEUE_URL", "l"),
             ("REPLY_QUEUE_URL", "p"),
+            ("EXECUTION_DLQ_URL", "x"),
+            ("LAUNCH_DLQ_URL", "ld"),
+            ("REPLY_DLQ_URL", "rd"),
             ("DUE_SHARDS", "8"),
         ]
         .into();

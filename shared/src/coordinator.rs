@@ -12,7 +12,10 @@ use crate::config::CoordinatorConfig;
 use crate::domain::{
     self, Action, Context, Decision, Event, Execution, PipelineDef, Rejection, Skip,
 };
-use crate::envelope::{Identity, LaunchWork, RequestEnvelope, RequestHeader, REQUEST_KIND};
+use crate::envelope::{
+    DeadLetterEnvelope, Identity, LaunchWork, RequestEnvelope, RequestHeader, CANCEL_KIND,
+    DEAD_LETTER_KIND, REQUEST_KIND,
+};
 use crate::ports::{
     Clock, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry, SendError, StoreError,
 };
@@ -81,6 +84,9 @@ impl From<CoordinatorError> for lambda_runtime::Diagnostic {
 pub struct Settings {
     pub launch_queue: String,
     pub reply_queue: String,
+    pub execution_dlq: String,
+    pub launch_dlq: String,
+    pub reply_dlq: String,
     pub lease_ms: i64,
     pub claim_limit: i32,
     /// Identifies this process in lease owners.
@@ -92,6 +98,9 @@ impl Settings {
         Self {
             launch_queue: config.launch_queue_url.clone(),
             reply_queue: config.reply_queue_url.clone(),
+            execution_dlq: config.execution_dlq_url.clone(),
+            launch_dlq: config.launch_dlq_url.clone(),
+            reply_dlq: config.reply_dlq_url.clone(),
             lease_ms: i64::from(config.lease_seconds) * 1000,
             claim_limit: config.claim_limit,
             instance: Uuid::new_v4().simple().to_string()[..12].to_string(),
@@ -176,6 +185,10 @@ impl Coordinator {
 
     pub fn registry(&self) -> &Arc<dyn ReleaseRegistry> {
         &self.registry
+    }
+
+    pub fn sender(&self) -> &Arc<dyn MessageSender> {
+        &self.sender
     }
 
     pub fn settings(&self) -> &Settings {
@@ -343,10 +356,11 @@ impl Coordinator {
                     outbox.push(
                         &self.settings.launch_queue,
                         source,
-                        OutMessage {
-                            body: serde_json::to_string(&work).expect("launch work serializes"),
-                            delay_secs: *delay_secs,
-                        },
+                        OutMessage::delayed(
+                            serde_json::to_string(&work).expect("launch work serializes"),
+                            *delay_secs,
+                        ),
+                        None,
                     );
                 }
                 Action::SendRequest {
@@ -361,53 +375,120 @@ impl Coordinator {
                         tracing::error!(execution_id = %record.id, step, "request without step definition or input");
                         continue;
                     };
-                    let envelope = RequestEnvelope {
-                        header: RequestHeader {
-                            kind: REQUEST_KIND.to_string(),
-                            identity: Identity {
-                                pipeline_id: record.pipeline_id.clone(),
-                                release_version: record.release_version.clone(),
-                            },
-                            tenant: record.tenant.clone(),
-                            execution_id: record.id,
-                            step_id: step_def.id.clone(),
-                            step_index: *step,
-                            attempt: *attempt,
-                            launch_id: *launch_id,
-                            reply_to: self.settings.reply_queue.clone(),
-                            deadline: *deadline,
-                        },
-                        payload: input.value(),
-                    };
+                    let header = self.request_header(record, &step_def.id, *step, *attempt, *launch_id, *deadline);
                     tracing::info!(
                         execution_id = %record.id, tenant = %record.tenant, step = %step_def.id,
                         attempt, launch_id = %launch_id, "step launched"
                     );
+                    let envelope = RequestEnvelope {
+                        header,
+                        payload: input.value(),
+                    };
                     outbox.push(
                         &step_def.queue,
                         source,
-                        OutMessage {
-                            body: serde_json::to_string(&envelope).expect("request serializes"),
-                            delay_secs: 0,
-                        },
+                        OutMessage::new(serde_json::to_string(&envelope).expect("request serializes")),
+                        None,
+                    );
+                }
+                Action::NotifyCancel { step, launch_id } => {
+                    let Some(step_def) = definition.step(*step) else { continue };
+                    let mut header = self.request_header(record, &step_def.id, *step, record.attempt, *launch_id, record.updated_at);
+                    header.kind = CANCEL_KIND.to_string();
+                    let envelope = RequestEnvelope {
+                        header,
+                        payload: &Value::Null,
+                    };
+                    outbox.push(
+                        &step_def.queue,
+                        source,
+                        OutMessage::new(serde_json::to_string(&envelope).expect("notice serializes")),
+                        None,
+                    );
+                }
+                Action::SendDeadLetter { id } => {
+                    let envelope = DeadLetterEnvelope {
+                        kind: DEAD_LETTER_KIND.to_string(),
+                        dead_letter_id: *id,
+                        execution_id: record.id,
+                        tenant: record.tenant.clone(),
+                        pipeline_id: record.pipeline_id.clone(),
+                        release_version: record.release_version.clone(),
+                        status: record.status,
+                        step_index: record.step,
+                        step_id: definition
+                            .step(record.step)
+                            .map(|s| s.id.clone())
+                            .unwrap_or_default(),
+                        attempt: record.attempt,
+                        error: record.error.clone(),
+                        failed_at: record.updated_at,
+                        version: record.version,
+                    };
+                    tracing::warn!(
+                        execution_id = %record.id, tenant = %record.tenant, step = record.step,
+                        attempt = record.attempt, code = record.error.as_ref().map(|e| e.code.as_str()).unwrap_or(""),
+                        "execution dead-lettered"
+                    );
+                    outbox.push(
+                        &self.settings.execution_dlq,
+                        source,
+                        OutMessage::new(serde_json::to_string(&envelope).expect("envelope serializes")),
+                        Some((record.id, Event::DeadLetterSent { id: *id })),
                     );
                 }
             }
         }
     }
 
-    /// Sends everything staged, batched per queue. A send that fails after its commit is recovered by the
-    /// sweeper: the committed record is due at its lease expiry or step deadline. Returns the failures.
+    fn request_header(
+        &self,
+        record: &Execution,
+        step_id: &str,
+        step: u32,
+        attempt: u32,
+        launch_id: Uuid,
+        deadline: i64,
+    ) -> RequestHeader {
+        RequestHeader {
+            kind: REQUEST_KIND.to_string(),
+            identity: Identity {
+                pipeline_id: record.pipeline_id.clone(),
+                release_version: record.release_version.clone(),
+            },
+            tenant: record.tenant.clone(),
+            execution_id: record.id,
+            step_id: step_id.to_string(),
+            step_index: step,
+            attempt,
+            launch_id,
+            reply_to: self.settings.reply_queue.clone(),
+            deadline,
+        }
+    }
+
+    /// Sends everything staged, batched per queue, then applies the follow-up event of each message
+    /// that went out. A send that fails after its commit is recovered by the sweeper: the committed
+    /// record is due at its lease expiry, step deadline or dead-letter check. Returns the failures.
     pub async fn flush(&self, outbox: Outbox) -> Vec<(usize, SendError)> {
         let mut failures = Vec::new();
+        let mut follow_ups = Vec::new();
         for (queue, entries) in outbox.by_queue {
-            let messages: Vec<OutMessage> = entries.iter().map(|(_, m)| m.clone()).collect();
+            let messages: Vec<OutMessage> = entries.iter().map(|e| e.message.clone()).collect();
             let results = self.sender.send(&queue, &messages).await;
-            for ((source, _), result) in entries.into_iter().zip(results) {
-                if let Err(e) = result {
-                    tracing::warn!(error = %e, "send failed after commit; the sweeper will recover it");
-                    failures.push((source, e));
+            for (entry, result) in entries.into_iter().zip(results) {
+                match result {
+                    Ok(()) => follow_ups.extend(entry.then),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "send failed after commit; the sweeper will recover it");
+                        failures.push((entry.source, e));
+                    }
                 }
+            }
+        }
+        for (id, event) in follow_ups {
+            if let Err(e) = self.apply(id, &event, "outbox").await {
+                tracing::warn!(execution_id = %id, code = e.code(), error = %e, "follow-up not recorded; the sweeper will repeat it");
             }
         }
         failures
@@ -482,15 +563,34 @@ pub struct ClaimReport {
 /// Messages staged during a batch, grouped by destination queue so each queue gets `SendMessageBatch`es.
 #[derive(Debug, Default)]
 pub struct Outbox {
-    by_queue: BTreeMap<String, Vec<(usize, OutMessage)>>,
+    by_queue: BTreeMap<String, Vec<Staged>>,
+}
+
+#[derive(Debug)]
+struct Staged {
+    /// Index of the message (of the batch being handled) whose decision staged this one.
+    source: usize,
+    message: OutMessage,
+    /// Event to apply once the message is sent.
+    then: Option<(Uuid, Event)>,
 }
 
 impl Outbox {
-    pub fn push(&mut self, queue: &str, source: usize, message: OutMessage) {
+    pub fn push(
+        &mut self,
+        queue: &str,
+        source: usize,
+        message: OutMessage,
+        then: Option<(Uuid, Event)>,
+    ) {
         self.by_queue
             .entry(queue.to_string())
             .or_default()
-            .push((source, message));
+            .push(Staged {
+                source,
+                message,
+                then,
+            });
     }
 
     pub fn is_empty(&self) -> bool {

@@ -11,6 +11,14 @@ use crate::domain::StepError;
 
 pub const REQUEST_KIND: &str = "stepline.request.v1";
 pub const REPLY_KIND: &str = "stepline.reply.v1";
+/// A best-effort notice to a worker that the execution of a launch was cancelled (a request header with
+/// this kind and a null payload).
+pub const CANCEL_KIND: &str = "stepline.cancel.v1";
+pub const DEAD_LETTER_KIND: &str = "stepline.dead-letter.v1";
+/// Message attributes of a message a handler dead-lettered itself.
+pub const REASON_ATTRIBUTE: &str = "stepline.reason";
+pub const DETAIL_ATTRIBUTE: &str = "stepline.detail";
+pub const SOURCE_ATTRIBUTE: &str = "stepline.source";
 
 /// The pinned identity a command is addressed to; a worker serves exactly one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +88,8 @@ pub struct ReplyEnvelope {
 pub enum ReplyOutcome {
     Succeeded { output: Value },
     Failed { error: StepError },
+    /// Still running: extends the attempt's deadline (sent by the worker runtime for long steps).
+    Running,
 }
 
 impl ReplyEnvelope {
@@ -104,6 +114,27 @@ pub struct LaunchWork {
     pub execution_id: Uuid,
     pub generation: u64,
     pub token: Uuid,
+}
+
+/// What the execution DLQ holds for an execution that failed for good: everything needed to re-drive it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterEnvelope {
+    pub kind: String,
+    /// Identifies the failure; replaying an envelope whose failure was already re-driven does nothing.
+    pub dead_letter_id: Uuid,
+    pub execution_id: Uuid,
+    pub tenant: String,
+    pub pipeline_id: String,
+    pub release_version: String,
+    pub status: crate::domain::Status,
+    pub step_index: u32,
+    pub step_id: String,
+    pub attempt: u32,
+    pub error: Option<StepError>,
+    /// Epoch milliseconds.
+    pub failed_at: i64,
+    pub version: u64,
 }
 
 /// Fingerprint of a message's bytes (SHA-256, first 128 bits in hex): tells a duplicate from a conflict.

@@ -9,7 +9,11 @@ use uuid::Uuid;
 
 use crate::coordinator::{Applied, ClaimReport, Coordinator, CoordinatorError, Outbox};
 use crate::domain::{Event, Outcome, Status};
-use crate::envelope::{fingerprint, LaunchWork, ReplyEnvelope, ReplyOutcome};
+use crate::envelope::{
+    fingerprint, LaunchWork, ReplyEnvelope, ReplyOutcome, DETAIL_ATTRIBUTE, REASON_ATTRIBUTE,
+    SOURCE_ATTRIBUTE,
+};
+use crate::ports::OutMessage;
 
 /// Claim (EventBridge schedule): one sweep of the due-time index.
 pub async fn claim(
@@ -27,57 +31,145 @@ pub async fn claim(
     Ok(report)
 }
 
-/// Why a message of a batch was not processed; it stays on its queue, is retried, and lands in the
-/// queue's DLQ after `maxReceiveCount` receives.
+/// Replies larger than this are refused: their output would be stored in the execution item, which
+/// DynamoDB caps at 400 KB (and bills per 1 KB written). Large payloads belong in a claim-check store.
+pub const MAX_REPLY_BYTES: usize = 256 * 1024;
+
+/// Why a message of a batch was not processed.
 #[derive(Debug, thiserror::Error)]
 pub enum MessageError {
     #[error("undecodable message: {0}")]
     Undecodable(String),
-    #[error(transparent)]
-    Coordinator(#[from] CoordinatorError),
+    #[error("message of {bytes} bytes exceeds the {limit} byte limit")]
+    Oversized { bytes: usize, limit: usize },
+    #[error("execution {execution}: {error}")]
+    Coordinator {
+        execution: Uuid,
+        #[source]
+        error: CoordinatorError,
+    },
 }
 
 impl MessageError {
     pub fn code(&self) -> &'static str {
         match self {
             MessageError::Undecodable(_) => "UNDECODABLE",
-            MessageError::Coordinator(e) => e.code(),
+            MessageError::Oversized { .. } => "OVERSIZED",
+            MessageError::Coordinator { error, .. } => error.code(),
+        }
+    }
+
+    /// Retryable failures are left on the queue (redelivered after the visibility timeout); the others
+    /// are poison and go to the queue's DLQ at once, with their reason.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, MessageError::Coordinator { error, .. } if error.is_retryable())
+    }
+
+    pub fn execution(&self) -> Option<Uuid> {
+        match self {
+            MessageError::Coordinator { execution, .. } => Some(*execution),
+            _ => None,
         }
     }
 }
 
-/// Runs `event` for each message of a batch, sends what the committed decisions staged (batched per
-/// queue), and reports the messages that failed.
+fn on(execution: Uuid) -> impl FnOnce(CoordinatorError) -> MessageError {
+    move |error| MessageError::Coordinator { execution, error }
+}
+
+/// Where a batch's poison messages go, and the name they are reported under.
+struct Source<'a> {
+    queue: &'a str,
+    dlq: &'a str,
+}
+
+/// Runs `process` for each message of a batch, sends what the committed decisions staged (batched per
+/// queue), dead-letters poison messages with their reason, and reports the messages to retry.
 async fn each_message<F, Fut>(
     coordinator: &Coordinator,
     event: SqsEvent,
+    source: Source<'_>,
     mut process: F,
 ) -> SqsBatchResponse
 where
     F: FnMut(SqsMessage) -> Fut,
-    Fut: std::future::Future<Output = Result<Option<Applied>, MessageError>>,
+    Fut: std::future::Future<Output = Result<Applied, MessageError>>,
 {
     let mut outbox = Outbox::default();
-    let mut response = SqsBatchResponse::default();
+    let mut retry = Vec::new();
+    let mut poison = Vec::new();
     for (index, message) in event.records.into_iter().enumerate() {
         let message_id = message.message_id.clone().unwrap_or_default();
+        let body = message.body.clone().unwrap_or_default();
         match process(message).await {
-            Ok(Some(Applied::Committed {
+            Ok(Applied::Committed {
                 record,
                 actions,
                 definition,
-            })) => coordinator.stage(&mut outbox, &record, &definition, &actions, index),
-            Ok(_) => {}
+            }) => coordinator.stage(&mut outbox, &record, &definition, &actions, index),
+            Ok(Applied::Skipped { .. }) => {}
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(message_id = %message_id, execution_id = ?e.execution(), code = e.code(), error = %e, "message will be retried");
+                retry.push(message_id);
+            }
             Err(e) => {
-                tracing::error!(message_id = %message_id, code = e.code(), error = %e, "message not processed");
-                let mut failure = BatchItemFailure::default();
-                failure.item_identifier = message_id;
-                response.batch_item_failures.push(failure);
+                tracing::error!(message_id = %message_id, execution_id = ?e.execution(), code = e.code(), error = %e, queue = source.queue, "poison message dead-lettered");
+                poison.push((message_id, body, e));
             }
         }
     }
     coordinator.flush(outbox).await;
+    retry.extend(dead_letter(coordinator, &source, poison).await);
+    let mut response = SqsBatchResponse::default();
+    for id in retry {
+        let mut failure = BatchItemFailure::default();
+        failure.item_identifier = id;
+        response.batch_item_failures.push(failure);
+    }
     response
+}
+
+/// Sends poison messages to the DLQ with their reason, notes them on their execution, and returns the
+/// ids of those that could not be dead-lettered (left on the queue: its redrive policy moves them later).
+async fn dead_letter(
+    coordinator: &Coordinator,
+    source: &Source<'_>,
+    poison: Vec<(String, String, MessageError)>,
+) -> Vec<String> {
+    if poison.is_empty() {
+        return Vec::new();
+    }
+    let messages: Vec<OutMessage> = poison
+        .iter()
+        .map(|(id, body, e)| OutMessage {
+            attributes: vec![
+                (REASON_ATTRIBUTE.into(), e.code().into()),
+                (DETAIL_ATTRIBUTE.into(), e.to_string()),
+                (SOURCE_ATTRIBUTE.into(), format!("{}/{id}", source.queue)),
+            ],
+            ..OutMessage::new(if body.is_empty() { "(empty)".into() } else { body.clone() })
+        })
+        .collect();
+    let results = coordinator.sender().send(source.dlq, &messages).await;
+    let mut not_sent = Vec::new();
+    for ((id, _, e), result) in poison.into_iter().zip(results) {
+        match (result, e.execution()) {
+            (Err(send), _) => {
+                tracing::error!(message_id = %id, error = %send, "dead-lettering failed; left on the queue");
+                not_sent.push(id);
+            }
+            (Ok(()), Some(execution)) => {
+                let incident = Event::Incident {
+                    code: e.code().into(),
+                    detail: format!("message {id} on {}: {e}", source.queue),
+                };
+                // Best effort: an execution that no longer exists has nothing to note.
+                let _ = coordinator.apply(execution, &incident, "incident").await;
+            }
+            (Ok(()), None) => {}
+        }
+    }
+    not_sent
 }
 
 fn body(message: &SqsMessage) -> Result<&str, MessageError> {
@@ -90,18 +182,26 @@ fn body(message: &SqsMessage) -> Result<&str, MessageError> {
 /// Launch (SQS launch queue): under the lease the work carries, saves the step as `launching` with its
 /// deterministic launch id, then sends the request to the step's worker.
 pub async fn launch(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchResponse {
-    each_message(coordinator, event, |message| async move {
+    let settings = coordinator.settings();
+    let source = Source {
+        queue: "launch",
+        dlq: &settings.launch_dlq,
+    };
+    each_message(coordinator, event, source, |message| async move {
         let work: LaunchWork = serde_json::from_str(body(&message)?)
             .map_err(|e| MessageError::Undecodable(e.to_string()))?;
         let event = Event::LaunchWork {
             generation: work.generation,
             token: work.token,
         };
-        let applied = coordinator.apply(work.execution_id, &event, "launch").await?;
+        let applied = coordinator
+            .apply(work.execution_id, &event, "launch")
+            .await
+            .map_err(on(work.execution_id))?;
         if let Applied::Skipped { skip, .. } = &applied {
             tracing::info!(execution_id = %work.execution_id, generation = work.generation, ?skip, "launch work skipped");
         }
-        Ok(Some(applied))
+        Ok(applied)
     })
     .await
 }
@@ -109,23 +209,41 @@ pub async fn launch(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchRespo
 /// Completion (SQS reply queue): correlates a reply by launch id, commits the step's outcome together with
 /// the next step's `launching` state in one conditional write, then sends the next request directly.
 pub async fn completion(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchResponse {
-    each_message(coordinator, event, |message| async move {
+    let settings = coordinator.settings();
+    let source = Source {
+        queue: "reply",
+        dlq: &settings.reply_dlq,
+    };
+    each_message(coordinator, event, source, |message| async move {
         let text = body(&message)?;
+        if text.len() > MAX_REPLY_BYTES {
+            return Err(MessageError::Oversized {
+                bytes: text.len(),
+                limit: MAX_REPLY_BYTES,
+            });
+        }
         let reply: ReplyEnvelope =
             serde_json::from_str(text).map_err(|e| MessageError::Undecodable(e.to_string()))?;
-        let event = Event::Reply {
+        let applied_reply = |outcome| Event::Reply {
             launch_id: reply.launch_id,
             step: reply.step_index,
             attempt: reply.attempt,
             fingerprint: fingerprint(text.as_bytes()),
-            outcome: match reply.outcome {
-                ReplyOutcome::Succeeded { output } => Outcome::Succeeded(output),
-                ReplyOutcome::Failed { error } => Outcome::Failed(error),
+            outcome,
+        };
+        let event = match reply.outcome.clone() {
+            ReplyOutcome::Running => Event::Heartbeat {
+                launch_id: reply.launch_id,
+                step: reply.step_index,
+                attempt: reply.attempt,
             },
+            ReplyOutcome::Succeeded { output } => applied_reply(Outcome::Succeeded(output)),
+            ReplyOutcome::Failed { error } => applied_reply(Outcome::Failed(error)),
         };
         let applied = coordinator
             .apply(reply.execution_id, &event, "completion")
-            .await?;
+            .await
+            .map_err(on(reply.execution_id))?;
         let record = applied.record();
         match &applied {
             Applied::Committed { .. } => tracing::info!(
@@ -138,9 +256,69 @@ pub async fn completion(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchR
                 launch_id = %reply.launch_id, ?skip, "reply not applied"
             ),
         }
-        Ok(Some(applied))
+        Ok(applied)
     })
     .await
+}
+
+/// What the operator function accepts: `{"action": "redrive" | "cancel" | "replay", ...}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "camelCase")]
+pub enum OperatorRequest {
+    Redrive(RedriveRequest),
+    Cancel(CancelRequest),
+    Replay(crate::dlq::ReplayRequest),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum OperatorResponse {
+    Execution(RedriveResponse),
+    Replay(crate::dlq::ReplayReport),
+}
+
+/// Operator function: re-drive or cancel one execution, or replay the execution DLQ.
+pub async fn operator(
+    coordinator: &Coordinator,
+    execution_dlq: &dyn crate::dlq::DeadLetterQueue,
+    request: OperatorRequest,
+) -> Result<OperatorResponse, CoordinatorError> {
+    Ok(match request {
+        OperatorRequest::Redrive(r) => OperatorResponse::Execution(redrive(coordinator, r).await?),
+        OperatorRequest::Cancel(c) => OperatorResponse::Execution(cancel(coordinator, c).await?),
+        OperatorRequest::Replay(r) => {
+            OperatorResponse::Replay(crate::dlq::replay(coordinator, execution_dlq, &r).await?)
+        }
+    })
+}
+
+/// Cancellation of one execution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CancelRequest {
+    pub execution_id: Uuid,
+    pub reason: String,
+}
+
+/// Records the cancellation (no further launch; a reply arriving later does not advance) and tells an
+/// in-flight worker, best effort.
+pub async fn cancel(
+    coordinator: &Coordinator,
+    request: CancelRequest,
+) -> Result<RedriveResponse, CoordinatorError> {
+    let event = Event::Cancel {
+        reason: request.reason,
+    };
+    let applied = coordinator
+        .apply_and_dispatch(request.execution_id, &event, "cancel")
+        .await?;
+    let record = applied.record();
+    tracing::info!(execution_id = %record.id, version = record.version, "execution cancelled");
+    Ok(RedriveResponse {
+        execution_id: record.id,
+        status: record.status,
+        version: record.version,
+    })
 }
 
 /// Operator re-drive of one FAILED or DLQ execution.

@@ -20,3 +20,4 @@ pub use aws_lambda_events;
 pub use coordinator::{
     Applied, ClaimReport, Coordinator, CoordinatorError, Settings, SubmitRequest, Submitted,
 };
+pub mod dlq;

@@ -68,6 +68,25 @@ pub trait ReleaseRegistry: Send + Sync {
 pub struct OutMessage {
     pub body: String,
     pub delay_secs: u32,
+    /// String message attributes (name, value).
+    pub attributes: Vec<(String, String)>,
+}
+
+impl OutMessage {
+    pub fn new(body: String) -> Self {
+        Self {
+            body,
+            delay_secs: 0,
+            attributes: Vec::new(),
+        }
+    }
+
+    pub fn delayed(body: String, delay_secs: u32) -> Self {
+        Self {
+            delay_secs,
+            ..Self::new(body)
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

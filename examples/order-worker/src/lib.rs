@@ -24,6 +24,7 @@ pub fn pipeline(queue: &str) -> PipelineDef {
             initial_delay_ms: 500,
             multiplier: 2.0,
             max_delay_ms: 10_000,
+            non_retryable: Vec::new(),
         },
     };
     PipelineDef {

@@ -5,6 +5,7 @@ pub mod runner;
 pub mod stack;
 pub mod template;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -35,9 +36,14 @@ pub struct LocalStack {
 impl LocalStack {
     /// Provisions the project's template under `stage`.
     pub async fn up(stage: &str) -> Result<Self> {
+        Self::up_with(stage, &BTreeMap::new()).await
+    }
+
+    /// Provisions with template parameters overridden (e.g. shorter leases for tests).
+    pub async fn up_with(stage: &str, overrides: &BTreeMap<String, String>) -> Result<Self> {
         let sdk = stepline::aws::sdk_config().await;
         let template = Template::load(&Template::default_path())?;
-        let stack = Stack::provision(&sdk, &template, stage).await?;
+        let stack = Stack::provision_with(&sdk, &template, stage, overrides).await?;
         Ok(Self { sdk, stack })
     }
 

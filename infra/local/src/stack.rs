@@ -102,7 +102,21 @@ impl Lookup for Stack {
 impl Stack {
     /// Provisions every table, queue and bus of `template` under `stage`.
     pub async fn provision(sdk: &SdkConfig, template: &Template, stage: &str) -> Result<Stack> {
+        Self::provision_with(sdk, template, stage, &BTreeMap::new()).await
+    }
+
+    /// Provisions with some template parameters overridden (as `sam deploy --parameter-overrides`).
+    pub async fn provision_with(
+        sdk: &SdkConfig,
+        template: &Template,
+        stage: &str,
+        overrides: &BTreeMap<String, String>,
+    ) -> Result<Stack> {
         let mut parameters = template.parameter_defaults();
+        for (name, value) in overrides {
+            anyhow::ensure!(parameters.contains_key(name), "the template has no parameter {name}");
+            parameters.insert(name.clone(), value.clone());
+        }
         parameters.insert("Stage".into(), stage.to_string());
         let mut stack = Stack {
             stage: stage.to_string(),

@@ -6,4 +6,4 @@ pub mod sqs;
 
 pub use dynamodb::{DynamoDbExecutionStore, DynamoDbReleaseRegistry};
 pub use memory::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
-pub use sqs::SqsSender;
+pub use sqs::{SqsDeadLetterQueue, SqsSender};

@@ -6,10 +6,11 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use aws_sdk_sqs::error::DisplayErrorContext;
-use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use aws_sdk_sqs::Client;
 
-use crate::ports::{MessageSender, OutMessage, SendError};
+use crate::dlq::{DeadLetter, DeadLetterQueue};
+use crate::ports::{MessageSender, OutMessage, SendError, StoreError};
 
 /// SendMessageBatch takes at most 10 entries.
 pub const MAX_BATCH: usize = 10;
@@ -73,12 +74,21 @@ impl MessageSender for SqsSender {
                 .iter()
                 .enumerate()
                 .map(|(i, m)| {
-                    SendMessageBatchRequestEntry::builder()
+                    let mut entry = SendMessageBatchRequestEntry::builder()
                         .id(i.to_string())
                         .message_body(&m.body)
-                        .delay_seconds(m.delay_secs as i32)
-                        .build()
-                        .expect("id and body are set")
+                        .delay_seconds(m.delay_secs as i32);
+                    for (name, value) in &m.attributes {
+                        entry = entry.message_attributes(
+                            name,
+                            MessageAttributeValue::builder()
+                                .data_type("String")
+                                .string_value(value)
+                                .build()
+                                .expect("data type is set"),
+                        );
+                    }
+                    entry.build().expect("id and body are set")
                 })
                 .collect();
             let mut chunk_results: Vec<Result<(), SendError>> = vec![Ok(()); chunk.len()];
@@ -111,5 +121,90 @@ impl MessageSender for SqsSender {
             results.extend(chunk_results);
         }
         results
+    }
+}
+
+/// A DLQ read through SQS: received messages stay hidden for `hold_secs` unless deleted or released.
+pub struct SqsDeadLetterQueue {
+    client: Client,
+    url: String,
+    hold_secs: i32,
+}
+
+impl SqsDeadLetterQueue {
+    pub fn new(client: Client, url: impl Into<String>) -> Self {
+        Self {
+            client,
+            url: url.into(),
+            hold_secs: 120,
+        }
+    }
+}
+
+fn unavailable<E: std::error::Error + 'static>(e: aws_sdk_sqs::error::SdkError<E>) -> StoreError
+where
+    E: Send + Sync,
+{
+    StoreError::Unavailable(DisplayErrorContext(&e).to_string())
+}
+
+#[async_trait]
+impl DeadLetterQueue for SqsDeadLetterQueue {
+    async fn receive(&self, max: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        let out = self
+            .client
+            .receive_message()
+            .queue_url(&self.url)
+            .max_number_of_messages(max.clamp(1, MAX_BATCH) as i32)
+            .visibility_timeout(self.hold_secs)
+            .wait_time_seconds(1)
+            .message_attribute_names("All")
+            .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::SentTimestamp)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(out
+            .messages
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| DeadLetter {
+                sent_at: m
+                    .attributes
+                    .as_ref()
+                    .and_then(|a| a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::SentTimestamp))
+                    .and_then(|v| v.parse().ok()),
+                attributes: m
+                    .message_attributes
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|(k, v)| Some((k, v.string_value?)))
+                    .collect(),
+                handle: m.receipt_handle.unwrap_or_default(),
+                body: m.body.unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    async fn delete(&self, handle: &str) -> Result<(), StoreError> {
+        self.client
+            .delete_message()
+            .queue_url(&self.url)
+            .receipt_handle(handle)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn release(&self, handle: &str) -> Result<(), StoreError> {
+        self.client
+            .change_message_visibility()
+            .queue_url(&self.url)
+            .receipt_handle(handle)
+            .visibility_timeout(0)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 }

@@ -116,6 +116,29 @@ pub struct StepProgress {
     pub error: Option<StepError>,
 }
 
+/// Marks the dead-letter envelope of a failed execution: written in the same commit as the failure,
+/// sent to the execution DLQ after it, and marked sent by a later write. Until then the execution stays
+/// due, so the sweeper re-sends an envelope a crash left unsent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterMark {
+    /// Identifies this failure; a replayed envelope re-drives only the failure it was written for.
+    pub id: Uuid,
+    pub sent: bool,
+}
+
+/// A message about this execution that could not be processed and went to a DLQ.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Incident {
+    pub at: i64,
+    pub code: String,
+    pub detail: String,
+}
+
+/// Incidents kept on the record (oldest dropped first): the DLQ holds the messages themselves.
+pub const MAX_INCIDENTS: usize = 10;
+
 /// Audit entry of an operator re-drive.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -169,16 +192,25 @@ pub struct Execution {
     pub error: Option<StepError>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redrives: Vec<RedriveNote>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetterMark>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub incidents: Vec<Incident>,
     pub created_at: i64,
     pub updated_at: i64,
 }
 
 impl Execution {
-    /// When the sweeper should look at this execution: never once terminal; at lease expiry while leased
-    /// (the holder is expected to act first); otherwise at `wake_at`. Stored as the due-index sort key.
+    /// When the sweeper should look at this execution: once terminal, only while its dead-letter envelope
+    /// is unsent; at lease expiry while leased (the holder is expected to act first); otherwise at
+    /// `wake_at`. Stored as the due-index sort key.
     pub fn due_at(&self) -> Option<i64> {
         if self.status.is_terminal() {
-            return None;
+            return self
+                .dead_letter
+                .as_ref()
+                .filter(|d| !d.sent)
+                .and(self.wake_at);
         }
         match &self.lease {
             Some(lease) => Some(lease.expires_at),

@@ -12,15 +12,23 @@
 //! | RUNNING           | Reply error  | current launch id, budget left          | WAIT_RETRY, lease · EnqueueLaunch(delay) |
 //! | RUNNING           | Reply error  | current launch id, no budget/non-retry  | FAILED                                   |
 //! | FAILED/DLQ        | Redrive      | expected version                        | QUEUED, new budget, lease · EnqueueLaunch|
-//! | not terminal      | Cancel       |                                         | CANCELLED                                |
+//! | RUNNING/WAIT_RETRY| Reply ok     | older attempt of the current step       | adopted: applied like the current one    |
+//! | RUNNING           | Heartbeat    | current launch id                       | deadline extended                        |
+//! | not terminal      | Cancel       |                                         | CANCELLED · NotifyCancel if in flight    |
+//! | FAILED            | Claim        | dead-letter envelope unsent             | SendDeadLetter (again)                   |
+//! | FAILED            | DeadLetterSent | same dead-letter id                   | marked sent, leaves the due index        |
+//! | any               | Incident     |                                         | incident noted on the record             |
 //!
 //! A reply whose launch id already has a receipt is a duplicate (same bytes) or a conflict (other bytes).
+//! A failure that ends the execution (budget used up, non-retryable) marks a dead-letter envelope in the
+//! same commit; it is sent after, and marked sent by `DeadLetterSent`.
 
 use serde_json::Value;
 use uuid::Uuid;
 
 use super::execution::{
-    Execution, Lease, Receipt, RedriveNote, Status, StepError, StepProgress, StepStatus,
+    DeadLetterMark, Execution, Incident, Lease, Receipt, RedriveNote, Status, StepError,
+    StepProgress, StepStatus, MAX_INCIDENTS,
 };
 use super::ids::launch_id;
 use super::payload::Payload;
@@ -78,6 +86,16 @@ pub enum Event {
     Cancel {
         reason: String,
     },
+    /// A running worker's sign of life: extends the attempt's deadline.
+    Heartbeat {
+        launch_id: Uuid,
+        step: u32,
+        attempt: u32,
+    },
+    /// The dead-letter envelope `id` reached the execution DLQ.
+    DeadLetterSent { id: Uuid },
+    /// A message about this execution went to a DLQ.
+    Incident { code: String, detail: String },
 }
 
 /// Effects to carry out after the commit.
@@ -96,6 +114,10 @@ pub enum Action {
         token: Uuid,
         delay_secs: u32,
     },
+    /// Send the dead-letter envelope of the record's failure to the execution DLQ.
+    SendDeadLetter { id: Uuid },
+    /// Tell the worker of an in-flight launch that the execution was cancelled (best effort).
+    NotifyCancel { step: u32, launch_id: Uuid },
 }
 
 /// Why a decision writes nothing. None of these is an error: the message is acknowledged.
@@ -186,6 +208,8 @@ pub fn start(
         result: None,
         error: None,
         redrives: Vec::new(),
+        dead_letter: None,
+        incidents: Vec::new(),
         created_at: ctx.now,
         updated_at: ctx.now,
     };
@@ -221,16 +245,40 @@ pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             reason,
         } => redrive(record, ctx, *expected_version, reason),
         Event::Cancel { reason } => cancel(record, ctx, reason),
+        Event::Heartbeat {
+            launch_id,
+            step,
+            attempt,
+        } => heartbeat(record, def, ctx, *launch_id, *step, *attempt),
+        Event::DeadLetterSent { id } => dead_letter_sent(record, ctx, *id),
+        Event::Incident { code, detail } => {
+            let mut next = bump(record, ctx);
+            next.incidents.push(Incident {
+                at: ctx.now,
+                code: code.clone(),
+                detail: detail.clone(),
+            });
+            let excess = next.incidents.len().saturating_sub(MAX_INCIDENTS);
+            next.incidents.drain(..excess);
+            commit(next, Vec::new())
+        }
     }
 }
 
 fn claim(record: &Execution, ctx: &Context) -> Decision {
-    if record.status.is_terminal() {
-        return Decision::Skip(Skip::Terminal);
-    }
     match record.due_at() {
         Some(due) if due <= ctx.now => {}
+        _ if record.status.is_terminal() => return Decision::Skip(Skip::Terminal),
         _ => return Decision::Skip(Skip::NotDue),
+    }
+    if record.status.is_terminal() {
+        // Due only while its dead-letter envelope is unsent: send it (again) and look back later.
+        let Some(mark) = &record.dead_letter else {
+            return Decision::Skip(Skip::Terminal);
+        };
+        let mut next = bump(record, ctx);
+        next.wake_at = Some(ctx.now + ctx.lease_ms);
+        return commit(next, vec![Action::SendDeadLetter { id: mark.id }]);
     }
     if matches!(&record.lease, Some(lease) if lease.expires_at > ctx.now) {
         return Decision::Skip(Skip::Leased);
@@ -329,7 +377,17 @@ fn reply(
         && record.step == step
         && record.attempt == attempt
         && record.launch_id == Some(reply_launch);
-    if !current {
+    // A success from an older attempt of the current step (one that timed out, or whose retry is
+    // waiting) is adopted: the step's outcome is applied once, whichever attempt delivered it.
+    let adopted = !current
+        && matches!(outcome, Outcome::Succeeded(_))
+        && matches!(
+            record.status,
+            Status::Running | Status::WaitRetry | Status::Queued
+        )
+        && record.step == step
+        && attempt < record.attempt;
+    if !current && !adopted {
         if step > record.step || (step == record.step && attempt > record.attempt) {
             // A launch id that was never saved cannot have been sent.
             return Decision::Reject(Rejection::UnknownCorrelation {
@@ -379,6 +437,43 @@ fn reply(
     }
 }
 
+fn heartbeat(
+    record: &Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    reply_launch: Uuid,
+    step: u32,
+    attempt: u32,
+) -> Decision {
+    let current = record.status == Status::Running
+        && record.step == step
+        && record.attempt == attempt
+        && record.launch_id == Some(reply_launch);
+    if !current {
+        return Decision::Skip(if record.status.is_terminal() {
+            Skip::Terminal
+        } else {
+            Skip::Stale
+        });
+    }
+    let mut next = bump(record, ctx);
+    next.wake_at = Some(ctx.now + step_timeout_ms(def, step));
+    commit(next, Vec::new())
+}
+
+fn dead_letter_sent(record: &Execution, ctx: &Context, id: Uuid) -> Decision {
+    match &record.dead_letter {
+        Some(mark) if mark.id == id && !mark.sent => {
+            let mut next = bump(record, ctx);
+            next.dead_letter = Some(DeadLetterMark { id, sent: true });
+            next.wake_at = None;
+            commit(next, Vec::new())
+        }
+        Some(mark) if mark.id == id => Decision::Skip(Skip::Duplicate),
+        _ => Decision::Skip(Skip::Stale),
+    }
+}
+
 fn redrive(record: &Execution, ctx: &Context, expected_version: u64, reason: &str) -> Decision {
     if !matches!(record.status, Status::Failed | Status::Dlq) {
         return Decision::Reject(Rejection::NotRedrivable(record.status));
@@ -399,6 +494,7 @@ fn redrive(record: &Execution, ctx: &Context, expected_version: u64, reason: &st
     next.status = Status::Queued;
     next.budget_base = record.attempt;
     next.error = None;
+    next.dead_letter = None;
     next.wake_at = Some(ctx.now);
     let action = take_lease(&mut next, ctx, 0);
     commit(next, vec![action])
@@ -412,8 +508,16 @@ fn cancel(record: &Execution, ctx: &Context, reason: &str) -> Decision {
     next.status = Status::Cancelled;
     next.lease = None;
     next.wake_at = None;
+    next.launch_id = None;
     next.error = Some(StepError::new("CANCELLED", reason, false));
-    commit(next, Vec::new())
+    let actions = match (record.status, record.launch_id) {
+        (Status::Running, Some(launch_id)) => vec![Action::NotifyCancel {
+            step: record.step,
+            launch_id,
+        }],
+        _ => Vec::new(),
+    };
+    commit(next, actions)
 }
 
 /// Starts attempt `attempt` of the record's current step: saved as `launching` with its deterministic
@@ -467,7 +571,8 @@ fn fail_attempt(
     next.launch_id = None;
     next.lease = None;
     let used = next.attempts_in_budget();
-    if error.retryable && used < policy.max_attempts {
+    let retryable = error.retryable && !policy.non_retryable.contains(&error.code);
+    if retryable && used < policy.max_attempts {
         let delay_ms = policy.delay_ms(used, ctx.jitter);
         next.status = Status::WaitRetry;
         next.error = Some(error);
@@ -481,9 +586,17 @@ fn fail_attempt(
     } else {
         next.status = Status::Failed;
         next.error = Some(error);
-        next.wake_at = None;
-        Vec::new()
+        let id = dead_letter_id(next.id, next.version);
+        next.dead_letter = Some(DeadLetterMark { id, sent: false });
+        // Due again if the envelope is not marked sent by then (a crash between commit and send).
+        next.wake_at = Some(ctx.now + ctx.lease_ms);
+        vec![Action::SendDeadLetter { id }]
     }
+}
+
+/// Id of the dead-letter envelope of the failure committed at `version`.
+fn dead_letter_id(execution: Uuid, version: u64) -> Uuid {
+    Uuid::new_v5(&execution, format!("dead-letter/{version}").as_bytes())
 }
 
 /// Takes a fresh lease (new generation) covering `delay_ms` plus the lease time, and returns the launch

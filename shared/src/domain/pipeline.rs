@@ -40,6 +40,9 @@ pub struct RetryPolicy {
     pub initial_delay_ms: u64,
     pub multiplier: f64,
     pub max_delay_ms: u64,
+    /// Error codes never retried, whatever the worker says.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub non_retryable: Vec<String>,
 }
 
 impl Default for RetryPolicy {
@@ -49,6 +52,7 @@ impl Default for RetryPolicy {
             initial_delay_ms: 1_000,
             multiplier: 2.0,
             max_delay_ms: 60_000,
+            non_retryable: Vec::new(),
         }
     }
 }
@@ -114,6 +118,7 @@ mod tests {
             initial_delay_ms: 100,
             multiplier: 2.0,
             max_delay_ms: 300,
+            non_retryable: Vec::new(),
         };
         assert_eq!(p.delay_ms(1, 1.0), 100);
         assert_eq!(p.delay_ms(2, 1.0), 200);

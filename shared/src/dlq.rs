@@ -1,0 +1,310 @@
+//! Dead letters: bulk replay of the execution DLQ (re-drive every matching failed execution) and moving
+//! messages from a queue's DLQ back to its source queue. Both work on any SQS implementation (no
+//! `StartMessageMoveTask`): receive, act, then delete. A crash between acting and deleting leaves the
+//! message in the DLQ; replaying it again is absorbed (the execution is no longer at that failure, or
+//! the coordinator deduplicates the moved message), so nothing is lost and nothing is applied twice.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::coordinator::{Coordinator, CoordinatorError};
+use crate::domain::{Event, Rejection, Status};
+use crate::envelope::{DeadLetterEnvelope, REASON_ATTRIBUTE};
+use crate::ports::{OutMessage, StoreError};
+
+/// A message received from a DLQ, held invisible until deleted or released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub handle: String,
+    pub body: String,
+    pub attributes: HashMap<String, String>,
+    /// Epoch milliseconds the message was first sent (SQS `SentTimestamp`).
+    pub sent_at: Option<i64>,
+}
+
+/// A dead-letter queue as the replay needs it.
+#[async_trait]
+pub trait DeadLetterQueue: Send + Sync {
+    /// Receives up to `max` (at most 10) messages and hides them while the replay runs.
+    async fn receive(&self, max: usize) -> Result<Vec<DeadLetter>, StoreError>;
+    async fn delete(&self, handle: &str) -> Result<(), StoreError>;
+    /// Makes a held message visible again.
+    async fn release(&self, handle: &str) -> Result<(), StoreError>;
+}
+
+/// Which dead letters to replay. Every field that is set must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ReplayFilter {
+    pub pipeline_id: Option<String>,
+    pub tenant: Option<String>,
+    pub error_code: Option<String>,
+    /// Epoch milliseconds, inclusive.
+    pub from: Option<i64>,
+    /// Epoch milliseconds, exclusive.
+    pub to: Option<i64>,
+}
+
+impl ReplayFilter {
+    fn matches(&self, pipeline: Option<&str>, tenant: Option<&str>, code: Option<&str>, at: Option<i64>) -> bool {
+        let same = |want: &Option<String>, have: Option<&str>| want.as_deref().is_none_or(|w| have == Some(w));
+        same(&self.pipeline_id, pipeline)
+            && same(&self.tenant, tenant)
+            && same(&self.error_code, code)
+            && self.from.is_none_or(|from| at.is_some_and(|at| at >= from))
+            && self.to.is_none_or(|to| at.is_some_and(|at| at < to))
+    }
+}
+
+fn default_max() -> usize {
+    100
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayRequest {
+    #[serde(default)]
+    pub filter: ReplayFilter,
+    /// Report what would be replayed; change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Examine at most this many messages.
+    #[serde(default = "default_max")]
+    pub max_messages: usize,
+    /// Replay at most this many messages per second (none: as fast as possible).
+    #[serde(default)]
+    pub rate_per_second: Option<f64>,
+    /// Audit reason recorded on every re-driven execution.
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayReport {
+    pub examined: usize,
+    pub matched: usize,
+    /// Re-driven (or moved) and deleted from the DLQ.
+    pub replayed: usize,
+    /// Already handled (the execution was no longer at that failure): deleted from the DLQ.
+    pub absorbed: usize,
+    /// Not matching, dry run, or failed: left in the DLQ.
+    pub kept: usize,
+    pub failed: usize,
+    pub dry_run: bool,
+    /// Executions that matched.
+    pub executions: Vec<Uuid>,
+}
+
+/// Paces actions to `rate` per second.
+struct Pace {
+    interval: Option<Duration>,
+    next: Option<tokio::time::Instant>,
+}
+
+impl Pace {
+    fn new(rate: Option<f64>) -> Self {
+        Self {
+            interval: rate.filter(|r| *r > 0.0).map(|r| Duration::from_secs_f64(1.0 / r)),
+            next: None,
+        }
+    }
+
+    async fn wait(&mut self) {
+        let Some(interval) = self.interval else { return };
+        if let Some(next) = self.next {
+            tokio::time::sleep_until(next).await;
+        }
+        self.next = Some(tokio::time::Instant::now() + interval);
+    }
+}
+
+enum Outcome {
+    Replayed,
+    Absorbed,
+}
+
+/// Walks a DLQ: `act` on each matching message, delete what was acted on, release the rest.
+async fn walk<M, A, Fut>(
+    queue: &dyn DeadLetterQueue,
+    request: &ReplayRequest,
+    mut matches: M,
+    mut act: A,
+) -> Result<ReplayReport, CoordinatorError>
+where
+    M: FnMut(&DeadLetter) -> Option<Option<Uuid>>,
+    A: FnMut(DeadLetter) -> Fut,
+    Fut: std::future::Future<Output = Result<Outcome, CoordinatorError>>,
+{
+    let mut report = ReplayReport {
+        dry_run: request.dry_run,
+        ..Default::default()
+    };
+    let mut held = Vec::new();
+    let mut pace = Pace::new(request.rate_per_second);
+    while report.examined < request.max_messages {
+        let batch = queue
+            .receive((request.max_messages - report.examined).min(10))
+            .await?;
+        if batch.is_empty() {
+            break;
+        }
+        for message in batch {
+            report.examined += 1;
+            let Some(execution) = matches(&message) else {
+                report.kept += 1;
+                held.push(message.handle);
+                continue;
+            };
+            report.matched += 1;
+            report.executions.extend(execution);
+            if request.dry_run {
+                report.kept += 1;
+                held.push(message.handle);
+                continue;
+            }
+            pace.wait().await;
+            let handle = message.handle.clone();
+            match act(message).await {
+                Ok(outcome) => {
+                    // Delete only after the act took effect: a crash before this line replays again.
+                    queue.delete(&handle).await?;
+                    match outcome {
+                        Outcome::Replayed => report.replayed += 1,
+                        Outcome::Absorbed => report.absorbed += 1,
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(code = e.code(), error = %e, "dead letter not replayed; kept");
+                    report.failed += 1;
+                    report.kept += 1;
+                    held.push(handle);
+                }
+            }
+        }
+    }
+    for handle in held {
+        queue.release(&handle).await?;
+    }
+    Ok(report)
+}
+
+/// Re-drives the executions of matching dead-letter envelopes from the execution DLQ.
+pub async fn replay(
+    coordinator: &Coordinator,
+    queue: &dyn DeadLetterQueue,
+    request: &ReplayRequest,
+) -> Result<ReplayReport, CoordinatorError> {
+    if request.reason.trim().is_empty() {
+        return Err(CoordinatorError::Invalid("a replay needs a reason".into()));
+    }
+    let envelope = |message: &DeadLetter| serde_json::from_str::<DeadLetterEnvelope>(&message.body).ok();
+    walk(
+        queue,
+        request,
+        |message| {
+            let e = envelope(message)?;
+            request
+                .filter
+                .matches(
+                    Some(&e.pipeline_id),
+                    Some(&e.tenant),
+                    e.error.as_ref().map(|x| x.code.as_str()),
+                    Some(e.failed_at),
+                )
+                .then_some(Some(e.execution_id))
+        },
+        |message| {
+            let e = envelope(&message);
+            async move {
+                let e = e.expect("matched messages parse");
+                redrive_failure(coordinator, &e, &request.reason).await
+            }
+        },
+    )
+    .await
+}
+
+/// Re-drives the failure an envelope was written for, if the execution is still at it.
+async fn redrive_failure(
+    coordinator: &Coordinator,
+    envelope: &DeadLetterEnvelope,
+    reason: &str,
+) -> Result<Outcome, CoordinatorError> {
+    for _ in 0..3 {
+        let record = match coordinator.get(envelope.execution_id).await {
+            Ok(record) => record,
+            Err(CoordinatorError::NotFound(_)) => return Ok(Outcome::Absorbed),
+            Err(e) => return Err(e),
+        };
+        let at_this_failure = matches!(record.status, Status::Failed | Status::Dlq)
+            && record.dead_letter.as_ref().map(|d| d.id) == Some(envelope.dead_letter_id);
+        if !at_this_failure {
+            return Ok(Outcome::Absorbed);
+        }
+        let event = Event::Redrive {
+            expected_version: record.version,
+            reason: reason.to_string(),
+        };
+        match coordinator
+            .apply_and_dispatch(record.id, &event, "replay")
+            .await
+        {
+            Ok(_) => return Ok(Outcome::Replayed),
+            // The record moved between the read and the write (e.g. its envelope was just marked sent).
+            Err(CoordinatorError::Rejected(Rejection::VersionMismatch { .. })) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(CoordinatorError::Contention(3))
+}
+
+/// Moves matching messages from a queue's DLQ back to `target` (send, then delete). Filters use the
+/// dead-letter reason attribute as error code, the send time, and the envelope's identity and tenant
+/// when the body is a request or reply.
+pub async fn move_messages(
+    coordinator: &Coordinator,
+    queue: &dyn DeadLetterQueue,
+    target: &str,
+    request: &ReplayRequest,
+) -> Result<ReplayReport, CoordinatorError> {
+    walk(
+        queue,
+        request,
+        |message| {
+            let body: serde_json::Value = serde_json::from_str(&message.body).unwrap_or_default();
+            let header = body.get("header").unwrap_or(&body);
+            let identity = header.get("identity");
+            let pipeline = identity.and_then(|i| i.get("pipelineId")).and_then(|v| v.as_str());
+            let tenant = header.get("tenant").and_then(|v| v.as_str());
+            let execution = header
+                .get("executionId")
+                .and_then(|v| v.as_str())
+                .and_then(|v| v.parse().ok());
+            request
+                .filter
+                .matches(
+                    pipeline,
+                    tenant,
+                    message.attributes.get(REASON_ATTRIBUTE).map(String::as_str),
+                    message.sent_at,
+                )
+                .then_some(execution)
+        },
+        |message| async move {
+            let result = coordinator
+                .sender()
+                .send(target, &[OutMessage::new(message.body)])
+                .await;
+            match result.into_iter().next() {
+                Some(Ok(())) => Ok(Outcome::Replayed),
+                Some(Err(e)) => Err(CoordinatorError::Store(StoreError::Unavailable(e.to_string()))),
+                None => Err(CoordinatorError::Store(StoreError::Unavailable("nothing sent".into()))),
+            }
+        },
+    )
+    .await
+}
