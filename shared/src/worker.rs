@@ -85,10 +85,7 @@ impl Worker {
             match self.run_one(&message).await {
                 Ok((reply_to, body)) => replies.entry(reply_to).or_default().push((
                     id,
-                    OutMessage {
-                        body,
-                        delay_secs: 0,
-                    },
+                    OutMessage::new(body),
                 )),
                 Err(e) => fail(id, &e, &mut response),
             }
