@@ -216,7 +216,10 @@ async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Resul
     assert_eq!(envelopes.len(), 1);
     let envelope: DeadLetterEnvelope = serde_json::from_str(&envelopes[0])?;
     assert_eq!(envelope.execution_id, id);
-    assert_eq!(envelope.dead_letter_id, record.dead_letter.as_ref().unwrap().id);
+    assert_eq!(
+        envelope.dead_letter_id,
+        record.dead_letter.as_ref().unwrap().id
+    );
     assert_eq!(envelope.step_id, "price");
     assert_eq!(envelope.attempt, 3);
     assert_eq!(envelope.release_version, record.release_version);
@@ -380,6 +383,9 @@ async fn poison_replies_go_to_the_dlq_with_their_reason_and_leave_records_alone(
             .starts_with("reply/m"));
     }
     let bodies: Vec<_> = messages.iter().filter_map(|m| m.body.as_deref()).collect();
-    assert!(bodies.contains(&"not json"), "the original body is kept: {bodies:?}");
+    assert!(
+        bodies.contains(&"not json"),
+        "the original body is kept: {bodies:?}"
+    );
     Ok(())
 }

@@ -375,7 +375,14 @@ impl Coordinator {
                         tracing::error!(execution_id = %record.id, step, "request without step definition or input");
                         continue;
                     };
-                    let header = self.request_header(record, &step_def.id, *step, *attempt, *launch_id, *deadline);
+                    let header = self.request_header(
+                        record,
+                        &step_def.id,
+                        *step,
+                        *attempt,
+                        *launch_id,
+                        *deadline,
+                    );
                     tracing::info!(
                         execution_id = %record.id, tenant = %record.tenant, step = %step_def.id,
                         attempt, launch_id = %launch_id, "step launched"
@@ -387,13 +394,24 @@ impl Coordinator {
                     outbox.push(
                         &step_def.queue,
                         source,
-                        OutMessage::new(serde_json::to_string(&envelope).expect("request serializes")),
+                        OutMessage::new(
+                            serde_json::to_string(&envelope).expect("request serializes"),
+                        ),
                         None,
                     );
                 }
                 Action::NotifyCancel { step, launch_id } => {
-                    let Some(step_def) = definition.step(*step) else { continue };
-                    let mut header = self.request_header(record, &step_def.id, *step, record.attempt, *launch_id, record.updated_at);
+                    let Some(step_def) = definition.step(*step) else {
+                        continue;
+                    };
+                    let mut header = self.request_header(
+                        record,
+                        &step_def.id,
+                        *step,
+                        record.attempt,
+                        *launch_id,
+                        record.updated_at,
+                    );
                     header.kind = CANCEL_KIND.to_string();
                     let envelope = RequestEnvelope {
                         header,
@@ -402,7 +420,9 @@ impl Coordinator {
                     outbox.push(
                         &step_def.queue,
                         source,
-                        OutMessage::new(serde_json::to_string(&envelope).expect("notice serializes")),
+                        OutMessage::new(
+                            serde_json::to_string(&envelope).expect("notice serializes"),
+                        ),
                         None,
                     );
                 }
@@ -433,7 +453,9 @@ impl Coordinator {
                     outbox.push(
                         &self.settings.execution_dlq,
                         source,
-                        OutMessage::new(serde_json::to_string(&envelope).expect("envelope serializes")),
+                        OutMessage::new(
+                            serde_json::to_string(&envelope).expect("envelope serializes"),
+                        ),
                         Some((record.id, Event::DeadLetterSent { id: *id })),
                     );
                 }

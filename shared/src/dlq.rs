@@ -50,8 +50,16 @@ pub struct ReplayFilter {
 }
 
 impl ReplayFilter {
-    fn matches(&self, pipeline: Option<&str>, tenant: Option<&str>, code: Option<&str>, at: Option<i64>) -> bool {
-        let same = |want: &Option<String>, have: Option<&str>| want.as_deref().is_none_or(|w| have == Some(w));
+    fn matches(
+        &self,
+        pipeline: Option<&str>,
+        tenant: Option<&str>,
+        code: Option<&str>,
+        at: Option<i64>,
+    ) -> bool {
+        let same = |want: &Option<String>, have: Option<&str>| {
+            want.as_deref().is_none_or(|w| have == Some(w))
+        };
         same(&self.pipeline_id, pipeline)
             && same(&self.tenant, tenant)
             && same(&self.error_code, code)
@@ -108,13 +116,17 @@ struct Pace {
 impl Pace {
     fn new(rate: Option<f64>) -> Self {
         Self {
-            interval: rate.filter(|r| *r > 0.0).map(|r| Duration::from_secs_f64(1.0 / r)),
+            interval: rate
+                .filter(|r| *r > 0.0)
+                .map(|r| Duration::from_secs_f64(1.0 / r)),
             next: None,
         }
     }
 
     async fn wait(&mut self) {
-        let Some(interval) = self.interval else { return };
+        let Some(interval) = self.interval else {
+            return;
+        };
         if let Some(next) = self.next {
             tokio::time::sleep_until(next).await;
         }
@@ -201,7 +213,8 @@ pub async fn replay(
     if request.reason.trim().is_empty() {
         return Err(CoordinatorError::Invalid("a replay needs a reason".into()));
     }
-    let envelope = |message: &DeadLetter| serde_json::from_str::<DeadLetterEnvelope>(&message.body).ok();
+    let envelope =
+        |message: &DeadLetter| serde_json::from_str::<DeadLetterEnvelope>(&message.body).ok();
     walk(
         queue,
         request,
@@ -278,7 +291,9 @@ pub async fn move_messages(
             let body: serde_json::Value = serde_json::from_str(&message.body).unwrap_or_default();
             let header = body.get("header").unwrap_or(&body);
             let identity = header.get("identity");
-            let pipeline = identity.and_then(|i| i.get("pipelineId")).and_then(|v| v.as_str());
+            let pipeline = identity
+                .and_then(|i| i.get("pipelineId"))
+                .and_then(|v| v.as_str());
             let tenant = header.get("tenant").and_then(|v| v.as_str());
             let execution = header
                 .get("executionId")
@@ -301,8 +316,12 @@ pub async fn move_messages(
                 .await;
             match result.into_iter().next() {
                 Some(Ok(())) => Ok(Outcome::Replayed),
-                Some(Err(e)) => Err(CoordinatorError::Store(StoreError::Unavailable(e.to_string()))),
-                None => Err(CoordinatorError::Store(StoreError::Unavailable("nothing sent".into()))),
+                Some(Err(e)) => Err(CoordinatorError::Store(StoreError::Unavailable(
+                    e.to_string(),
+                ))),
+                None => Err(CoordinatorError::Store(StoreError::Unavailable(
+                    "nothing sent".into(),
+                ))),
             }
         },
     )

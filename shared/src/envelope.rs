@@ -86,8 +86,12 @@ pub struct ReplyEnvelope {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ReplyOutcome {
-    Succeeded { output: Value },
-    Failed { error: StepError },
+    Succeeded {
+        output: Value,
+    },
+    Failed {
+        error: StepError,
+    },
     /// Still running: extends the attempt's deadline (sent by the worker runtime for long steps).
     Running,
 }

@@ -147,7 +147,11 @@ async fn dead_letter(
                 (DETAIL_ATTRIBUTE.into(), e.to_string()),
                 (SOURCE_ATTRIBUTE.into(), format!("{}/{id}", source.queue)),
             ],
-            ..OutMessage::new(if body.is_empty() { "(empty)".into() } else { body.clone() })
+            ..OutMessage::new(if body.is_empty() {
+                "(empty)".into()
+            } else {
+                body.clone()
+            })
         })
         .collect();
     let results = coordinator.sender().send(source.dlq, &messages).await;

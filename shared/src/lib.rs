@@ -21,3 +21,4 @@ pub use coordinator::{
     Applied, ClaimReport, Coordinator, CoordinatorError, Settings, SubmitRequest, Submitted,
 };
 pub mod dlq;
+pub mod sim;

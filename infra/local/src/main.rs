@@ -3,7 +3,8 @@
 //! - `demo`: provision a fresh stage, register the example `orders` pipeline, submit executions, drive
 //!   them with the local runner, print progress and each final status; exit 0 only if all SUCCEEDED.
 //! - `provision`: provision a stage and print its resources and function wiring as JSON.
-//! - `run`: provision a stage and run its handlers (and the example worker) until interrupted.
+//! - `run`: provision a stage and run its handlers (and the example worker) until interrupted; several
+//!   `run` processes may share a stage (e.g. parallel claim loops with `--functions claim`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,9 +13,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use order_worker::OrderSteps;
-use stepline::domain::Status;
+use stepline::domain::{Status, StepError};
+use stepline::envelope::RequestHeader;
+use stepline::worker::StepFunction;
 use stepline::SubmitRequest;
-use stepline_local::{fresh_stage, functions, LocalStack, RunnerOptions};
+use stepline_local::{fresh_stage, functions, Binding, LocalStack, RunnerOptions};
 use uuid::Uuid;
 
 #[derive(Parser)]
@@ -38,6 +41,8 @@ enum Command {
         stage: Option<String>,
         #[arg(long, default_value_t = 120)]
         timeout_secs: u64,
+        #[command(flatten)]
+        pipeline: PipelineArgs,
     },
     /// Provision a stage and print it as JSON.
     Provision {
@@ -48,7 +53,41 @@ enum Command {
     Run {
         #[arg(long, default_value = "local")]
         stage: String,
+        /// Template parameter overrides, `Name=Value` (as `sam deploy --parameter-overrides`).
+        #[arg(long = "param", value_parser = parse_param)]
+        params: Vec<(String, String)>,
+        /// Functions to run: any of claim, launch, completion, worker (default: all).
+        #[arg(long, value_delimiter = ',')]
+        functions: Vec<String>,
+        #[command(flatten)]
+        pipeline: PipelineArgs,
     },
+}
+
+/// How the example pipeline is registered and how its worker behaves.
+#[derive(clap::Args, Clone, Copy)]
+struct PipelineArgs {
+    /// Timeout of each step of the example pipeline.
+    #[arg(long, default_value_t = 60)]
+    step_timeout_secs: u32,
+    /// Makes the example worker take this long per step (to watch progress, or to kill it mid-run).
+    #[arg(long, default_value_t = 0)]
+    worker_delay_ms: u64,
+}
+
+impl Default for PipelineArgs {
+    fn default() -> Self {
+        Self {
+            step_timeout_secs: 60,
+            worker_delay_ms: 0,
+        }
+    }
+}
+
+fn parse_param(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected Name=Value, got {text:?}"))
 }
 
 #[tokio::main]
@@ -56,35 +95,61 @@ async fn main() -> Result<()> {
     if std::env::var_os("RUST_LOG").is_none() {
         std::env::set_var("RUST_LOG", "warn");
     }
-    stepline::telemetry::init();
+    stepline::telemetry::init_to_stderr();
     match Cli::parse().command {
         Command::Demo {
             executions,
             stage,
             timeout_secs,
-        } => demo(executions, stage, Duration::from_secs(timeout_secs)).await,
+            pipeline,
+        } => {
+            demo(
+                executions,
+                stage,
+                Duration::from_secs(timeout_secs),
+                pipeline,
+            )
+            .await
+        }
         Command::Provision { stage } => {
             let local = LocalStack::up(&stage).await?;
             println!("{}", serde_json::to_string_pretty(&local.stack)?);
             Ok(())
         }
-        Command::Run { stage } => {
-            let local = up_with_pipeline(&stage).await?;
-            let _runner = start(&local)?;
+        Command::Run {
+            stage,
+            params,
+            functions,
+            pipeline,
+        } => {
+            let local = up_with_pipeline(&stage, &params.into_iter().collect(), pipeline).await?;
+            let _runner = start(&local, &functions, pipeline)?;
             eprintln!("running stage {stage}; Ctrl-C to stop");
-            tokio::signal::ctrl_c().await?;
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
             Ok(())
         }
     }
 }
 
 /// Provisions `stage` and registers and activates the example pipeline on its request queue.
-async fn up_with_pipeline(stage: &str) -> Result<LocalStack> {
-    let local = LocalStack::up(stage)
+async fn up_with_pipeline(
+    stage: &str,
+    params: &BTreeMap<String, String>,
+    pipeline: PipelineArgs,
+) -> Result<LocalStack> {
+    let local = LocalStack::up_with(stage, params)
         .await
         .context("provisioning the local stack (is the emulator running? see infra/emulator.sh)")?;
     let (queue, _) = local.stack.queue("OrderRequestQueue")?;
-    let def = order_worker::pipeline(queue);
+    let mut def = order_worker::pipeline(queue);
+    for step in &mut def.steps {
+        step.timeout_secs = pipeline.step_timeout_secs;
+    }
     let api = local.coordinator(functions::REDRIVE)?;
     api.registry().register(&def).await?;
     api.registry()
@@ -93,18 +158,60 @@ async fn up_with_pipeline(stage: &str) -> Result<LocalStack> {
     Ok(local)
 }
 
-fn start(local: &LocalStack) -> Result<stepline_local::Runner> {
-    let mut bindings = local.coordinator_bindings()?;
-    bindings.push(local.worker_binding(functions::ORDER_WORKER, Arc::new(OrderSteps))?);
+/// Starts the runner for the chosen functions (all when none is named).
+fn start(
+    local: &LocalStack,
+    only: &[String],
+    pipeline: PipelineArgs,
+) -> Result<stepline_local::Runner> {
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|f| f == name);
+    for name in only {
+        if !["claim", "launch", "completion", "worker"].contains(&name.as_str()) {
+            bail!("unknown function {name:?} (claim, launch, completion, worker)");
+        }
+    }
+    let mut bindings: Vec<_> = local
+        .coordinator_bindings()?
+        .into_iter()
+        .filter(|b| match b {
+            Binding::Schedule { .. } => wanted("claim"),
+            Binding::Sqs { function, .. } if function == functions::LAUNCH => wanted("launch"),
+            Binding::Sqs { .. } => wanted("completion"),
+        })
+        .collect();
+    if wanted("worker") {
+        let steps = Arc::new(SlowSteps(Duration::from_millis(pipeline.worker_delay_ms)));
+        bindings.push(local.worker_binding(functions::ORDER_WORKER, steps)?);
+    }
     local.run(bindings, RunnerOptions::default())
 }
 
-async fn demo(executions: usize, stage: Option<String>, timeout: Duration) -> Result<()> {
+/// The example steps, optionally slowed down.
+struct SlowSteps(Duration);
+
+#[async_trait::async_trait]
+impl StepFunction for SlowSteps {
+    async fn run(
+        &self,
+        request: &RequestHeader,
+        input: serde_json::Value,
+    ) -> Result<serde_json::Value, StepError> {
+        tokio::time::sleep(self.0).await;
+        OrderSteps.run(request, input).await
+    }
+}
+
+async fn demo(
+    executions: usize,
+    stage: Option<String>,
+    timeout: Duration,
+    pipeline: PipelineArgs,
+) -> Result<()> {
     let stage = stage.unwrap_or_else(|| fresh_stage("demo"));
     let begin = Instant::now();
     println!("provisioning stage {stage} from template.yaml");
-    let local = up_with_pipeline(&stage).await?;
-    let _runner = start(&local)?;
+    let local = up_with_pipeline(&stage, &BTreeMap::new(), pipeline).await?;
+    let _runner = start(&local, &[], pipeline)?;
     let api = local.coordinator(functions::REDRIVE)?;
 
     let mut ids: Vec<(String, Uuid)> = Vec::new();

@@ -114,7 +114,10 @@ impl Stack {
     ) -> Result<Stack> {
         let mut parameters = template.parameter_defaults();
         for (name, value) in overrides {
-            anyhow::ensure!(parameters.contains_key(name), "the template has no parameter {name}");
+            anyhow::ensure!(
+                parameters.contains_key(name),
+                "the template has no parameter {name}"
+            );
             parameters.insert(name.clone(), value.clone());
         }
         parameters.insert("Stage".into(), stage.to_string());

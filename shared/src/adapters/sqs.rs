@@ -159,7 +159,9 @@ impl DeadLetterQueue for SqsDeadLetterQueue {
             .visibility_timeout(self.hold_secs)
             .wait_time_seconds(1)
             .message_attribute_names("All")
-            .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::SentTimestamp)
+            .message_system_attribute_names(
+                aws_sdk_sqs::types::MessageSystemAttributeName::SentTimestamp,
+            )
             .send()
             .await
             .map_err(unavailable)?;
@@ -171,7 +173,9 @@ impl DeadLetterQueue for SqsDeadLetterQueue {
                 sent_at: m
                     .attributes
                     .as_ref()
-                    .and_then(|a| a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::SentTimestamp))
+                    .and_then(|a| {
+                        a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::SentTimestamp)
+                    })
                     .and_then(|v| v.parse().ok()),
                 attributes: m
                     .message_attributes

@@ -112,6 +112,10 @@ pub struct StepProgress {
     pub output: Option<Payload>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt: Option<Receipt>,
+    /// Receipts of replies applied before `receipt` (failed attempts of this step): a launch id answers
+    /// once, so a later, different reply for any of them is a conflict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier_receipts: Vec<Receipt>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<StepError>,
 }

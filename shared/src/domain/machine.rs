@@ -93,9 +93,14 @@ pub enum Event {
         attempt: u32,
     },
     /// The dead-letter envelope `id` reached the execution DLQ.
-    DeadLetterSent { id: Uuid },
+    DeadLetterSent {
+        id: Uuid,
+    },
     /// A message about this execution went to a DLQ.
-    Incident { code: String, detail: String },
+    Incident {
+        code: String,
+        detail: String,
+    },
 }
 
 /// Effects to carry out after the commit.
@@ -123,8 +128,8 @@ pub enum Action {
 /// Why a decision writes nothing. None of these is an error: the message is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Skip {
+    /// Not due yet (a held lease makes an execution due only at its expiry).
     NotDue,
-    Leased,
     Terminal,
     /// The lease the work was enqueued under is no longer the record's (taken over or released).
     Fenced,
@@ -280,9 +285,7 @@ fn claim(record: &Execution, ctx: &Context) -> Decision {
         next.wake_at = Some(ctx.now + ctx.lease_ms);
         return commit(next, vec![Action::SendDeadLetter { id: mark.id }]);
     }
-    if matches!(&record.lease, Some(lease) if lease.expires_at > ctx.now) {
-        return Decision::Skip(Skip::Leased);
-    }
+    // (A held lease makes the record due at its expiry, so a due record's lease has expired.)
     let mut next = bump(record, ctx);
     let action = take_lease(&mut next, ctx, 0);
     commit(next, vec![action])
@@ -352,19 +355,22 @@ fn reply(
     fingerprint: &str,
     outcome: &Outcome,
 ) -> Decision {
-    if reply_launch != launch_id(record.id, step, attempt) || def.step(step).is_none() {
+    if attempt == 0
+        || reply_launch != launch_id(record.id, step, attempt)
+        || def.step(step).is_none()
+    {
         return Decision::Reject(Rejection::UnknownCorrelation {
             launch_id: reply_launch,
             step,
             attempt,
         });
     }
-    if let Some(receipt) = record
-        .steps
-        .get(step as usize)
-        .and_then(|p| p.receipt.as_ref())
-        .filter(|r| r.launch_id == reply_launch)
-    {
+    if let Some(receipt) = record.steps.get(step as usize).and_then(|p| {
+        p.receipt
+            .iter()
+            .chain(&p.earlier_receipts)
+            .find(|r| r.launch_id == reply_launch)
+    }) {
         return if receipt.fingerprint == fingerprint {
             Decision::Skip(Skip::Duplicate)
         } else {
@@ -377,16 +383,17 @@ fn reply(
         && record.step == step
         && record.attempt == attempt
         && record.launch_id == Some(reply_launch);
-    // A success from an older attempt of the current step (one that timed out, or whose retry is
-    // waiting) is adopted: the step's outcome is applied once, whichever attempt delivered it.
+    // A success from an earlier attempt of the current step that never answered (it timed out; its
+    // retry is running or waiting) is adopted: the step's outcome is applied once, whichever attempt
+    // delivered it. (An attempt that answered has a receipt and was handled above.)
     let adopted = !current
         && matches!(outcome, Outcome::Succeeded(_))
-        && matches!(
-            record.status,
-            Status::Running | Status::WaitRetry | Status::Queued
-        )
         && record.step == step
-        && attempt < record.attempt;
+        && match record.status {
+            Status::Running => attempt < record.attempt,
+            Status::WaitRetry | Status::Queued => attempt <= record.attempt,
+            _ => false,
+        };
     if !current && !adopted {
         if step > record.step || (step == record.step && attempt > record.attempt) {
             // A launch id that was never saved cannot have been sent.
@@ -410,7 +417,9 @@ fn reply(
         fingerprint: fingerprint.to_string(),
     };
     let progress = &mut next.steps[step as usize];
-    progress.receipt = Some(receipt);
+    if let Some(earlier) = progress.receipt.replace(receipt) {
+        progress.earlier_receipts.push(earlier);
+    }
     match outcome {
         Outcome::Succeeded(output) => {
             progress.status = StepStatus::Succeeded;
@@ -536,6 +545,7 @@ fn launch_attempt(next: &mut Execution, def: &PipelineDef, ctx: &Context, attemp
         launch_id: id,
         output: None,
         receipt: None,
+        earlier_receipts: Vec::new(),
         error: None,
     };
     match next.steps.get_mut(step as usize) {
@@ -558,12 +568,13 @@ fn fail_attempt(
     next: &mut Execution,
     def: &PipelineDef,
     ctx: &Context,
-    error: StepError,
+    mut error: StepError,
 ) -> Vec<Action> {
     let policy = def
         .step(next.step)
         .map(|s| s.retry.clone())
         .unwrap_or_default();
+    error.retryable &= !policy.non_retryable.contains(&error.code);
     if let Some(progress) = next.steps.get_mut(next.step as usize) {
         progress.status = StepStatus::Failed;
         progress.error = Some(error.clone());
@@ -571,8 +582,7 @@ fn fail_attempt(
     next.launch_id = None;
     next.lease = None;
     let used = next.attempts_in_budget();
-    let retryable = error.retryable && !policy.non_retryable.contains(&error.code);
-    if retryable && used < policy.max_attempts {
+    if error.retryable && used < policy.max_attempts {
         let delay_ms = policy.delay_ms(used, ctx.jitter);
         next.status = Status::WaitRetry;
         next.error = Some(error);

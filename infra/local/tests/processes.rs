@@ -1,0 +1,343 @@
+//! Crash tests with real processes on the local emulator: several `stepline-local run` processes
+//! sweeping the same executions in parallel, and a runner killed with SIGKILL mid-run and restarted.
+//! Every execution must end correct with nothing lost.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use stepline::domain::{launch_id, Execution, Status, StepStatus};
+use stepline::{Coordinator, SubmitRequest};
+use stepline_local::{fresh_stage, functions, LocalStack};
+use uuid::Uuid;
+
+const PARAMS: [(&str, &str); 2] = [("LeaseSeconds", "5"), ("QueueVisibilitySeconds", "10")];
+const STEP_TIMEOUT_SECS: &str = "15";
+
+fn require_emulator() {
+    assert!(
+        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
+        "AWS_ENDPOINT_URL is not set: run the suite through infra/test.sh (it starts the emulator)"
+    );
+}
+
+/// A `stepline-local run` process; killed (SIGKILL) when dropped.
+struct RunProcess {
+    child: Child,
+    log: PathBuf,
+}
+
+impl RunProcess {
+    fn start(stage: &str, functions: &str, tag: &str, extra: &[&str]) -> Result<Self> {
+        let log = std::env::temp_dir().join(format!("{stage}-{tag}.log"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_stepline-local"));
+        command.args([
+            "run",
+            "--stage",
+            stage,
+            "--step-timeout-secs",
+            STEP_TIMEOUT_SECS,
+        ]);
+        for (name, value) in PARAMS {
+            command.args(["--param", &format!("{name}={value}")]);
+        }
+        if !functions.is_empty() {
+            command.args(["--functions", functions]);
+        }
+        command
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env("AWS_LAMBDA_LOG_FORMAT", "JSON")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?);
+        Ok(Self {
+            child: command.spawn()?,
+            log,
+        })
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+
+    /// Log lines (JSON) whose message is `message`.
+    fn events(&self, message: &str) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["message"] == message)
+            .collect()
+    }
+}
+
+impl Drop for RunProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn stack(prefix: &str) -> Result<(LocalStack, Coordinator)> {
+    require_emulator();
+    let params: BTreeMap<String, String> = PARAMS
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let local = LocalStack::up_with(&fresh_stage(prefix), &params).await?;
+    let api = local.coordinator(functions::REDRIVE)?;
+    Ok((local, api))
+}
+
+/// Submits once the first process has registered the pipeline.
+async fn submit(api: &Coordinator, n: usize) -> Result<Uuid> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let request = SubmitRequest {
+            pipeline_id: order_worker::PIPELINE_ID.into(),
+            tenant: "proc".into(),
+            input: order_worker::sample_order(n),
+            ..Default::default()
+        };
+        match api.submit(request).await {
+            Ok(s) => return Ok(s.execution),
+            Err(e) if Instant::now() < deadline && e.code() == "NO_ACTIVE_RELEASE" => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+async fn wait_all(api: &Coordinator, ids: &[Uuid], timeout: Duration) -> Result<Vec<Execution>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut records = Vec::new();
+        for id in ids {
+            records.push(api.get(*id).await?);
+        }
+        if records.iter().all(|r| r.status.is_terminal()) {
+            return Ok(records);
+        }
+        if Instant::now() > deadline {
+            let open: Vec<_> = records
+                .iter()
+                .filter(|r| !r.status.is_terminal())
+                .map(|r| (r.id, r.status, r.step))
+                .collect();
+            bail!("not finished within {timeout:?}: {open:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Receives and deletes every visible message of a queue; returns how many.
+async fn drain(local: &LocalStack, logical: &str) -> Result<usize> {
+    let (_, url) = local.stack.queue(logical)?;
+    let sqs = aws_sdk_sqs::Client::new(&local.sdk);
+    let mut count = 0;
+    loop {
+        let out = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await?;
+        let messages = out.messages.unwrap_or_default();
+        if messages.is_empty() {
+            return Ok(count);
+        }
+        for m in messages {
+            sqs.delete_message()
+                .queue_url(url)
+                .set_receipt_handle(m.receipt_handle)
+                .send()
+                .await?;
+            count += 1;
+        }
+    }
+}
+
+async fn queue_depth(local: &LocalStack, logical: &str) -> Result<usize> {
+    let (_, url) = local.stack.queue(logical)?;
+    let out = aws_sdk_sqs::Client::new(&local.sdk)
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+        .send()
+        .await?;
+    let attrs = out.attributes.unwrap_or_default();
+    Ok([
+        aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages,
+        aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+        aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+    ]
+    .iter()
+    .filter_map(|k| attrs.get(k)?.parse::<usize>().ok())
+    .sum())
+}
+
+fn assert_correct(record: &Execution, n: usize) {
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    let order = order_worker::sample_order(n);
+    let expected: u64 = order["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["qty"].as_u64().unwrap() * l["unitCents"].as_u64().unwrap())
+        .sum();
+    let result = record.result.as_ref().unwrap().value();
+    assert_eq!(result["orderId"], order["orderId"]);
+    assert_eq!(result["totalCents"], expected);
+    assert_eq!(record.steps.len(), 3);
+    assert!(record
+        .steps
+        .iter()
+        .all(|s| s.status == StepStatus::Succeeded));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_claim_processes_take_each_lease_once_and_every_execution_finishes() -> Result<()>
+{
+    let (local, api) = stack("proc-claim").await?;
+    let stage = local.stack.stage.clone();
+    // Register what the processes register (identical, so theirs is a no-op), then submit before any
+    // process runs and drop the submits' launch work: only the sweepers can start these executions.
+    let (queue, _) = local.stack.queue("OrderRequestQueue")?;
+    let mut def = order_worker::pipeline(queue);
+    for step in &mut def.steps {
+        step.timeout_secs = STEP_TIMEOUT_SECS.parse()?;
+    }
+    api.registry().register(&def).await?;
+    api.registry()
+        .activate(&def.pipeline_id, &def.release_version)
+        .await?;
+    let mut ids = Vec::new();
+    for n in 0..30 {
+        ids.push(submit(&api, n).await?);
+    }
+    assert_eq!(drain(&local, "LaunchQueue").await?, ids.len());
+    // One process runs launch, completion and the worker; three others only sweep.
+    let mut workers = RunProcess::start(&stage, "launch,completion,worker", "work", &[])?;
+    let mut sweepers: Vec<RunProcess> = (0..3)
+        .map(|i| RunProcess::start(&stage, "claim", &format!("claim{i}"), &[]))
+        .collect::<Result<_>>()?;
+
+    let records = wait_all(&api, &ids, Duration::from_secs(90)).await?;
+
+    for s in &mut sweepers {
+        s.kill();
+    }
+    workers.kill();
+    for (n, record) in records.iter().enumerate() {
+        assert_correct(record, n);
+    }
+    // Every lease taken shows as one generation step, whichever process took it: no two sweepers took
+    // the same lease (a lost race is a conditional write that failed, never a second claim).
+    let mut claims: BTreeMap<String, usize> = BTreeMap::new();
+    let mut by_process = Vec::new();
+    for s in &sweepers {
+        let events = s.events("lease taken");
+        by_process.push(events.len());
+        for e in events {
+            *claims
+                .entry(e["execution_id"].as_str().unwrap_or_default().to_string())
+                .or_default() += 1;
+        }
+    }
+    for record in &records {
+        let taken = claims.get(&record.id.to_string()).copied().unwrap_or(0);
+        assert!(taken >= 1, "{} was never claimed", record.id);
+        assert_eq!(
+            record.generation as usize,
+            1 + taken,
+            "generation of {} disagrees with the leases the sweepers report",
+            record.id
+        );
+    }
+    for s in &sweepers {
+        assert!(!s.events("claim run").is_empty(), "a sweeper never swept");
+    }
+    eprintln!("leases taken per sweeper process: {by_process:?}");
+    for dlq in [
+        "LaunchDeadLetterQueue",
+        "ReplyDeadLetterQueue",
+        "OrderRequestDeadLetterQueue",
+    ] {
+        assert_eq!(queue_depth(&local, dlq).await?, 0, "{dlq} is not empty");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_killed_with_sigkill_mid_run_and_restarted_finishes_every_execution() -> Result<()>
+{
+    let (local, api) = stack("proc-kill").await?;
+    let stage = local.stack.stage.clone();
+    let slow = ["--worker-delay-ms", "150"];
+    let mut first = RunProcess::start(&stage, "", "first", &slow)?;
+    let mut ids = Vec::new();
+    for n in 0..12 {
+        ids.push(submit(&api, n).await?);
+    }
+    // Kill once some, not all, executions have advanced.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut advanced = 0;
+        for id in &ids {
+            let record = api.get(*id).await?;
+            if record.step > 0 || record.status.is_terminal() {
+                advanced += 1;
+            }
+        }
+        if advanced >= 3 {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("nothing advanced before the kill");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    first.kill();
+    let unfinished = {
+        let mut count = 0;
+        for id in &ids {
+            if !api.get(*id).await?.status.is_terminal() {
+                count += 1;
+            }
+        }
+        count
+    };
+    assert!(unfinished > 0, "the runner was killed after the run ended");
+
+    let _second = RunProcess::start(&stage, "", "second", &slow)?;
+    let records = wait_all(&api, &ids, Duration::from_secs(120)).await?;
+
+    for (n, record) in records.iter().enumerate() {
+        assert_correct(record, n);
+        for (k, step) in record.steps.iter().enumerate() {
+            // Each step's outcome was applied from a reply to one of its own launches.
+            let receipt = step.receipt.as_ref().expect("receipt");
+            assert!(
+                (1..=5).any(|a| receipt.launch_id == launch_id(record.id, k as u32, a)),
+                "step {k} of {} applied from a foreign launch",
+                record.id
+            );
+        }
+    }
+    for dlq in [
+        "LaunchDeadLetterQueue",
+        "ReplyDeadLetterQueue",
+        "OrderRequestDeadLetterQueue",
+    ] {
+        assert_eq!(
+            queue_depth(&local, dlq).await?,
+            0,
+            "{dlq} is not empty: something was lost"
+        );
+    }
+    Ok(())
+}
