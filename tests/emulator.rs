@@ -9,16 +9,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 use order_worker::OrderSteps;
 use serde_json::{json, Value};
-use stepline::adapters::SqsSender;
+use stepline::adapters::{SqsDeadLetterQueue, SqsSender};
+use stepline::dlq::{ReplayFilter, ReplayRequest};
 use stepline::domain::{launch_id, Status, StepError, StepStatus};
 use stepline::envelope::{
     DeadLetterEnvelope, Identity, LaunchWork, RequestHeader, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE,
 };
-use stepline::handlers::{self, RedriveRequest};
+use stepline::handlers::{self, CancelRequest, OperatorRequest, OperatorResponse, RedriveRequest};
 use stepline::ports::{MessageSender, OutMessage, SendError};
 use stepline::worker::{StepFunction, Worker};
+use stepline::SubmitRequest;
 use stepline_local::{functions, Binding};
-use stepline_suite::TestStack;
+use stepline_suite::{wait_until, TestStack};
+use uuid::Uuid;
 
 /// Writes per execution of the three-step pipeline without retries: create, launch, three replies.
 const HAPPY_PATH_VERSION: u64 = 5;
@@ -237,7 +240,12 @@ async fn redrive_runs_a_failed_execution_to_success_once_the_fault_is_gone() -> 
     });
     stack.start(steps.clone())?;
     let id = stack.submit(order_worker::sample_order(4)).await?;
-    let failed = stack.wait_terminal(id).await?;
+    // Settled: failed, and its dead-letter envelope sent (which is one more write).
+    let failed = stack
+        .wait_for(id, Duration::from_secs(60), |r| {
+            r.status.is_terminal() && r.dead_letter.as_ref().is_some_and(|d| d.sent)
+        })
+        .await?;
     assert_eq!(failed.status, Status::Failed);
     assert_eq!(failed.attempt, 1, "a non-retryable failure is not retried");
 
@@ -387,5 +395,255 @@ async fn poison_replies_go_to_the_dlq_with_their_reason_and_leave_records_alone(
         bodies.contains(&"not json"),
         "the original body is kept: {bodies:?}"
     );
+    Ok(())
+}
+
+/// The order steps with a slow `price` step.
+struct SlowPricing(Duration);
+
+#[async_trait]
+impl StepFunction for SlowPricing {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        if request.step_id == "price" {
+            tokio::time::sleep(self.0).await;
+        }
+        OrderSteps.run(request, input).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_execution_launches_nothing_more_and_ignores_a_late_reply() -> anyhow::Result<()>
+{
+    let mut stack = TestStack::new("e2e-cancel", |_| {}).await?;
+    stack.start(Arc::new(SlowPricing(Duration::from_secs(2))))?;
+    let id = stack.submit(order_worker::sample_order(6)).await?;
+    stack
+        .wait_for(id, Duration::from_secs(30), |r| {
+            r.step == 1 && r.status == Status::Running
+        })
+        .await?;
+
+    let cancelled = handlers::cancel(
+        &stack.api,
+        CancelRequest {
+            execution_id: id,
+            reason: "customer withdrew the order".into(),
+        },
+    )
+    .await?;
+    assert_eq!(cancelled.status, Status::Cancelled);
+
+    // The price step's reply still arrives (the worker was mid-step): it must not advance anything.
+    // The request (in flight while the step runs) and the cancel notice leave the request queue once
+    // the worker is done; its reply leaves the reply queue once the completion handler has seen it.
+    wait_until(Duration::from_secs(30), || async {
+        Ok(stack.queue_depth("OrderRequestQueue").await? == 0
+            && stack.queue_depth("ReplyQueue").await? == 0)
+    })
+    .await?;
+    let record = stack.api.get(id).await?;
+    assert_eq!(record.status, Status::Cancelled);
+    assert_eq!(
+        record.version, cancelled.version,
+        "a late reply changed a cancelled execution"
+    );
+    assert_eq!(
+        record.steps.len(),
+        2,
+        "no step launched after the cancellation"
+    );
+    assert_eq!(record.error.as_ref().unwrap().code, "CANCELLED");
+    assert_eq!(record.due_at(), None);
+
+    let again = handlers::cancel(
+        &stack.api,
+        CancelRequest {
+            execution_id: id,
+            reason: "twice".into(),
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(again.code(), "ALREADY_TERMINAL");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_replay_filters_dry_runs_and_redrives_from_the_execution_dlq() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("e2e-replay", |_| {}).await?;
+    let steps = Arc::new(FlakyPricing {
+        failing: AtomicBool::new(true),
+        retryable: false,
+        price_runs: AtomicUsize::new(0),
+    });
+    stack.start(steps.clone())?;
+    let mut ids = Vec::new();
+    for (n, tenant) in ["acme", "acme", "globex"].into_iter().enumerate() {
+        let submitted = stack
+            .api
+            .submit(SubmitRequest {
+                pipeline_id: stack.pipeline.pipeline_id.clone(),
+                tenant: tenant.into(),
+                input: order_worker::sample_order(n),
+                ..Default::default()
+            })
+            .await?;
+        ids.push(submitted.execution);
+    }
+    for id in &ids {
+        stack
+            .wait_for(*id, Duration::from_secs(30), |r| {
+                r.status == Status::Failed && r.dead_letter.as_ref().is_some_and(|d| d.sent)
+            })
+            .await?;
+    }
+    let (_, dlq_url) = stack.local.stack.queue("ExecutionDeadLetterQueue")?;
+    let dlq = SqsDeadLetterQueue::new(stack.sqs(), dlq_url);
+    let replay = |dry_run: bool| {
+        OperatorRequest::Replay(ReplayRequest {
+            filter: ReplayFilter {
+                tenant: Some("acme".into()),
+                error_code: Some("PRICING_DOWN".into()),
+                ..Default::default()
+            },
+            dry_run,
+            max_messages: 50,
+            rate_per_second: Some(10.0),
+            reason: "pricing restored".into(),
+        })
+    };
+    let report = |response| match response {
+        OperatorResponse::Replay(report) => report,
+        other => panic!("unexpected {other:?}"),
+    };
+
+    // Dry run: reports the two acme executions, changes nothing.
+    let dry = report(handlers::operator(&stack.api, &dlq, replay(true)).await?);
+    assert_eq!(
+        (dry.examined, dry.matched, dry.replayed),
+        (3, 2, 0),
+        "{dry:?}"
+    );
+    let mut matched = dry.executions.clone();
+    matched.sort();
+    let mut acme = ids[..2].to_vec();
+    acme.sort();
+    assert_eq!(matched, acme);
+    for id in &ids {
+        assert_eq!(stack.api.get(*id).await?.status, Status::Failed);
+    }
+
+    steps.failing.store(false, Ordering::SeqCst);
+    let done = report(handlers::operator(&stack.api, &dlq, replay(false)).await?);
+    assert_eq!(
+        (done.matched, done.replayed, done.absorbed),
+        (2, 2, 0),
+        "{done:?}"
+    );
+    for id in &ids[..2] {
+        let record = stack.wait_terminal(*id).await?;
+        assert_eq!(record.status, Status::Succeeded);
+        assert_eq!(record.redrives.len(), 1);
+        assert_eq!(record.redrives[0].reason, "pricing restored");
+    }
+    assert_eq!(
+        stack.api.get(ids[2]).await?.status,
+        Status::Failed,
+        "globex was filtered out"
+    );
+
+    // A copy of a replayed envelope (as a crash between re-drive and delete leaves) is absorbed.
+    let (_, dlq_url) = stack.local.stack.queue("ExecutionDeadLetterQueue")?;
+    let copy = DeadLetterEnvelope {
+        kind: stepline::envelope::DEAD_LETTER_KIND.into(),
+        dead_letter_id: Uuid::new_v4(),
+        execution_id: ids[0],
+        tenant: "acme".into(),
+        pipeline_id: stack.pipeline.pipeline_id.clone(),
+        release_version: stack.pipeline.release_version.clone(),
+        status: Status::Failed,
+        step_index: 1,
+        step_id: "price".into(),
+        attempt: 1,
+        error: Some(StepError::new("PRICING_DOWN", "down", false)),
+        failed_at: stack.api.now(),
+        version: 3,
+    };
+    stack
+        .sqs()
+        .send_message()
+        .queue_url(dlq_url)
+        .message_body(serde_json::to_string(&copy)?)
+        .send()
+        .await?;
+    let again = report(handlers::operator(&stack.api, &dlq, replay(false)).await?);
+    assert_eq!(
+        (again.matched, again.replayed, again.absorbed),
+        (1, 0, 1),
+        "{again:?}"
+    );
+    assert_eq!(
+        stack.queue_depth("ExecutionDeadLetterQueue").await?,
+        1,
+        "only globex's envelope remains"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicated_launch_work_and_garbage_in_every_queue_change_nothing() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("e2e-garbage", |_| {}).await?;
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        ids.push(stack.submit(order_worker::sample_order(n)).await?);
+    }
+    let sqs = stack.sqs();
+    // Two extra copies of each execution's first launch work, and garbage in every queue.
+    let (_, launch_url) = stack.local.stack.queue("LaunchQueue")?;
+    for id in &ids {
+        let record = stack.api.get(*id).await?;
+        let work = LaunchWork {
+            execution_id: *id,
+            generation: record.generation,
+            token: record.lease.as_ref().unwrap().token,
+        };
+        for _ in 0..2 {
+            sqs.send_message()
+                .queue_url(launch_url)
+                .message_body(serde_json::to_string(&work)?)
+                .send()
+                .await?;
+        }
+    }
+    for queue in ["LaunchQueue", "ReplyQueue", "OrderRequestQueue"] {
+        let (_, url) = stack.local.stack.queue(queue)?;
+        for body in ["{{{ not json", r#"{"kind":"stepline.reply.v1"}"#] {
+            sqs.send_message()
+                .queue_url(url)
+                .message_body(body)
+                .send()
+                .await?;
+        }
+    }
+    stack.start(Arc::new(OrderSteps))?;
+
+    for id in &ids {
+        let record = stack.wait_terminal(*id).await?;
+        assert_eq!(record.status, Status::Succeeded);
+        assert_eq!(
+            record.version, HAPPY_PATH_VERSION,
+            "a duplicate advanced {id}"
+        );
+    }
+    for dlq in [
+        "LaunchDeadLetterQueue",
+        "ReplyDeadLetterQueue",
+        "OrderRequestDeadLetterQueue",
+    ] {
+        wait_until(Duration::from_secs(30), || async {
+            Ok(stack.queue_depth(dlq).await? == 2)
+        })
+        .await?;
+    }
     Ok(())
 }

@@ -10,7 +10,7 @@ use crate::config::{CoordinatorConfig, WorkerConfig};
 use crate::coordinator::{Coordinator, Settings};
 use crate::envelope::Identity;
 use crate::ports::{Clock, SystemClock};
-use crate::worker::{StepFunction, Worker};
+use crate::worker::{SqsVisibilityExtender, StepFunction, Worker};
 
 pub async fn sdk_config() -> SdkConfig {
     aws_config::load_defaults(BehaviorVersion::latest()).await
@@ -44,14 +44,21 @@ pub fn coordinator_with_clock(
     )
 }
 
-/// A worker replying through SQS.
+/// A worker replying through SQS, extending its messages' visibility during long steps, and
+/// dead-lettering requests it cannot handle (when `REQUEST_DLQ_URL` is set).
 pub fn worker(sdk: &SdkConfig, config: &WorkerConfig, steps: Arc<dyn StepFunction>) -> Worker {
-    Worker::new(
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let worker = Worker::new(
         Identity {
             pipeline_id: config.pipeline_id.clone(),
             release_version: config.release_version.clone(),
         },
-        Arc::new(SqsSender::new(aws_sdk_sqs::Client::new(sdk))),
+        Arc::new(SqsSender::new(sqs.clone())),
         steps,
     )
+    .with_visibility(Arc::new(SqsVisibilityExtender::new(sqs)));
+    match &config.request_dlq_url {
+        Some(dlq) => worker.with_dead_letter_queue(dlq.clone()),
+        None => worker,
+    }
 }

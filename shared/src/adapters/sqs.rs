@@ -141,9 +141,9 @@ impl SqsDeadLetterQueue {
     }
 }
 
-fn unavailable<E: std::error::Error + 'static>(e: aws_sdk_sqs::error::SdkError<E>) -> StoreError
+fn unavailable<E>(e: aws_sdk_sqs::error::SdkError<E>) -> StoreError
 where
-    E: Send + Sync,
+    E: std::error::Error + Send + Sync + 'static,
 {
     StoreError::Unavailable(DisplayErrorContext(&e).to_string())
 }
