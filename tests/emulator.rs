@@ -9,13 +9,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use order_worker::OrderSteps;
 use serde_json::{json, Value};
-use stepline::adapters::{SqsDeadLetterQueue, SqsSender};
+use stepline::adapters::SqsSender;
 use stepline::dlq::{ReplayFilter, ReplayRequest};
 use stepline::domain::{launch_id, Status, StepError, StepStatus};
 use stepline::envelope::{
     DeadLetterEnvelope, Identity, LaunchWork, RequestHeader, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE,
 };
-use stepline::handlers::{self, CancelRequest, OperatorRequest, OperatorResponse, RedriveRequest};
+use stepline::handlers::{
+    self, CancelRequest, MoveRequest, MoveSource, OperatorRequest, OperatorResponse, RedriveRequest,
+};
 use stepline::ports::{MessageSender, OutMessage, SendError};
 use stepline::worker::{StepFunction, Worker};
 use stepline::SubmitRequest;
@@ -497,8 +499,8 @@ async fn bulk_replay_filters_dry_runs_and_redrives_from_the_execution_dlq() -> a
             })
             .await?;
     }
-    let (_, dlq_url) = stack.local.stack.queue("ExecutionDeadLetterQueue")?;
-    let dlq = SqsDeadLetterQueue::new(stack.sqs(), dlq_url);
+    let queues = stack.dead_letter_queues()?;
+    let dlq = queues.refs();
     let replay = |dry_run: bool| {
         OperatorRequest::Replay(ReplayRequest {
             filter: ReplayFilter {
@@ -645,5 +647,104 @@ async fn duplicated_launch_work_and_garbage_in_every_queue_change_nothing() -> a
         })
         .await?;
     }
+    Ok(())
+}
+
+/// Sends replies to the reply queue's DLQ instead, while `divert` is set (as if they had been
+/// dead-lettered after too many receives).
+struct DivertingSender {
+    inner: SqsSender,
+    reply_dlq: String,
+    divert: AtomicBool,
+}
+
+#[async_trait]
+impl MessageSender for DivertingSender {
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
+        if self.divert.swap(false, Ordering::SeqCst) {
+            let parked: Vec<OutMessage> = messages
+                .iter()
+                .map(|m| OutMessage {
+                    attributes: vec![(REASON_ATTRIBUTE.into(), "MAX_RECEIVES".into())],
+                    ..m.clone()
+                })
+                .collect();
+            return self.inner.send(&self.reply_dlq, &parked).await;
+        }
+        self.inner.send(queue, messages).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("e2e-move", |_| {}).await?;
+    let (_, reply_dlq) = stack.local.stack.queue("ReplyDeadLetterQueue")?;
+    let sender = Arc::new(DivertingSender {
+        inner: SqsSender::new(stack.sqs()),
+        reply_dlq: reply_dlq.to_string(),
+        divert: AtomicBool::new(true),
+    });
+    let worker = Arc::new(Worker::new(
+        Identity {
+            pipeline_id: stack.pipeline.pipeline_id.clone(),
+            release_version: stack.pipeline.release_version.clone(),
+        },
+        sender,
+        Arc::new(OrderSteps),
+    ));
+    stack.start_with(Binding::Sqs {
+        function: functions::ORDER_WORKER.into(),
+        handler: Arc::new(move |event| {
+            let worker = worker.clone();
+            Box::pin(async move { worker.handle(event).await })
+        }),
+    })?;
+    let id = stack.submit(order_worker::sample_order(7)).await?;
+    // The first reply is parked in the DLQ: the execution waits at step 0.
+    wait_until(Duration::from_secs(30), || async {
+        Ok(stack.queue_depth("ReplyDeadLetterQueue").await? == 1)
+    })
+    .await?;
+    assert_eq!(stack.api.get(id).await?.step, 0);
+
+    let queues = stack.dead_letter_queues()?;
+    let request = |dry_run: bool| {
+        OperatorRequest::Move(MoveRequest {
+            queue: MoveSource::Reply,
+            replay: ReplayRequest {
+                filter: ReplayFilter {
+                    pipeline_id: Some(stack.pipeline.pipeline_id.clone()),
+                    error_code: Some("MAX_RECEIVES".into()),
+                    ..Default::default()
+                },
+                dry_run,
+                max_messages: 10,
+                rate_per_second: None,
+                reason: "reply queue consumer fixed".into(),
+            },
+        })
+    };
+    let OperatorResponse::Replay(dry) =
+        handlers::operator(&stack.api, &queues.refs(), request(true)).await?
+    else {
+        panic!("a move answers with a report");
+    };
+    assert_eq!((dry.matched, dry.replayed), (1, 0));
+    assert_eq!(dry.executions, vec![id]);
+    assert_eq!(stack.api.get(id).await?.step, 0, "a dry run moves nothing");
+
+    let OperatorResponse::Replay(moved) =
+        handlers::operator(&stack.api, &queues.refs(), request(false)).await?
+    else {
+        panic!("a move answers with a report");
+    };
+    assert_eq!((moved.matched, moved.replayed), (1, 1));
+    let record = stack.wait_terminal(id).await?;
+    assert_eq!(record.status, Status::Succeeded);
+    assert_eq!(
+        record.version, HAPPY_PATH_VERSION,
+        "the moved reply was applied once"
+    );
+    assert_eq!(stack.queue_depth("ReplyDeadLetterQueue").await?, 0);
     Ok(())
 }

@@ -272,6 +272,31 @@ pub enum OperatorRequest {
     Redrive(RedriveRequest),
     Cancel(CancelRequest),
     Replay(crate::dlq::ReplayRequest),
+    /// Move messages from the launch or reply queue's DLQ back to that queue.
+    Move(MoveRequest),
+}
+
+/// Which coordinator queue's DLQ to move back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MoveSource {
+    Launch,
+    Reply,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MoveRequest {
+    pub queue: MoveSource,
+    #[serde(flatten)]
+    pub replay: crate::dlq::ReplayRequest,
+}
+
+/// The DLQs the operator function reads.
+pub struct DeadLetterQueues<'a> {
+    pub execution: &'a dyn crate::dlq::DeadLetterQueue,
+    pub launch: &'a dyn crate::dlq::DeadLetterQueue,
+    pub reply: &'a dyn crate::dlq::DeadLetterQueue,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -281,17 +306,28 @@ pub enum OperatorResponse {
     Replay(crate::dlq::ReplayReport),
 }
 
-/// Operator function: re-drive or cancel one execution, or replay the execution DLQ.
+/// Operator function: re-drive or cancel one execution, replay the execution DLQ, or move a queue's
+/// dead letters back to it.
 pub async fn operator(
     coordinator: &Coordinator,
-    execution_dlq: &dyn crate::dlq::DeadLetterQueue,
+    dlqs: &DeadLetterQueues<'_>,
     request: OperatorRequest,
 ) -> Result<OperatorResponse, CoordinatorError> {
     Ok(match request {
         OperatorRequest::Redrive(r) => OperatorResponse::Execution(redrive(coordinator, r).await?),
         OperatorRequest::Cancel(c) => OperatorResponse::Execution(cancel(coordinator, c).await?),
         OperatorRequest::Replay(r) => {
-            OperatorResponse::Replay(crate::dlq::replay(coordinator, execution_dlq, &r).await?)
+            OperatorResponse::Replay(crate::dlq::replay(coordinator, dlqs.execution, &r).await?)
+        }
+        OperatorRequest::Move(m) => {
+            let settings = coordinator.settings();
+            let (dlq, target) = match m.queue {
+                MoveSource::Launch => (dlqs.launch, settings.launch_queue.clone()),
+                MoveSource::Reply => (dlqs.reply, settings.reply_queue.clone()),
+            };
+            OperatorResponse::Replay(
+                crate::dlq::move_messages(coordinator, dlq, &target, &m.replay).await?,
+            )
         }
     })
 }

@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use aws_sdk_sqs::types::QueueAttributeName;
+use stepline::adapters::SqsDeadLetterQueue;
 use stepline::config::CoordinatorConfig;
 use stepline::domain::{Execution, PipelineDef};
+use stepline::handlers::DeadLetterQueues;
 use stepline::ports::{Clock, SystemClock};
 use stepline::worker::StepFunction;
 use stepline::{Coordinator, SubmitRequest};
@@ -182,6 +184,35 @@ impl TestStack {
                     .await?;
             }
         }
+    }
+}
+
+/// The three DLQs the operator function reads, owned.
+pub struct OwnedDeadLetterQueues([SqsDeadLetterQueue; 3]);
+
+impl OwnedDeadLetterQueues {
+    pub fn refs(&self) -> DeadLetterQueues<'_> {
+        DeadLetterQueues {
+            execution: &self.0[0],
+            launch: &self.0[1],
+            reply: &self.0[2],
+        }
+    }
+}
+
+impl TestStack {
+    pub fn dead_letter_queues(&self) -> Result<OwnedDeadLetterQueues> {
+        let queue = |logical: &str| -> Result<SqsDeadLetterQueue> {
+            Ok(SqsDeadLetterQueue::new(
+                self.sqs(),
+                self.local.stack.queue(logical)?.1,
+            ))
+        };
+        Ok(OwnedDeadLetterQueues([
+            queue("ExecutionDeadLetterQueue")?,
+            queue("LaunchDeadLetterQueue")?,
+            queue("ReplyDeadLetterQueue")?,
+        ]))
     }
 }
 

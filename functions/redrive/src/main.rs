@@ -1,12 +1,13 @@
-//! Operator function (invoked directly): re-drive or cancel one execution, or replay the execution DLQ.
-//! Payload: `{"action": "redrive" | "cancel" | "replay", ...}` (see `stepline::handlers::OperatorRequest`).
+//! Operator function (invoked directly): re-drive or cancel one execution, replay the execution DLQ,
+//! or move a coordinator queue's dead letters back. Payload: `{"action": "redrive" | "cancel" |
+//! "replay" | "move", ...}` (see `stepline::handlers::OperatorRequest`).
 
 use std::sync::Arc;
 
 use lambda_runtime::{service_fn, LambdaEvent};
 use stepline::adapters::SqsDeadLetterQueue;
 use stepline::config::CoordinatorConfig;
-use stepline::handlers::OperatorRequest;
+use stepline::handlers::{DeadLetterQueues, OperatorRequest};
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
@@ -14,14 +15,21 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let sdk = stepline::aws::sdk_config().await;
     let config = CoordinatorConfig::from_env()?;
     let coordinator = Arc::new(stepline::aws::coordinator(&sdk, &config));
-    let dead_letters = Arc::new(SqsDeadLetterQueue::new(
-        aws_sdk_sqs::Client::new(&sdk),
-        &config.execution_dlq_url,
-    ));
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let queues = Arc::new([
+        SqsDeadLetterQueue::new(sqs.clone(), &config.execution_dlq_url),
+        SqsDeadLetterQueue::new(sqs.clone(), &config.launch_dlq_url),
+        SqsDeadLetterQueue::new(sqs, &config.reply_dlq_url),
+    ]);
     lambda_runtime::run(service_fn(|event: LambdaEvent<OperatorRequest>| {
-        let (coordinator, dead_letters) = (coordinator.clone(), dead_letters.clone());
+        let (coordinator, queues) = (coordinator.clone(), queues.clone());
         async move {
-            stepline::handlers::operator(&coordinator, dead_letters.as_ref(), event.payload).await
+            let dlqs = DeadLetterQueues {
+                execution: &queues[0],
+                launch: &queues[1],
+                reply: &queues[2],
+            };
+            stepline::handlers::operator(&coordinator, &dlqs, event.payload).await
         }
     }))
     .await
