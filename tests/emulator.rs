@@ -13,7 +13,7 @@ use stepline::adapters::SqsSender;
 use stepline::dlq::{ReplayFilter, ReplayRequest};
 use stepline::domain::{launch_id, Status, StepError, StepStatus};
 use stepline::envelope::{
-    DeadLetterEnvelope, Identity, LaunchWork, RequestHeader, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE,
+    DeadLetterEnvelope, LaunchWork, RequestHeader, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE,
 };
 use stepline::handlers::{
     self, CancelRequest, MoveRequest, MoveSource, OperatorRequest, OperatorResponse, RedriveRequest,
@@ -96,10 +96,7 @@ async fn duplicated_replies_do_not_advance_an_execution_twice() -> anyhow::Resul
         sent: Mutex::new(Vec::new()),
     });
     let worker = Arc::new(Worker::new(
-        Identity {
-            pipeline_id: stack.pipeline.pipeline_id.clone(),
-            release_version: stack.pipeline.release_version.clone(),
-        },
+        stack.identity(),
         sender.clone(),
         Arc::new(OrderSteps),
     ));
@@ -684,14 +681,7 @@ async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Re
         reply_dlq: reply_dlq.to_string(),
         divert: AtomicBool::new(true),
     });
-    let worker = Arc::new(Worker::new(
-        Identity {
-            pipeline_id: stack.pipeline.pipeline_id.clone(),
-            release_version: stack.pipeline.release_version.clone(),
-        },
-        sender,
-        Arc::new(OrderSteps),
-    ));
+    let worker = Arc::new(Worker::new(stack.identity(), sender, Arc::new(OrderSteps)));
     stack.start_with(Binding::Sqs {
         function: functions::ORDER_WORKER.into(),
         handler: Arc::new(move |event| {

@@ -7,6 +7,7 @@ use aws_config::{BehaviorVersion, SdkConfig};
 
 use crate::adapters::{DynamoDbExecutionStore, DynamoDbReleaseRegistry, SqsSender};
 use crate::config::{CoordinatorConfig, WorkerConfig};
+use crate::contract::Contract;
 use crate::coordinator::{Coordinator, Settings};
 use crate::envelope::Identity;
 use crate::ports::{Clock, SystemClock};
@@ -44,13 +45,20 @@ pub fn coordinator_with_clock(
     )
 }
 
-/// A worker replying through SQS, extending its messages' visibility during long steps, and
-/// dead-lettering requests it cannot handle (when `REQUEST_DLQ_URL` is set).
-pub fn worker(sdk: &SdkConfig, config: &WorkerConfig, steps: Arc<dyn StepFunction>) -> Worker {
+/// A worker of `contract` (the code it was built from) for the configured release, replying through
+/// SQS, extending its messages' visibility during long steps, and dead-lettering requests it cannot
+/// handle (when `REQUEST_DLQ_URL` is set).
+pub fn worker(
+    sdk: &SdkConfig,
+    config: &WorkerConfig,
+    contract: &Contract,
+    steps: Arc<dyn StepFunction>,
+) -> Worker {
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let worker = Worker::new(
         Identity {
-            pipeline_id: config.pipeline_id.clone(),
+            pipeline_id: contract.pipeline_id.clone(),
+            contract_version: contract.contract_version.clone(),
             release_version: config.release_version.clone(),
         },
         Arc::new(SqsSender::new(sqs.clone())),

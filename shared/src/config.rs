@@ -52,10 +52,9 @@ impl CoordinatorConfig {
     }
 }
 
-/// Identity of a worker: the one pipeline release it serves.
+/// Deployment of a worker: the release it serves (its pipeline and contract come from its code).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerConfig {
-    pub pipeline_id: String,
     pub release_version: String,
     /// DLQ of the worker's request queue: requests it cannot handle go there with a reason.
     pub request_dlq_url: Option<String>,
@@ -68,7 +67,6 @@ impl WorkerConfig {
 
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         Ok(Self {
-            pipeline_id: get("PIPELINE_ID").ok_or(ConfigError::Missing("PIPELINE_ID"))?,
             release_version: get("RELEASE_VERSION")
                 .ok_or(ConfigError::Missing("RELEASE_VERSION"))?,
             request_dlq_url: get("REQUEST_DLQ_URL"),

@@ -55,6 +55,7 @@ impl CoordinatorError {
             CoordinatorError::Invalid(_) => "INVALID_REQUEST",
             CoordinatorError::Rejected(r) => r.code(),
             CoordinatorError::Store(StoreError::Corrupt(_)) => "CORRUPT_RECORD",
+            CoordinatorError::Store(StoreError::Missing(_)) => "NOT_FOUND",
             CoordinatorError::Store(_) => "STORE_UNAVAILABLE",
             CoordinatorError::Contention(_) => "CONTENTION",
         }
@@ -226,7 +227,8 @@ impl Coordinator {
             .ok_or_else(|| CoordinatorError::UnknownRelease {
                 pipeline_id: pipeline_id.to_string(),
                 release_version: release_version.to_string(),
-            })?;
+            })?
+            .definition;
         let def = Arc::new(def);
         self.definitions
             .lock()
@@ -286,11 +288,13 @@ impl Coordinator {
         }
         let release = match request.release_version {
             Some(release) => release,
-            None => self
-                .registry
-                .active(&request.pipeline_id)
-                .await?
-                .ok_or_else(|| CoordinatorError::NoActiveRelease(request.pipeline_id.clone()))?,
+            None => {
+                self.registry
+                    .active(&request.pipeline_id)
+                    .await?
+                    .ok_or_else(|| CoordinatorError::NoActiveRelease(request.pipeline_id.clone()))?
+                    .release_version
+            }
         };
         let definition = self.definition(&request.pipeline_id, &release).await?;
         let id = match &request.idempotency_key {
@@ -476,6 +480,7 @@ impl Coordinator {
             kind: REQUEST_KIND.to_string(),
             identity: Identity {
                 pipeline_id: record.pipeline_id.clone(),
+                contract_version: record.contract_version.clone(),
                 release_version: record.release_version.clone(),
             },
             tenant: record.tenant.clone(),

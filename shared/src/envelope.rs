@@ -25,12 +25,17 @@ pub const SOURCE_ATTRIBUTE: &str = "stepline.source";
 #[serde(rename_all = "camelCase")]
 pub struct Identity {
     pub pipeline_id: String,
+    pub contract_version: String,
     pub release_version: String,
 }
 
 impl std::fmt::Display for Identity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}@{}", self.pipeline_id, self.release_version)
+        write!(
+            f,
+            "{} release {} ({})",
+            self.pipeline_id, self.release_version, self.contract_version
+        )
     }
 }
 
@@ -156,6 +161,7 @@ mod tests {
             kind: REQUEST_KIND.into(),
             identity: Identity {
                 pipeline_id: "p".into(),
+                contract_version: "sha256:00".into(),
                 release_version: "1".into(),
             },
             tenant: "t".into(),

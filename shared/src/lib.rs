@@ -8,11 +8,13 @@
 pub mod adapters;
 pub mod aws;
 pub mod config;
+pub mod contract;
 pub mod coordinator;
 pub mod domain;
 pub mod envelope;
 pub mod handlers;
 pub mod ports;
+pub mod release;
 pub mod telemetry;
 pub mod worker;
 

@@ -4,7 +4,8 @@
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use crate::domain::{Execution, PipelineDef};
+use crate::domain::Execution;
+use crate::release::{Activation, Release};
 
 /// Store failures the handlers must tell apart.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -18,6 +19,9 @@ pub enum StoreError {
     /// An item that cannot be mapped to a record.
     #[error("corrupt item: {0}")]
     Corrupt(String),
+    /// Something the operation requires does not exist.
+    #[error("not found: {0}")]
+    Missing(String),
 }
 
 impl StoreError {
@@ -49,18 +53,29 @@ pub enum Registration {
     Unchanged,
 }
 
-/// The release registry, as far as the coordinator needs it: immutable definitions and the active release.
+/// The release registry: immutable release descriptors and their append-only activation history.
 #[async_trait]
 pub trait ReleaseRegistry: Send + Sync {
     async fn get(
         &self,
         pipeline_id: &str,
         release_version: &str,
-    ) -> Result<Option<PipelineDef>, StoreError>;
-    /// Registers an immutable definition; a different definition under the same release is `Conflict`.
-    async fn register(&self, def: &PipelineDef) -> Result<Registration, StoreError>;
-    async fn activate(&self, pipeline_id: &str, release_version: &str) -> Result<(), StoreError>;
-    async fn active(&self, pipeline_id: &str) -> Result<Option<String>, StoreError>;
+    ) -> Result<Option<Release>, StoreError>;
+    async fn list(&self, pipeline_id: &str) -> Result<Vec<Release>, StoreError>;
+    /// Registers an immutable release; a different descriptor under the same version is `Conflict`.
+    async fn register(&self, release: &Release) -> Result<Registration, StoreError>;
+    /// Appends an activation of a registered release (`Missing` if it is not registered).
+    async fn activate(
+        &self,
+        pipeline_id: &str,
+        release_version: &str,
+        at: i64,
+        reason: &str,
+    ) -> Result<Activation, StoreError>;
+    /// Activations, oldest first.
+    async fn history(&self, pipeline_id: &str) -> Result<Vec<Activation>, StoreError>;
+    /// The latest activation.
+    async fn active(&self, pipeline_id: &str) -> Result<Option<Activation>, StoreError>;
 }
 
 /// One message to send.

@@ -526,6 +526,9 @@ fn pipeline(config: &SimConfig) -> PipelineDef {
             .iter()
             .map(|id| StepDef {
                 id: id.to_string(),
+                kind: crate::domain::StepKind::Task,
+                input_type: "sim.Input/1".into(),
+                output_type: "sim.Input/1".into(),
                 queue: REQUEST.into(),
                 timeout_secs: config.step_timeout_secs,
                 retry: RetryPolicy {
@@ -612,6 +615,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         Worker::new(
             Identity {
                 pipeline_id: def.pipeline_id.clone(),
+                contract_version: crate::contract::Contract::of(&def).contract_version,
                 release_version: def.release_version.clone(),
             },
             Arc::new(SimSender(world.clone())),
@@ -622,8 +626,10 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         .with_dead_letter_queue("request-dlq"),
     );
 
-    block_on(registry.register(&def)).expect("register");
-    block_on(registry.activate(&def.pipeline_id, &def.release_version)).expect("activate");
+    block_on(registry.register(&crate::release::Release::new(def.clone(), Vec::new())))
+        .expect("register");
+    block_on(registry.activate(&def.pipeline_id, &def.release_version, 0, "sim"))
+        .expect("activate");
 
     // Plans: mostly clean, some transient failures, some permanent, some exhausting the budget.
     let mut plans = Vec::new();

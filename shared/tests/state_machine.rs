@@ -15,7 +15,7 @@ use stepline::domain::machine::{MAX_DELAY_SECONDS, MAX_RESENDS};
 use stepline::domain::{
     decide, launch_id, start, Action, Context, Decision, Event, Execution, Lease, Outcome, Payload,
     PipelineDef, Receipt, RedriveNote, Rejection, RetryPolicy, Skip, Status, StepDef, StepError,
-    StepProgress, StepStatus,
+    StepKind, StepProgress, StepStatus,
 };
 use uuid::Uuid;
 
@@ -71,6 +71,9 @@ fn policy(max_attempts: u32, initial_delay_ms: u64, max_delay_ms: u64) -> RetryP
 fn step(id: &str, timeout_secs: u32, retry: RetryPolicy) -> StepDef {
     StepDef {
         id: id.to_string(),
+        kind: StepKind::Task,
+        input_type: "json".into(),
+        output_type: "json".into(),
         queue: format!("{id}-requests"),
         timeout_secs,
         retry,

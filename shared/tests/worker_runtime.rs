@@ -32,6 +32,7 @@ const SOURCE_ARN: &str = "arn:aws:sqs:eu-west-1:123456789012:requests";
 fn identity() -> Identity {
     Identity {
         pipeline_id: "orders".into(),
+        contract_version: "sha256:c0ffee".into(),
         release_version: "7".into(),
     }
 }

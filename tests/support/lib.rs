@@ -10,9 +10,12 @@ use anyhow::{bail, Result};
 use aws_sdk_sqs::types::QueueAttributeName;
 use stepline::adapters::SqsDeadLetterQueue;
 use stepline::config::CoordinatorConfig;
+use stepline::contract::Contract;
 use stepline::domain::{Execution, PipelineDef};
+use stepline::envelope::Identity;
 use stepline::handlers::DeadLetterQueues;
 use stepline::ports::{Clock, SystemClock};
+use stepline::release::Release;
 use stepline::worker::StepFunction;
 use stepline::{Coordinator, SubmitRequest};
 use stepline_local::{fresh_stage, functions, Binding, LocalStack, Runner, RunnerOptions};
@@ -45,9 +48,16 @@ impl TestStack {
         let (queue, _) = local.stack.queue("OrderRequestQueue")?;
         let mut pipeline = order_worker::pipeline(queue);
         tune(&mut pipeline);
-        api.registry().register(&pipeline).await?;
         api.registry()
-            .activate(&pipeline.pipeline_id, &pipeline.release_version)
+            .register(&Release::new(pipeline.clone(), Vec::new()))
+            .await?;
+        api.registry()
+            .activate(
+                &pipeline.pipeline_id,
+                &pipeline.release_version,
+                api.now(),
+                "test",
+            )
             .await?;
         Ok(Self {
             local,
@@ -59,14 +69,32 @@ impl TestStack {
 
     /// Runs the coordinator functions and the order worker function with `steps`.
     pub fn start(&mut self, steps: Arc<dyn StepFunction>) -> Result<()> {
-        let worker = self.local.worker_binding(functions::ORDER_WORKER, steps)?;
+        let worker = self.local.worker_binding(
+            functions::ORDER_WORKER,
+            &Contract::of(&self.pipeline),
+            steps,
+        )?;
         self.start_with(worker)
+    }
+
+    /// The identity of the registered example release (what its workers serve).
+    pub fn identity(&self) -> Identity {
+        Identity {
+            pipeline_id: self.pipeline.pipeline_id.clone(),
+            contract_version: Contract::of(&self.pipeline).contract_version,
+            release_version: self.pipeline.release_version.clone(),
+        }
     }
 
     /// Runs the coordinator functions and the given worker binding.
     pub fn start_with(&mut self, worker: Binding) -> Result<()> {
         let mut bindings = self.local.coordinator_bindings()?;
         bindings.push(worker);
+        self.start_bindings(bindings)
+    }
+
+    /// Runs exactly the given bindings.
+    pub fn start_bindings(&mut self, bindings: Vec<Binding>) -> Result<()> {
         self.runner = Some(self.local.run(
             bindings,
             RunnerOptions {
@@ -156,6 +184,33 @@ impl TestStack {
             Ok(self.queue_depth(logical).await? == 0)
         })
         .await
+    }
+
+    /// Polls a queue (by URL) until messages arrive; returns them with their attributes (not deleted).
+    pub async fn receive_from(
+        &self,
+        url: &str,
+        timeout: Duration,
+    ) -> Result<Vec<aws_sdk_sqs::types::Message>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let out = self
+                .sqs()
+                .receive_message()
+                .queue_url(url)
+                .max_number_of_messages(10)
+                .message_attribute_names("All")
+                .wait_time_seconds(1)
+                .send()
+                .await?;
+            let messages = out.messages.unwrap_or_default();
+            if !messages.is_empty() {
+                return Ok(messages);
+            }
+            if Instant::now() > deadline {
+                bail!("no message on {url} within {timeout:?}");
+            }
+        }
     }
 
     /// Receives every message currently visible on a queue of the stack (and deletes them).

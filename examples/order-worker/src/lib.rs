@@ -6,7 +6,8 @@
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
-use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError};
+use stepline::contract::Contract;
+use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError, StepKind};
 use stepline::envelope::RequestHeader;
 use stepline::worker::StepFunction;
 
@@ -15,8 +16,11 @@ pub const RELEASE_VERSION: &str = "1";
 
 /// The pipeline definition; `queue` is the name of the worker's request queue.
 pub fn pipeline(queue: &str) -> PipelineDef {
-    let step = |id: &str| StepDef {
+    let step = |id: &str, input: &str, output: &str| StepDef {
         id: id.to_string(),
+        kind: StepKind::Task,
+        input_type: input.to_string(),
+        output_type: output.to_string(),
         queue: queue.to_string(),
         timeout_secs: 60,
         retry: RetryPolicy {
@@ -30,8 +34,17 @@ pub fn pipeline(queue: &str) -> PipelineDef {
     PipelineDef {
         pipeline_id: PIPELINE_ID.to_string(),
         release_version: RELEASE_VERSION.to_string(),
-        steps: vec![step("validate"), step("price"), step("confirm")],
+        steps: vec![
+            step("validate", "orders.Order/1", "orders.ValidOrder/1"),
+            step("price", "orders.ValidOrder/1", "orders.PricedOrder/1"),
+            step("confirm", "orders.PricedOrder/1", "orders.Confirmation/1"),
+        ],
     }
+}
+
+/// The contract this worker is built for (queues and release versions are deployment, not contract).
+pub fn contract() -> Contract {
+    Contract::of(&pipeline(""))
 }
 
 /// A sample order input.

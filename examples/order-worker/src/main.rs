@@ -13,6 +13,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let worker = Arc::new(stepline::aws::worker(
         &stepline::aws::sdk_config().await,
         &WorkerConfig::from_env()?,
+        &order_worker::contract(),
         Arc::new(OrderSteps),
     ));
     lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {

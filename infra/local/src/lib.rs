@@ -10,8 +10,13 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use aws_config::SdkConfig;
+use std::path::{Path, PathBuf};
+
 use stepline::config::{CoordinatorConfig, WorkerConfig};
-use stepline::worker::StepFunction;
+use stepline::contract::{Contract, CONTRACT_FILE};
+use stepline::ports::Clock;
+use stepline::release::{Artifact, Release};
+use stepline::worker::{StepFunction, Worker};
 use stepline::Coordinator;
 
 pub use runner::{Binding, Runner, RunnerOptions};
@@ -90,19 +95,91 @@ impl LocalStack {
         ])
     }
 
-    /// Binding of a worker function running `steps`, with the identity from its environment.
-    pub fn worker_binding(&self, function: &str, steps: Arc<dyn StepFunction>) -> Result<Binding> {
+    /// Binding of a worker function built for `contract`, running `steps`, with the release and DLQ
+    /// from its environment.
+    pub fn worker_binding(
+        &self,
+        function: &str,
+        contract: &Contract,
+        steps: Arc<dyn StepFunction>,
+    ) -> Result<Binding> {
         let config = WorkerConfig::from_lookup(self.stack.env_of(function)?)?;
-        let worker = Arc::new(stepline::aws::worker(&self.sdk, &config, steps));
+        let worker = Arc::new(stepline::aws::worker(&self.sdk, &config, contract, steps));
         Ok(Binding::Sqs {
             function: function.to_string(),
-            handler: Arc::new(move |event| {
-                let worker = worker.clone();
-                Box::pin(async move { worker.handle(event).await })
-            }),
+            handler: worker_handler(worker),
         })
     }
 
+    /// Releases the example pipeline on `queue` (its worker's request queue) as `release_version`,
+    /// with the committed contract file as its artifact, and activates it.
+    pub async fn release_example(
+        &self,
+        queue: &str,
+        release_version: &str,
+        step_timeout_secs: u32,
+    ) -> Result<Release> {
+        let mut def = order_worker::pipeline(queue);
+        def.release_version = release_version.to_string();
+        for step in &mut def.steps {
+            step.timeout_secs = step_timeout_secs;
+        }
+        let release = Release::new(def, vec![example_contract_artifact()?]);
+        let registry = self.coordinator(functions::REDRIVE)?;
+        let registry = registry.registry();
+        registry.register(&release).await?;
+        let now = stepline::ports::SystemClock.now_ms();
+        if registry
+            .active(&release.pipeline_id)
+            .await?
+            .map(|a| a.release_version)
+            != Some(release_version.to_string())
+        {
+            registry
+                .activate(&release.pipeline_id, release_version, now, "local stack")
+                .await?;
+        }
+        Ok(release)
+    }
+}
+
+/// The handler of a worker.
+pub fn worker_handler(worker: Arc<Worker>) -> runner::SqsHandler {
+    Arc::new(move |event| {
+        let worker = worker.clone();
+        Box::pin(async move { worker.handle(event).await })
+    })
+}
+
+/// Workspace root (this crate lives in infra/local).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The example's committed contract as a release artifact (`file:` URIs are relative to the workspace).
+pub fn example_contract_artifact() -> Result<Artifact> {
+    let uri = format!("file:examples/order-worker/{CONTRACT_FILE}");
+    let bytes = read_artifact(&uri).ok_or_else(|| anyhow::anyhow!("cannot read {uri}"))?;
+    Ok(Artifact {
+        kind: "contract".into(),
+        uri,
+        digest: stepline::release::digest(&bytes),
+    })
+}
+
+/// Reads a `file:` artifact (relative to the workspace root, or absolute).
+pub fn read_artifact(uri: &str) -> Option<Vec<u8>> {
+    let path = uri.strip_prefix("file:")?;
+    let path = Path::new(path);
+    let path = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        workspace_root().join(path)
+    };
+    std::fs::read(path).ok()
+}
+
+impl LocalStack {
     /// Starts the runner for `bindings`.
     pub fn run(&self, bindings: Vec<Binding>, options: RunnerOptions) -> Result<Runner> {
         Runner::start(

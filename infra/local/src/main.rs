@@ -44,6 +44,22 @@ enum Command {
         #[command(flatten)]
         pipeline: PipelineArgs,
     },
+    /// Generate the example's pipeline-contract.json (`--write`), or check the committed one (`--check`).
+    Contract {
+        #[arg(long, conflicts_with = "check")]
+        write: bool,
+        #[arg(long)]
+        check: bool,
+    },
+    /// Release registry of a stage: list, active, history, activate, rollback, drift.
+    Releases {
+        #[arg(long, default_value = "local")]
+        stage: String,
+        #[arg(long, default_value = order_worker::PIPELINE_ID)]
+        pipeline: String,
+        #[command(subcommand)]
+        action: ReleaseAction,
+    },
     /// Provision a stage and print it as JSON.
     Provision {
         #[arg(long, default_value = "local")]
@@ -62,6 +78,35 @@ enum Command {
         #[command(flatten)]
         pipeline: PipelineArgs,
     },
+}
+
+#[derive(Subcommand)]
+enum ReleaseAction {
+    /// Register the example pipeline as a release (on the stage's request queue), without activating it.
+    Register {
+        release: String,
+        #[arg(long, default_value_t = 60)]
+        step_timeout_secs: u32,
+    },
+    /// Registered releases.
+    List,
+    /// The active release.
+    Active,
+    /// Activations, oldest first.
+    History,
+    /// Activate a registered release.
+    Activate {
+        release: String,
+        #[arg(long, default_value = "activated by operator")]
+        reason: String,
+    },
+    /// Activate the release that was active before the current one.
+    Rollback {
+        #[arg(long, default_value = "rollback")]
+        reason: String,
+    },
+    /// Compare a registered release with the code's contract and its artifacts' digests.
+    Drift { release: String },
 }
 
 /// How the example pipeline is registered and how its worker behaves.
@@ -111,6 +156,12 @@ async fn main() -> Result<()> {
             )
             .await
         }
+        Command::Contract { write, check } => contract(write, check),
+        Command::Releases {
+            stage,
+            pipeline,
+            action,
+        } => releases(&stage, &pipeline, action).await,
         Command::Provision { stage } => {
             let local = LocalStack::up(&stage).await?;
             println!("{}", serde_json::to_string_pretty(&local.stack)?);
@@ -146,14 +197,12 @@ async fn up_with_pipeline(
         .await
         .context("provisioning the local stack (is the emulator running? see infra/emulator.sh)")?;
     let (queue, _) = local.stack.queue("OrderRequestQueue")?;
-    let mut def = order_worker::pipeline(queue);
-    for step in &mut def.steps {
-        step.timeout_secs = pipeline.step_timeout_secs;
-    }
-    let api = local.coordinator(functions::REDRIVE)?;
-    api.registry().register(&def).await?;
-    api.registry()
-        .activate(&def.pipeline_id, &def.release_version)
+    local
+        .release_example(
+            queue,
+            order_worker::RELEASE_VERSION,
+            pipeline.step_timeout_secs,
+        )
         .await?;
     Ok(local)
 }
@@ -177,11 +226,16 @@ fn start(
             Binding::Schedule { .. } => wanted("claim"),
             Binding::Sqs { function, .. } if function == functions::LAUNCH => wanted("launch"),
             Binding::Sqs { .. } => wanted("completion"),
+            Binding::Queue { .. } => false,
         })
         .collect();
     if wanted("worker") {
         let steps = Arc::new(SlowSteps(Duration::from_millis(pipeline.worker_delay_ms)));
-        bindings.push(local.worker_binding(functions::ORDER_WORKER, steps)?);
+        bindings.push(local.worker_binding(
+            functions::ORDER_WORKER,
+            &order_worker::contract(),
+            steps,
+        )?);
     }
     local.run(bindings, RunnerOptions::default())
 }
@@ -290,4 +344,113 @@ async fn demo(
         bail!("not every execution SUCCEEDED");
     }
     Ok(())
+}
+
+fn contract(write: bool, check: bool) -> Result<()> {
+    let path = stepline_local::workspace_root()
+        .join("examples/order-worker")
+        .join(stepline::contract::CONTRACT_FILE);
+    let text = order_worker::contract().to_file_text();
+    if write {
+        std::fs::write(&path, &text)?;
+        eprintln!("wrote {}", path.display());
+    } else if check {
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        if committed != text {
+            bail!(
+                "{} drifted from the code; run `stepline-local contract --write`",
+                path.display()
+            );
+        }
+        eprintln!("{} matches the code", path.display());
+    } else {
+        print!("{text}");
+    }
+    Ok(())
+}
+
+async fn releases(stage: &str, pipeline: &str, action: ReleaseAction) -> Result<()> {
+    let local = LocalStack::up(stage).await?;
+    let api = local.coordinator(functions::REDRIVE)?;
+    let registry = api.registry();
+    let json = |v: &dyn erased::Json| println!("{}", v.pretty());
+    match action {
+        ReleaseAction::Register {
+            release,
+            step_timeout_secs,
+        } => {
+            let (queue, _) = local.stack.queue("OrderRequestQueue")?;
+            let mut def = order_worker::pipeline(queue);
+            def.release_version = release;
+            for step in &mut def.steps {
+                step.timeout_secs = step_timeout_secs;
+            }
+            let descriptor = stepline::release::Release::new(
+                def,
+                vec![stepline_local::example_contract_artifact()?],
+            );
+            let outcome = registry.register(&descriptor).await.map_err(|e| match e {
+                stepline::ports::StoreError::Conflict => anyhow::anyhow!(
+                    "release {} is registered with other content: releases are immutable",
+                    descriptor.release_version
+                ),
+                other => other.into(),
+            })?;
+            eprintln!("{outcome:?}");
+            json(&descriptor);
+        }
+        ReleaseAction::List => json(&registry.list(pipeline).await?),
+        ReleaseAction::Active => json(&registry.active(pipeline).await?),
+        ReleaseAction::History => json(&registry.history(pipeline).await?),
+        ReleaseAction::Activate { release, reason } => json(
+            &registry
+                .activate(pipeline, &release, api.now(), &reason)
+                .await?,
+        ),
+        ReleaseAction::Rollback { reason } => {
+            let history = registry.history(pipeline).await?;
+            let current = history.last().map(|a| a.release_version.clone());
+            let Some(previous) = history
+                .iter()
+                .rev()
+                .map(|a| &a.release_version)
+                .find(|r| Some(*r) != current.as_ref())
+            else {
+                bail!("no earlier release to roll back to");
+            };
+            json(
+                &registry
+                    .activate(pipeline, previous, api.now(), &reason)
+                    .await?,
+            )
+        }
+        ReleaseAction::Drift { release } => {
+            let Some(registered) = registry.get(pipeline, &release).await? else {
+                bail!("release {release} of {pipeline} is not registered");
+            };
+            let drift = stepline::release::drift(
+                &registered,
+                &order_worker::contract(),
+                stepline_local::read_artifact,
+            );
+            json(&drift);
+            if !drift.is_empty() {
+                bail!("release {release} drifted");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// JSON printing of the registry's answers.
+mod erased {
+    pub trait Json {
+        fn pretty(&self) -> String;
+    }
+
+    impl<T: serde::Serialize> Json for T {
+        fn pretty(&self) -> String {
+            serde_json::to_string_pretty(self).unwrap_or_default()
+        }
+    }
 }

@@ -30,6 +30,11 @@ pub enum Binding {
         function: String,
         handler: ScheduleHandler,
     },
+    /// A queue outside the template (e.g. the request queue of a second release's workers).
+    Queue {
+        source: SqsSource,
+        handler: SqsHandler,
+    },
 }
 
 /// Runner options.
@@ -76,6 +81,15 @@ impl Runner {
                                 handler.clone(),
                             )));
                         }
+                    }
+                }
+                Binding::Queue { source, handler } => {
+                    for _ in 0..options.pollers.max(1) {
+                        tasks.push(tokio::spawn(poll(
+                            sqs.clone(),
+                            source.clone(),
+                            handler.clone(),
+                        )));
                     }
                 }
                 Binding::Schedule { function, handler } => {

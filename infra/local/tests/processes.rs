@@ -207,13 +207,12 @@ async fn parallel_claim_processes_take_each_lease_once_and_every_execution_finis
     // Register what the processes register (identical, so theirs is a no-op), then submit before any
     // process runs and drop the submits' launch work: only the sweepers can start these executions.
     let (queue, _) = local.stack.queue("OrderRequestQueue")?;
-    let mut def = order_worker::pipeline(queue);
-    for step in &mut def.steps {
-        step.timeout_secs = STEP_TIMEOUT_SECS.parse()?;
-    }
-    api.registry().register(&def).await?;
-    api.registry()
-        .activate(&def.pipeline_id, &def.release_version)
+    local
+        .release_example(
+            queue,
+            order_worker::RELEASE_VERSION,
+            STEP_TIMEOUT_SECS.parse()?,
+        )
         .await?;
     let mut ids = Vec::new();
     for n in 0..30 {

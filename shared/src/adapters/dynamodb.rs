@@ -14,8 +14,9 @@ use aws_sdk_dynamodb::Client;
 use serde_dynamo::aws_sdk_dynamodb_1::{from_item, to_item};
 use uuid::Uuid;
 
-use crate::domain::{Execution, PipelineDef};
+use crate::domain::Execution;
 use crate::ports::{ExecutionStore, Registration, ReleaseRegistry, StoreError};
+use crate::release::{Activation, Release};
 
 /// Name of the due-time GSI (see template.yaml).
 pub const DUE_INDEX: &str = "due-index";
@@ -158,13 +159,17 @@ impl ExecutionStore for DynamoDbExecutionStore {
     }
 }
 
-/// Release registry: `pk = "pipeline#<id>"`, `sk = "release#<version>"` holds the immutable definition
-/// (as JSON text), `sk = "active"` the active release.
+/// Release registry: under `pk = "pipeline#<id>"`, `sk = "release#<version>"` holds an immutable
+/// release descriptor and `sk = "activation#<sequence, zero-padded>"` the append-only activations (each
+/// written once, conditionally); the highest sequence is the active release.
 #[derive(Clone)]
 pub struct DynamoDbReleaseRegistry {
     client: Client,
     table: String,
 }
+
+const RELEASE_PREFIX: &str = "release#";
+const ACTIVATION_PREFIX: &str = "activation#";
 
 impl DynamoDbReleaseRegistry {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
@@ -178,26 +183,57 @@ impl DynamoDbReleaseRegistry {
         s(format!("pipeline#{pipeline_id}"))
     }
 
-    async fn get_attr(
+    /// The `body` attributes (JSON text) of the items under `prefix`, in sort-key order.
+    async fn query<T: serde::de::DeserializeOwned>(
         &self,
         pipeline_id: &str,
-        sk: String,
-        attr: &str,
-    ) -> Result<Option<String>, StoreError> {
-        let out = self
-            .client
-            .get_item()
+        prefix: &str,
+        newest_first_one: bool,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut out = Vec::new();
+        let mut start = None;
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+                .expression_attribute_values(":pk", Self::pipeline_key(pipeline_id))
+                .expression_attribute_values(":prefix", s(prefix))
+                .consistent_read(true)
+                .scan_index_forward(!newest_first_one)
+                .set_limit(newest_first_one.then_some(1))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(classify)?;
+            for item in page.items() {
+                if let Some(AttributeValue::S(text)) = item.get("body") {
+                    out.push(
+                        serde_json::from_str(text)
+                            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    );
+                }
+            }
+            start = page.last_evaluated_key;
+            if start.is_none() || newest_first_one {
+                return Ok(out);
+            }
+        }
+    }
+
+    async fn put_new(&self, pipeline_id: &str, sk: String, body: String) -> Result<(), StoreError> {
+        self.client
+            .put_item()
             .table_name(&self.table)
-            .key(PK, Self::pipeline_key(pipeline_id))
-            .key(SK, s(sk))
-            .consistent_read(true)
+            .item(PK, Self::pipeline_key(pipeline_id))
+            .item(SK, s(sk))
+            .item("body", s(body))
+            .condition_expression("attribute_not_exists(pk)")
             .send()
             .await
             .map_err(classify)?;
-        Ok(match out.item.as_ref().and_then(|i| i.get(attr)) {
-            Some(AttributeValue::S(text)) => Some(text.clone()),
-            _ => None,
-        })
+        Ok(())
     }
 }
 
@@ -207,34 +243,41 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
         &self,
         pipeline_id: &str,
         release_version: &str,
-    ) -> Result<Option<PipelineDef>, StoreError> {
-        self.get_attr(
-            pipeline_id,
-            format!("release#{release_version}"),
-            "definition",
-        )
-        .await?
-        .map(|text| serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string())))
-        .transpose()
+    ) -> Result<Option<Release>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key(PK, Self::pipeline_key(pipeline_id))
+            .key(SK, s(format!("{RELEASE_PREFIX}{release_version}")))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(classify)?;
+        match out.item.as_ref().and_then(|i| i.get("body")) {
+            Some(AttributeValue::S(text)) => serde_json::from_str(text)
+                .map(Some)
+                .map_err(|e| StoreError::Corrupt(e.to_string())),
+            _ => Ok(None),
+        }
     }
 
-    async fn register(&self, def: &PipelineDef) -> Result<Registration, StoreError> {
-        let text = serde_json::to_string(def).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let put = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .item(PK, Self::pipeline_key(&def.pipeline_id))
-            .item(SK, s(format!("release#{}", def.release_version)))
-            .item("definition", s(text))
-            .condition_expression("attribute_not_exists(pk)")
-            .send()
-            .await;
-        match put.map_err(classify) {
-            Ok(_) => Ok(Registration::Created),
+    async fn list(&self, pipeline_id: &str) -> Result<Vec<Release>, StoreError> {
+        self.query(pipeline_id, RELEASE_PREFIX, false).await
+    }
+
+    async fn register(&self, release: &Release) -> Result<Registration, StoreError> {
+        let body =
+            serde_json::to_string(release).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let sk = format!("{RELEASE_PREFIX}{}", release.release_version);
+        match self.put_new(&release.pipeline_id, sk, body).await {
+            Ok(()) => Ok(Registration::Created),
             Err(StoreError::Conflict) => {
-                match self.get(&def.pipeline_id, &def.release_version).await? {
-                    Some(existing) if &existing == def => Ok(Registration::Unchanged),
+                match self
+                    .get(&release.pipeline_id, &release.release_version)
+                    .await?
+                {
+                    Some(existing) if &existing == release => Ok(Registration::Unchanged),
                     _ => Err(StoreError::Conflict),
                 }
             }
@@ -242,21 +285,51 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
         }
     }
 
-    async fn activate(&self, pipeline_id: &str, release_version: &str) -> Result<(), StoreError> {
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .item(PK, Self::pipeline_key(pipeline_id))
-            .item(SK, s("active"))
-            .item("releaseVersion", s(release_version))
-            .send()
-            .await
-            .map_err(classify)?;
-        Ok(())
+    async fn activate(
+        &self,
+        pipeline_id: &str,
+        release_version: &str,
+        at: i64,
+        reason: &str,
+    ) -> Result<Activation, StoreError> {
+        if self.get(pipeline_id, release_version).await?.is_none() {
+            return Err(StoreError::Missing(format!(
+                "release {release_version} of pipeline {pipeline_id}"
+            )));
+        }
+        // Append at the next sequence; a concurrent activation taking it makes us retry on top.
+        for _ in 0..5 {
+            let sequence = self
+                .active(pipeline_id)
+                .await?
+                .map_or(1, |a| a.sequence + 1);
+            let activation = Activation {
+                pipeline_id: pipeline_id.to_string(),
+                release_version: release_version.to_string(),
+                sequence,
+                at,
+                reason: reason.to_string(),
+            };
+            let body = serde_json::to_string(&activation).expect("activation serializes");
+            let sk = format!("{ACTIVATION_PREFIX}{sequence:012}");
+            match self.put_new(pipeline_id, sk, body).await {
+                Ok(()) => return Ok(activation),
+                Err(StoreError::Conflict) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::Conflict)
     }
 
-    async fn active(&self, pipeline_id: &str) -> Result<Option<String>, StoreError> {
-        self.get_attr(pipeline_id, "active".into(), "releaseVersion")
-            .await
+    async fn history(&self, pipeline_id: &str) -> Result<Vec<Activation>, StoreError> {
+        self.query(pipeline_id, ACTIVATION_PREFIX, false).await
+    }
+
+    async fn active(&self, pipeline_id: &str) -> Result<Option<Activation>, StoreError> {
+        Ok(self
+            .query(pipeline_id, ACTIVATION_PREFIX, true)
+            .await?
+            .into_iter()
+            .next())
     }
 }

@@ -1,17 +1,18 @@
 //! In-memory stand-ins of the ports for unit and simulation tests. They follow the same conditional
 //! semantics as the DynamoDB adapters: `create` fails on an existing id, `replace` on a changed version.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 use uuid::Uuid;
 
 use crate::adapters::dynamodb::due_shard;
-use crate::domain::{Execution, PipelineDef};
+use crate::domain::Execution;
 use crate::ports::{
     ExecutionStore, MessageSender, OutMessage, Registration, ReleaseRegistry, SendError, StoreError,
 };
+use crate::release::{Activation, Release};
 
 #[derive(Default)]
 pub struct InMemoryExecutionStore {
@@ -80,8 +81,8 @@ impl ExecutionStore for InMemoryExecutionStore {
 
 #[derive(Default)]
 pub struct InMemoryReleaseRegistry {
-    releases: Mutex<HashMap<(String, String), PipelineDef>>,
-    active: Mutex<HashMap<String, String>>,
+    releases: Mutex<BTreeMap<(String, String), Release>>,
+    activations: Mutex<Vec<Activation>>,
 }
 
 #[async_trait]
@@ -90,7 +91,7 @@ impl ReleaseRegistry for InMemoryReleaseRegistry {
         &self,
         pipeline_id: &str,
         release_version: &str,
-    ) -> Result<Option<PipelineDef>, StoreError> {
+    ) -> Result<Option<Release>, StoreError> {
         Ok(self
             .releases
             .lock()
@@ -99,34 +100,72 @@ impl ReleaseRegistry for InMemoryReleaseRegistry {
             .cloned())
     }
 
-    async fn register(&self, def: &PipelineDef) -> Result<Registration, StoreError> {
+    async fn list(&self, pipeline_id: &str) -> Result<Vec<Release>, StoreError> {
+        Ok(self
+            .releases
+            .lock()
+            .expect("registry")
+            .values()
+            .filter(|r| r.pipeline_id == pipeline_id)
+            .cloned()
+            .collect())
+    }
+
+    async fn register(&self, release: &Release) -> Result<Registration, StoreError> {
         let mut releases = self.releases.lock().expect("registry");
-        let key = (def.pipeline_id.clone(), def.release_version.clone());
+        let key = (release.pipeline_id.clone(), release.release_version.clone());
         match releases.get(&key) {
-            Some(existing) if existing == def => Ok(Registration::Unchanged),
+            Some(existing) if existing == release => Ok(Registration::Unchanged),
             Some(_) => Err(StoreError::Conflict),
             None => {
-                releases.insert(key, def.clone());
+                releases.insert(key, release.clone());
                 Ok(Registration::Created)
             }
         }
     }
 
-    async fn activate(&self, pipeline_id: &str, release_version: &str) -> Result<(), StoreError> {
-        self.active
-            .lock()
-            .expect("registry")
-            .insert(pipeline_id.to_string(), release_version.to_string());
-        Ok(())
+    async fn activate(
+        &self,
+        pipeline_id: &str,
+        release_version: &str,
+        at: i64,
+        reason: &str,
+    ) -> Result<Activation, StoreError> {
+        if self.get(pipeline_id, release_version).await?.is_none() {
+            return Err(StoreError::Missing(format!(
+                "release {release_version} of pipeline {pipeline_id}"
+            )));
+        }
+        let mut activations = self.activations.lock().expect("registry");
+        let sequence = activations
+            .iter()
+            .filter(|a| a.pipeline_id == pipeline_id)
+            .count() as u64
+            + 1;
+        let activation = Activation {
+            pipeline_id: pipeline_id.to_string(),
+            release_version: release_version.to_string(),
+            sequence,
+            at,
+            reason: reason.to_string(),
+        };
+        activations.push(activation.clone());
+        Ok(activation)
     }
 
-    async fn active(&self, pipeline_id: &str) -> Result<Option<String>, StoreError> {
+    async fn history(&self, pipeline_id: &str) -> Result<Vec<Activation>, StoreError> {
         Ok(self
-            .active
+            .activations
             .lock()
             .expect("registry")
-            .get(pipeline_id)
-            .cloned())
+            .iter()
+            .filter(|a| a.pipeline_id == pipeline_id)
+            .cloned()
+            .collect())
+    }
+
+    async fn active(&self, pipeline_id: &str) -> Result<Option<Activation>, StoreError> {
+        Ok(self.history(pipeline_id).await?.pop())
     }
 }
 

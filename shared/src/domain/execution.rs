@@ -162,6 +162,9 @@ pub struct Execution {
     pub pipeline_id: String,
     /// The release this execution is pinned to; retries and re-drives keep it.
     pub release_version: String,
+    /// The contract of the pinned release: workers check it before touching a command.
+    #[serde(default)]
+    pub contract_version: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     pub status: Status,

@@ -197,6 +197,7 @@ pub fn start(
         tenant: tenant.to_string(),
         pipeline_id: def.pipeline_id.clone(),
         release_version: def.release_version.clone(),
+        contract_version: crate::contract::Contract::of(def).contract_version,
         idempotency_key,
         status: Status::Queued,
         step: 0,

@@ -12,4 +12,4 @@ pub use execution::{
 pub use ids::launch_id;
 pub use machine::{decide, start, Action, Context, Decision, Event, Outcome, Rejection, Skip};
 pub use payload::Payload;
-pub use pipeline::{PipelineDef, RetryPolicy, StepDef};
+pub use pipeline::{PipelineDef, RetryPolicy, StepDef, StepKind};

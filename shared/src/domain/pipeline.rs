@@ -12,11 +12,28 @@ pub struct PipelineDef {
     pub steps: Vec<StepDef>,
 }
 
-/// One step: its id, the SQS request queue its worker reads, its deadline and its retry policy.
+/// What a step is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StepKind {
+    /// Runs in a worker: a request on its queue, a reply on the coordinator's reply queue.
+    #[default]
+    Task,
+}
+
+/// One step: its id, kind, input/output type ids, the SQS request queue its worker reads, its deadline
+/// and its retry policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StepDef {
     pub id: String,
+    #[serde(default)]
+    pub kind: StepKind,
+    /// Type id of the step's input (e.g. `orders.Order/1`): part of the contract.
+    #[serde(default = "json_type")]
+    pub input_type: String,
+    #[serde(default = "json_type")]
+    pub output_type: String,
     /// Name of the worker's request queue (resolved to a URL through the SQS API, never built by hand).
     pub queue: String,
     /// A launched attempt with no reply after this long is re-sent once, then retried as a new attempt.
@@ -24,6 +41,10 @@ pub struct StepDef {
     pub timeout_secs: u32,
     #[serde(default)]
     pub retry: RetryPolicy,
+}
+
+fn json_type() -> String {
+    "json".into()
 }
 
 fn default_timeout_secs() -> u32 {
@@ -132,6 +153,9 @@ mod tests {
     fn validation_rejects_duplicate_steps() {
         let step = StepDef {
             id: "a".into(),
+            kind: StepKind::Task,
+            input_type: "json".into(),
+            output_type: "json".into(),
             queue: "q".into(),
             timeout_secs: 1,
             retry: RetryPolicy::default(),

@@ -1,0 +1,340 @@
+//! Release registry and pinning on the local emulator: two releases side by side, each with its own
+//! workers on its own request queue; activation never moves running executions; rollback; identity
+//! checks at the worker; immutable descriptors.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use order_worker::OrderSteps;
+use serde_json::Value;
+use stepline::adapters::SqsSender;
+use stepline::contract::Contract;
+use stepline::domain::{PipelineDef, Status, StepError};
+use stepline::envelope::{
+    Identity, RequestEnvelope, RequestHeader, REASON_ATTRIBUTE, REQUEST_KIND,
+};
+use stepline::ports::{Registration, StoreError};
+use stepline::release::Release;
+use stepline::worker::{StepFunction, Worker};
+use stepline_local::runner::Binding;
+use stepline_local::stack::SqsSource;
+use stepline_local::{functions, worker_handler};
+use stepline_suite::TestStack;
+use uuid::Uuid;
+
+/// The example steps, slowed down, recording which executions this worker ran.
+struct Recording {
+    delay: Duration,
+    ran: Mutex<BTreeSet<Uuid>>,
+}
+
+impl Recording {
+    fn new(delay_ms: u64) -> Arc<Self> {
+        Arc::new(Self {
+            delay: Duration::from_millis(delay_ms),
+            ran: Mutex::new(BTreeSet::new()),
+        })
+    }
+
+    fn ran(&self) -> BTreeSet<Uuid> {
+        self.ran.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl StepFunction for Recording {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        self.ran.lock().unwrap().insert(request.execution_id);
+        tokio::time::sleep(self.delay).await;
+        OrderSteps.run(request, input).await
+    }
+}
+
+/// Release 2: the same steps with a larger retry budget (so another contract), on its own queue.
+fn release_two(v1: &PipelineDef, queue: &str) -> PipelineDef {
+    let mut def = v1.clone();
+    def.release_version = "2".into();
+    for step in &mut def.steps {
+        step.queue = queue.to_string();
+        step.retry.max_attempts = 4;
+    }
+    def
+}
+
+struct Queue {
+    name: String,
+    url: String,
+    arn: String,
+}
+
+async fn create_queue(stack: &TestStack, name: &str) -> anyhow::Result<Queue> {
+    let sqs = stack.sqs();
+    let url = sqs
+        .create_queue()
+        .queue_name(name)
+        .send()
+        .await?
+        .queue_url
+        .unwrap();
+    let arn = sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await?
+        .attributes
+        .unwrap()
+        .remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .unwrap();
+    Ok(Queue {
+        name: name.into(),
+        url,
+        arn,
+    })
+}
+
+/// Release 2's workers: a worker of release 2's contract polling release 2's queue.
+fn v2_worker(
+    stack: &TestStack,
+    def: &PipelineDef,
+    queue: &Queue,
+    dlq: &Queue,
+    steps: Arc<Recording>,
+) -> Binding {
+    let contract = Contract::of(def);
+    let worker = Worker::new(
+        Identity {
+            pipeline_id: contract.pipeline_id.clone(),
+            contract_version: contract.contract_version.clone(),
+            release_version: def.release_version.clone(),
+        },
+        Arc::new(SqsSender::new(stack.sqs())),
+        steps,
+    )
+    .with_dead_letter_queue(dlq.url.clone());
+    Binding::Queue {
+        source: SqsSource {
+            queue: queue.name.clone(),
+            queue_url: queue.url.clone(),
+            queue_arn: queue.arn.clone(),
+            batch_size: 10,
+        },
+        handler: worker_handler(Arc::new(worker)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executions_stay_on_their_release_across_activation_and_rollback() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("e2e-rel", |_| {}).await?;
+    let stage = stack.local.stack.stage.clone();
+    let v2_queue = create_queue(&stack, &format!("stepline-{stage}-orders-v2-request")).await?;
+    let v2_dlq = create_queue(&stack, &format!("stepline-{stage}-orders-v2-request-dlq")).await?;
+    let v1 = stack.pipeline.clone();
+    let v2 = release_two(&v1, &v2_queue.name);
+    let registry = stack.api.registry().clone();
+    assert_eq!(
+        registry
+            .register(&Release::new(v2.clone(), Vec::new()))
+            .await?,
+        Registration::Created
+    );
+    assert_ne!(
+        Contract::of(&v1).contract_version,
+        Contract::of(&v2).contract_version
+    );
+
+    let v1_steps = Recording::new(300);
+    let v2_steps = Recording::new(0);
+    let mut bindings = stack.local.coordinator_bindings()?;
+    bindings.push(stack.local.worker_binding(
+        functions::ORDER_WORKER,
+        &Contract::of(&v1),
+        v1_steps.clone(),
+    )?);
+    bindings.push(v2_worker(&stack, &v2, &v2_queue, &v2_dlq, v2_steps.clone()));
+    stack.start_bindings(bindings)?;
+
+    // Release 1 is active: these executions pin it.
+    let mut first = Vec::new();
+    for n in 0..3 {
+        first.push(stack.submit(order_worker::sample_order(n)).await?);
+    }
+    // Activate release 2 while they run.
+    registry
+        .activate("orders", "2", stack.api.now(), "roll out v2")
+        .await?;
+    let mut running = 0;
+    for id in &first {
+        if !stack.api.get(*id).await?.status.is_terminal() {
+            running += 1;
+        }
+    }
+    assert!(
+        running > 0,
+        "release 2 was activated after release 1's executions ended"
+    );
+    let mut second = Vec::new();
+    for n in 3..6 {
+        second.push(stack.submit(order_worker::sample_order(n)).await?);
+    }
+
+    for id in &first {
+        let record = stack.wait_terminal(*id).await?;
+        assert_eq!(record.status, Status::Succeeded);
+        assert_eq!(
+            record.release_version, "1",
+            "activation moved a running execution"
+        );
+        assert_eq!(record.contract_version, Contract::of(&v1).contract_version);
+    }
+    for id in &second {
+        let record = stack.wait_terminal(*id).await?;
+        assert_eq!(record.status, Status::Succeeded);
+        assert_eq!(record.release_version, "2");
+        assert_eq!(record.contract_version, Contract::of(&v2).contract_version);
+    }
+    let (ran_v1, ran_v2) = (v1_steps.ran(), v2_steps.ran());
+    assert_eq!(
+        ran_v1,
+        first.iter().copied().collect(),
+        "release 1 ran elsewhere"
+    );
+    assert_eq!(
+        ran_v2,
+        second.iter().copied().collect(),
+        "release 2 ran elsewhere"
+    );
+
+    // Rollback: release 1 active again; new executions run on release 1's workers.
+    registry
+        .activate("orders", "1", stack.api.now(), "rollback")
+        .await?;
+    let back = stack.submit(order_worker::sample_order(9)).await?;
+    let record = stack.wait_terminal(back).await?;
+    assert_eq!(record.status, Status::Succeeded);
+    assert_eq!(record.release_version, "1");
+    assert!(v1_steps.ran().contains(&back));
+    assert!(!v2_steps.ran().contains(&back));
+
+    let history: Vec<String> = registry
+        .history("orders")
+        .await?
+        .into_iter()
+        .map(|a| a.release_version)
+        .collect();
+    assert_eq!(history, ["1", "2", "1"], "activations are append-only");
+    assert_eq!(
+        registry.active("orders").await?.unwrap().release_version,
+        "1"
+    );
+    let listed: Vec<String> = registry
+        .list("orders")
+        .await?
+        .into_iter()
+        .map(|r| r.release_version)
+        .collect();
+    assert_eq!(listed, ["1", "2"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_for_another_release_is_dead_lettered_by_the_worker_unread() -> anyhow::Result<()>
+{
+    let mut stack = TestStack::new("e2e-ident", |_| {}).await?;
+    let stage = stack.local.stack.stage.clone();
+    let v2_queue = create_queue(&stack, &format!("stepline-{stage}-orders-v2-request")).await?;
+    let v2_dlq = create_queue(&stack, &format!("stepline-{stage}-orders-v2-request-dlq")).await?;
+    let v2 = release_two(&stack.pipeline, &v2_queue.name);
+    let v2_steps = Recording::new(0);
+    stack.start_bindings(vec![v2_worker(
+        &stack,
+        &v2,
+        &v2_queue,
+        &v2_dlq,
+        v2_steps.clone(),
+    )])?;
+
+    // A release 1 command, delivered to release 2's queue.
+    let execution = Uuid::new_v4();
+    let payload = order_worker::sample_order(1);
+    let command = RequestEnvelope {
+        header: RequestHeader {
+            kind: REQUEST_KIND.into(),
+            identity: stack.identity(),
+            tenant: "test".into(),
+            execution_id: execution,
+            step_id: "validate".into(),
+            step_index: 0,
+            attempt: 1,
+            launch_id: stepline::domain::launch_id(execution, 0, 1),
+            reply_to: stack.local.stack.queue("ReplyQueue")?.1.to_string(),
+            deadline: stack.api.now() + 60_000,
+        },
+        payload: &payload,
+    };
+    stack
+        .sqs()
+        .send_message()
+        .queue_url(&v2_queue.url)
+        .message_body(serde_json::to_string(&command)?)
+        .send()
+        .await?;
+
+    let parked = stack
+        .receive_from(&v2_dlq.url, Duration::from_secs(30))
+        .await?;
+    let message = &parked[0];
+    let attrs = message.message_attributes.as_ref().unwrap();
+    assert_eq!(
+        attrs[REASON_ATTRIBUTE].string_value.as_deref(),
+        Some("IDENTITY_MISMATCH")
+    );
+    let detail = attrs[stepline::envelope::DETAIL_ATTRIBUTE]
+        .string_value
+        .clone()
+        .unwrap();
+    assert!(
+        detail.contains("release 1") && detail.contains("release 2"),
+        "{detail}"
+    );
+    assert_eq!(
+        message.body.as_deref(),
+        Some(serde_json::to_string(&command)?.as_str()),
+        "the command is kept whole, with its context"
+    );
+    assert!(
+        v2_steps.ran().is_empty(),
+        "the command was run by the wrong release"
+    );
+    assert_eq!(stack.queue_depth("ReplyQueue").await?, 0, "nothing replied");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_descriptors_are_immutable() -> anyhow::Result<()> {
+    let stack = TestStack::new("e2e-immut", |_| {}).await?;
+    let registry = stack.api.registry().clone();
+    let v2 = release_two(&stack.pipeline, "some-queue");
+    let release = Release::new(v2.clone(), Vec::new());
+    assert_eq!(registry.register(&release).await?, Registration::Created);
+    assert_eq!(
+        registry.register(&release).await?,
+        Registration::Unchanged,
+        "identical re-registration is a no-op"
+    );
+    let mut changed = v2.clone();
+    changed.steps[0].timeout_secs += 1;
+    assert_eq!(
+        registry.register(&Release::new(changed, Vec::new())).await,
+        Err(StoreError::Conflict),
+        "different content under the same version is a conflict"
+    );
+    assert_eq!(registry.get("orders", "2").await?, Some(release));
+    assert!(matches!(
+        registry.activate("orders", "9", 0, "no such release").await,
+        Err(StoreError::Missing(_))
+    ));
+    Ok(())
+}
