@@ -325,7 +325,7 @@ async fn release_descriptors_are_immutable() -> anyhow::Result<()> {
         "identical re-registration is a no-op"
     );
     let mut changed = v2.clone();
-    changed.steps[0].timeout_secs += 1;
+    changed.steps[0].timeout_secs += 1; // a deployment setting: same contract, other descriptor
     assert_eq!(
         registry.register(&Release::new(changed, Vec::new())).await,
         Err(StoreError::Conflict),

@@ -1,10 +1,10 @@
 //! Pipeline contracts: the canonical, versioned description of what a pipeline's steps are (ids, kinds,
-//! input/output type ids, retry policies, timeouts), generated from its Rust definition.
+//! input/output type ids, retry policies), generated from its Rust definition.
 //!
 //! `contractVersion` is `sha256:` + the lowercase hex SHA-256 of the contract serialized as RFC 8785
 //! (JSON Canonicalization Scheme) canonical JSON, with the `contractVersion` field left out. Deployment
-//! details (request queues, release versions) are not part of the contract: the same code deployed
-//! twice has one contract and two releases.
+//! details (request queues, step timeouts, release versions) are not part of the contract: the same
+//! code deployed twice has one contract and two releases.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -22,7 +22,6 @@ pub struct ContractStep {
     pub kind: StepKind,
     pub input_type: String,
     pub output_type: String,
-    pub timeout_secs: u32,
     pub retry: RetryPolicy,
 }
 
@@ -48,7 +47,6 @@ impl Contract {
                     kind: s.kind,
                     input_type: s.input_type.clone(),
                     output_type: s.output_type.clone(),
-                    timeout_secs: s.timeout_secs,
                     retry: s.retry.clone(),
                 })
                 .collect(),

@@ -130,7 +130,7 @@ mod tests {
     use super::*;
     use crate::domain::{RetryPolicy, StepDef, StepKind};
 
-    fn def(timeout: u32) -> PipelineDef {
+    fn def(attempts: u32) -> PipelineDef {
         PipelineDef {
             pipeline_id: "p".into(),
             release_version: "1".into(),
@@ -140,8 +140,11 @@ mod tests {
                 input_type: "json".into(),
                 output_type: "json".into(),
                 queue: "q".into(),
-                timeout_secs: timeout,
-                retry: RetryPolicy::default(),
+                timeout_secs: 5,
+                retry: RetryPolicy {
+                    max_attempts: attempts,
+                    ..RetryPolicy::default()
+                },
             }],
         }
     }
@@ -152,7 +155,7 @@ mod tests {
         assert_eq!(release.step_ids, ["a"]);
         assert!(release.validate().is_ok());
         let mut tampered = release.clone();
-        tampered.definition.steps[0].timeout_secs = 6;
+        tampered.definition.steps[0].retry.max_attempts = 9;
         assert!(tampered.validate().unwrap_err().contains("contractVersion"));
     }
 

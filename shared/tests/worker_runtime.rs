@@ -272,7 +272,7 @@ async fn an_identity_mismatch_is_dead_lettered_with_its_reason_and_never_run() {
     assert_eq!(attribute(dead, SOURCE_ATTRIBUTE), Some("m-foreign"));
     let detail = attribute(dead, DETAIL_ATTRIBUTE).unwrap();
     assert!(
-        detail.contains("orders@8") && detail.contains("orders@7"),
+        detail.contains("orders release 8") && detail.contains("orders release 7"),
         "{detail}"
     );
 }

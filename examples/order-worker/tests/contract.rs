@@ -34,8 +34,18 @@ fn generation_is_deterministic() {
     assert_eq!(a.to_file_text(), b.to_file_text());
     assert_eq!(a.canonical_body(), b.canonical_body());
     // The contract does not depend on where the workers listen.
-    let elsewhere = Contract::of(&order_worker::pipeline("another-queue"));
-    assert_eq!(elsewhere.contract_version, a.contract_version);
+    let mut elsewhere = order_worker::pipeline("another-queue");
+    for step in &mut elsewhere.steps {
+        step.timeout_secs = 5; // nor on deployment settings
+    }
+    assert_eq!(
+        Contract::of(&elsewhere).contract_version,
+        a.contract_version
+    );
+    // It does depend on what the steps are.
+    let mut other = order_worker::pipeline("");
+    other.steps[1].output_type = "orders.PricedOrder/2".into();
+    assert_ne!(Contract::of(&other).contract_version, a.contract_version);
 }
 
 #[test]
