@@ -12,12 +12,11 @@ use serde_json::Value;
 use stepline::adapters::SqsSender;
 use stepline::contract::Contract;
 use stepline::domain::{PipelineDef, Status, StepError};
-use stepline::envelope::{
-    Identity, RequestEnvelope, RequestHeader, REASON_ATTRIBUTE, REQUEST_KIND,
-};
+use stepline::envelope::{Identity, RequestHeader, REASON_ATTRIBUTE};
 use stepline::ports::{Registration, StoreError};
 use stepline::release::Release;
 use stepline::worker::{StepFunction, Worker};
+use stepline::SubmitRequest;
 use stepline_local::runner::Binding;
 use stepline_local::stack::SqsSource;
 use stepline_local::{functions, worker_handler};
@@ -240,53 +239,63 @@ async fn executions_stay_on_their_release_across_activation_and_rollback() -> an
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_command_for_another_release_is_dead_lettered_by_the_worker_unread() -> anyhow::Result<()>
-{
+async fn a_command_for_another_release_is_dead_lettered_unread_and_fails_its_execution_at_once(
+) -> anyhow::Result<()> {
     let mut stack = TestStack::new("e2e-ident", |_| {}).await?;
     let stage = stack.local.stack.stage.clone();
     let v2_queue = create_queue(&stack, &format!("stepline-{stage}-orders-v2-request")).await?;
     let v2_dlq = create_queue(&stack, &format!("stepline-{stage}-orders-v2-request-dlq")).await?;
     let v2 = release_two(&stack.pipeline, &v2_queue.name);
-    let v2_steps = Recording::new(0);
-    stack.start_bindings(vec![v2_worker(
-        &stack,
-        &v2,
-        &v2_queue,
-        &v2_dlq,
-        v2_steps.clone(),
-    )])?;
-
-    // A release 1 command, delivered to release 2's queue.
-    let execution = Uuid::new_v4();
-    let payload = order_worker::sample_order(1);
-    let command = RequestEnvelope {
-        header: RequestHeader {
-            kind: REQUEST_KIND.into(),
-            identity: stack.identity(),
-            tenant: "test".into(),
-            execution_id: execution,
-            step_id: "validate".into(),
-            step_index: 0,
-            attempt: 1,
-            launch_id: stepline::domain::launch_id(execution, 0, 1),
-            reply_to: stack.local.stack.queue("ReplyQueue")?.1.to_string(),
-            deadline: stack.api.now() + 60_000,
-        },
-        payload: &payload,
-    };
+    // Misrouted release 3: release 1's contract, but its commands go to release 2's queue.
+    let mut v3 = stack.pipeline.clone();
+    v3.release_version = "3".into();
+    for step in &mut v3.steps {
+        step.queue = v2_queue.name.clone();
+    }
     stack
-        .sqs()
-        .send_message()
-        .queue_url(&v2_queue.url)
-        .message_body(serde_json::to_string(&command)?)
-        .send()
+        .api
+        .registry()
+        .register(&Release::new(v3, Vec::new()))
         .await?;
+    let v2_steps = Recording::new(0);
+    let mut bindings = stack.local.coordinator_bindings()?;
+    bindings.push(v2_worker(&stack, &v2, &v2_queue, &v2_dlq, v2_steps.clone()));
+    stack.start_bindings(bindings)?;
+
+    let submitted = stack
+        .api
+        .submit(SubmitRequest {
+            pipeline_id: "orders".into(),
+            release_version: Some("3".into()),
+            tenant: "test".into(),
+            input: order_worker::sample_order(1),
+            idempotency_key: None,
+        })
+        .await?;
+    let record = stack
+        .wait_for(submitted.execution, Duration::from_secs(30), |r| {
+            r.status.is_terminal()
+        })
+        .await?;
+
+    assert_eq!(record.status, Status::Failed, "{record:#?}");
+    let error = record.error.as_ref().unwrap();
+    assert_eq!(error.code, "IDENTITY_MISMATCH");
+    assert!(!error.retryable);
+    assert_eq!(
+        record.attempt, 1,
+        "no attempt was burnt retrying the wrong worker"
+    );
+    assert!(
+        v2_steps.ran().is_empty(),
+        "the command was run by the wrong release"
+    );
 
     let parked = stack
         .receive_from(&v2_dlq.url, Duration::from_secs(30))
         .await?;
-    let message = &parked[0];
-    let attrs = message.message_attributes.as_ref().unwrap();
+    assert_eq!(parked.len(), 1);
+    let attrs = parked[0].message_attributes.as_ref().unwrap();
     assert_eq!(
         attrs[REASON_ATTRIBUTE].string_value.as_deref(),
         Some("IDENTITY_MISMATCH")
@@ -296,19 +305,15 @@ async fn a_command_for_another_release_is_dead_lettered_by_the_worker_unread() -
         .clone()
         .unwrap();
     assert!(
-        detail.contains("release 1") && detail.contains("release 2"),
+        detail.contains("release 3") && detail.contains("release 2"),
         "{detail}"
     );
+    let command: serde_json::Value = serde_json::from_str(parked[0].body.as_deref().unwrap())?;
     assert_eq!(
-        message.body.as_deref(),
-        Some(serde_json::to_string(&command)?.as_str()),
+        command["header"]["executionId"],
+        submitted.execution.to_string(),
         "the command is kept whole, with its context"
     );
-    assert!(
-        v2_steps.ran().is_empty(),
-        "the command was run by the wrong release"
-    );
-    assert_eq!(stack.queue_depth("ReplyQueue").await?, 0, "nothing replied");
     Ok(())
 }
 

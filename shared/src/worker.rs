@@ -305,10 +305,20 @@ impl Worker {
                     queue,
                     message,
                     error,
-                } => outgoing
-                    .entry(queue)
-                    .or_default()
-                    .push((id, message, Some(error))),
+                    notify,
+                } => {
+                    if let Some((reply_queue, body)) = notify {
+                        outgoing.entry(reply_queue).or_default().push((
+                            id.clone(),
+                            OutMessage::new(body),
+                            None,
+                        ));
+                    }
+                    outgoing
+                        .entry(queue)
+                        .or_default()
+                        .push((id, message, Some(error)))
+                }
             }
         }
         for (queue, entries) in outgoing {
@@ -338,10 +348,13 @@ enum Disposition {
     /// A reply to send; if it cannot be sent the request is retried.
     Reply { queue: String, body: String },
     /// A rejected request to move to the dead-letter queue; if that fails, `error` is reported.
+    /// `notify` is a failure reply for the coordinator (queue, body), so that the execution fails at
+    /// once instead of timing out attempt after attempt.
     DeadLetter {
         queue: String,
         message: OutMessage,
         error: WorkerError,
+        notify: Option<(String, String)>,
     },
     /// A batch item failure.
     Fail(WorkerError),
@@ -504,10 +517,29 @@ impl Core {
             ),
             (SOURCE_ATTRIBUTE.to_string(), id.to_string()),
         ];
+        // A command for another release is answered with a non-retryable failure: retrying it would
+        // reach the same wrong worker, so the execution fails now, visibly, and can be re-driven once
+        // the routing is fixed.
+        let notify = match (&error, header) {
+            (WorkerError::IdentityMismatch { .. }, Some(header)) => {
+                let reply = ReplyEnvelope::for_request(
+                    header,
+                    ReplyOutcome::Failed {
+                        error: StepError::new(error.code(), error.to_string(), false),
+                    },
+                );
+                Some((
+                    header.reply_to.clone(),
+                    serde_json::to_string(&reply).expect("reply serializes"),
+                ))
+            }
+            _ => None,
+        };
         Triage::Done(Disposition::DeadLetter {
             queue: queue.clone(),
             message: out,
             error,
+            notify,
         })
     }
 

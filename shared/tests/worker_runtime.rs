@@ -264,11 +264,31 @@ async fn an_identity_mismatch_is_dead_lettered_with_its_reason_and_never_run() {
     );
     assert!(steps.calls().is_empty(), "the step must not run");
     let sent = sender.drain();
-    assert_eq!(sent.len(), 1, "only the dead letter: {sent:?}");
-    let (queue, dead) = &sent[0];
-    assert_eq!(queue, DLQ);
+    assert_eq!(
+        sent.len(),
+        2,
+        "the dead letter and a failure reply: {sent:?}"
+    );
+    let (_, dead) = sent
+        .iter()
+        .find(|(queue, _)| queue == DLQ)
+        .expect("dead-lettered");
     assert_eq!(dead.body, original);
     assert_eq!(attribute(dead, REASON_ATTRIBUTE), Some("IDENTITY_MISMATCH"));
+    // The coordinator is told at once, with a non-retryable failure: no attempt is burnt on timeouts.
+    let (_, reply) = sent
+        .iter()
+        .find(|(queue, _)| queue == &h.reply_to)
+        .expect("failure reply");
+    let reply: stepline::envelope::ReplyEnvelope = serde_json::from_str(&reply.body).unwrap();
+    assert_eq!(reply.launch_id, h.launch_id);
+    match reply.outcome {
+        stepline::envelope::ReplyOutcome::Failed { error } => {
+            assert_eq!(error.code, "IDENTITY_MISMATCH");
+            assert!(!error.retryable);
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
     assert_eq!(attribute(dead, SOURCE_ATTRIBUTE), Some("m-foreign"));
     let detail = attribute(dead, DETAIL_ATTRIBUTE).unwrap();
     assert!(
