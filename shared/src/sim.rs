@@ -81,11 +81,9 @@ impl Default for SimConfig {
     }
 }
 
-/// What one schedule did and found.
-#[derive(Debug, Clone, Default)]
-pub struct SimReport {
-    pub seed: u64,
-    pub violations: Vec<String>,
+/// What a schedule (or a campaign) did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
     pub crashes: usize,
     pub duplicates: usize,
     pub garbage: usize,
@@ -94,6 +92,27 @@ pub struct SimReport {
     pub timeouts: usize,
     pub succeeded: usize,
     pub failed: usize,
+}
+
+impl Counts {
+    fn add(&mut self, other: &Counts) {
+        self.crashes += other.crashes;
+        self.duplicates += other.duplicates;
+        self.garbage += other.garbage;
+        self.invocations += other.invocations;
+        self.fenced_writes += other.fenced_writes;
+        self.timeouts += other.timeouts;
+        self.succeeded += other.succeeded;
+        self.failed += other.failed;
+    }
+}
+
+/// What one schedule did and found.
+#[derive(Debug, Clone, Default)]
+pub struct SimReport {
+    pub seed: u64,
+    pub violations: Vec<String>,
+    pub counts: Counts,
 }
 
 /// Aggregate of a campaign.
@@ -102,29 +121,14 @@ pub struct CampaignReport {
     pub schedules: usize,
     /// (seed, violation)
     pub violations: Vec<(u64, String)>,
-    pub crashes: usize,
-    pub duplicates: usize,
-    pub garbage: usize,
-    pub invocations: usize,
-    pub fenced_writes: usize,
-    pub timeouts: usize,
-    pub succeeded: usize,
-    pub failed: usize,
+    pub counts: Counts,
 }
 
 impl CampaignReport {
-    fn add(&mut self, r: SimReport) {
-        self.schedules += 1;
-        self.violations
-            .extend(r.violations.into_iter().map(|v| (r.seed, v)));
-        self.crashes += r.crashes;
-        self.duplicates += r.duplicates;
-        self.garbage += r.garbage;
-        self.invocations += r.invocations;
-        self.fenced_writes += r.fenced_writes;
-        self.timeouts += r.timeouts;
-        self.succeeded += r.succeeded;
-        self.failed += r.failed;
+    fn merge(&mut self, other: CampaignReport) {
+        self.schedules += other.schedules;
+        self.violations.extend(other.violations);
+        self.counts.add(&other.counts);
     }
 }
 
@@ -139,7 +143,12 @@ pub fn campaign(seeds: std::ops::Range<u64>, config: &SimConfig, threads: usize)
                 scope.spawn(move || {
                     let mut report = CampaignReport::default();
                     for seed in part {
-                        report.add(run(*seed, config));
+                        let r = run(*seed, config);
+                        report.merge(CampaignReport {
+                            schedules: 1,
+                            violations: r.violations.into_iter().map(|v| (r.seed, v)).collect(),
+                            counts: r.counts,
+                        });
                     }
                     report
                 })
@@ -152,16 +161,7 @@ pub fn campaign(seeds: std::ops::Range<u64>, config: &SimConfig, threads: usize)
     });
     let mut total = CampaignReport::default();
     for r in reports {
-        total.schedules += r.schedules;
-        total.violations.extend(r.violations);
-        total.crashes += r.crashes;
-        total.duplicates += r.duplicates;
-        total.garbage += r.garbage;
-        total.invocations += r.invocations;
-        total.fenced_writes += r.fenced_writes;
-        total.timeouts += r.timeouts;
-        total.succeeded += r.succeeded;
-        total.failed += r.failed;
+        total.merge(r);
     }
     total.violations.sort();
     total
@@ -227,7 +227,7 @@ impl World {
             return Fate::Proceed;
         }
         invocation.killed = true;
-        self.report.crashes += 1;
+        self.report.counts.crashes += 1;
         if before {
             Fate::CrashBefore
         } else {
@@ -304,7 +304,7 @@ impl World {
         match (expected, previous) {
             (None, Some(_)) => return Err(StoreError::Conflict),
             (Some(v), Some(p)) if p.version != v && !self.config.broken_store => {
-                self.report.fenced_writes += 1;
+                self.report.counts.fenced_writes += 1;
                 return Err(StoreError::Conflict);
             }
             (Some(_), None) => return Err(StoreError::Conflict),
@@ -337,7 +337,7 @@ impl World {
                 if error == Some("STEP_TIMEOUT")
                     && (was_error != Some("STEP_TIMEOUT") || p.attempt != record.attempt)
                 {
-                    self.report.timeouts += 1;
+                    self.report.counts.timeouts += 1;
                 }
             }
         }
@@ -461,7 +461,7 @@ impl MessageSender for SimSender {
             let delay = i64::from(m.delay_secs) * 1000;
             w.push(queue, m.body.clone(), reason.clone(), delay);
             if w.faults && w.rng.f64() < w.config.duplicate_rate {
-                w.report.duplicates += 1;
+                w.report.counts.duplicates += 1;
                 w.push(queue, m.body.clone(), reason, delay);
             }
         }
@@ -715,7 +715,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
                 (task, receipts)
             }
         };
-        world.lock().expect("world").report.invocations += 1;
+        world.lock().expect("world").report.counts.invocations += 1;
         running.push(Running {
             id,
             task,
@@ -778,20 +778,20 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
                 if count > 0 {
                     let i = w.rng.usize(0..count);
                     let body = w.queues[queue].messages[i].body.clone();
-                    w.report.duplicates += 1;
+                    w.report.counts.duplicates += 1;
                     w.push(queue, body, None, 0);
                 }
             }
             _ => {
                 let mut w = world.lock().expect("world");
                 let queue = [LAUNCH, REPLY, REQUEST][w.rng.usize(0..3)];
-                let tag = format!("{GARBAGE} #{}#", w.report.garbage);
+                let tag = format!("{GARBAGE} #{}#", w.report.counts.garbage);
                 let body = match w.rng.u8(0..3) {
                     0 => tag,
                     1 => format!("{{\"{tag}\": true}}"),
                     _ => format!("{{\"kind\":\"stepline.reply.v1\",\"x\":\"{tag}\"}}"),
                 };
-                w.report.garbage += 1;
+                w.report.counts.garbage += 1;
                 w.push(queue, body, None, 0);
             }
         }
@@ -942,7 +942,7 @@ fn check(world: &Shared, plans: &[(Uuid, [u64; 3], Option<u64>)], config: &SimCo
         }
     }
     // Every garbage message injected sits in a DLQ (duplicated deliveries may put it there twice).
-    for n in 0..w.report.garbage {
+    for n in 0..w.report.counts.garbage {
         let tag = format!("{GARBAGE} #{n}#");
         let parked = ["launch-dlq", "reply-dlq", "request-dlq"]
             .into_iter()
@@ -953,8 +953,8 @@ fn check(world: &Shared, plans: &[(Uuid, [u64; 3], Option<u64>)], config: &SimCo
     }
     let count = |status| w.records.values().filter(|r| r.status == status).count();
     let (succeeded, failed) = (count(Status::Succeeded), count(Status::Failed));
-    w.report.succeeded += succeeded;
-    w.report.failed += failed;
+    w.report.counts.succeeded += succeeded;
+    w.report.counts.failed += failed;
     w.violations.extend(violations);
 }
 

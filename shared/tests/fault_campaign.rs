@@ -33,23 +33,23 @@ fn fault_campaign_finds_no_violation() {
     say(&format!(
         "fault campaign: {} invocations, {} crashes, {} duplicates, {} garbage messages, \
          {} fenced writes, {} step timeouts, {} executions succeeded, {} failed as planned",
-        report.invocations,
-        report.crashes,
-        report.duplicates,
-        report.garbage,
-        report.fenced_writes,
-        report.timeouts,
-        report.succeeded,
-        report.failed
+        report.counts.invocations,
+        report.counts.crashes,
+        report.counts.duplicates,
+        report.counts.garbage,
+        report.counts.fenced_writes,
+        report.counts.timeouts,
+        report.counts.succeeded,
+        report.counts.failed
     ));
     for (seed, violation) in report.violations.iter().take(20) {
         say(&format!("  seed {seed}: {violation}"));
     }
     assert_eq!(report.schedules as u64, count);
     // The campaign must actually exercise the faults it claims to.
-    assert!(report.crashes > 0 && report.duplicates > 0 && report.garbage > 0);
-    assert!(report.fenced_writes > 0, "no write ever lost a race");
-    assert!(report.succeeded > 0 && report.failed > 0);
+    assert!(report.counts.crashes > 0 && report.counts.duplicates > 0 && report.counts.garbage > 0);
+    assert!(report.counts.fenced_writes > 0, "no write ever lost a race");
+    assert!(report.counts.succeeded > 0 && report.counts.failed > 0);
     assert!(
         report.violations.is_empty(),
         "violations found; reproduce one with STEPLINE_CAMPAIGN_FIRST_SEED=<seed> STEPLINE_CAMPAIGN_SEEDS=1"
@@ -64,17 +64,17 @@ fn a_schedule_is_a_pure_function_of_its_seed() {
         let b = run(seed, &config);
         assert_eq!(
             (
-                a.invocations,
-                a.crashes,
-                a.duplicates,
-                a.fenced_writes,
+                a.counts.invocations,
+                a.counts.crashes,
+                a.counts.duplicates,
+                a.counts.fenced_writes,
                 a.violations.clone()
             ),
             (
-                b.invocations,
-                b.crashes,
-                b.duplicates,
-                b.fenced_writes,
+                b.counts.invocations,
+                b.counts.crashes,
+                b.counts.duplicates,
+                b.counts.fenced_writes,
                 b.violations.clone()
             ),
             "seed {seed} is not reproducible"

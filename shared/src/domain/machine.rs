@@ -380,10 +380,7 @@ fn reply(
             })
         };
     }
-    let current = record.status == Status::Running
-        && record.step == step
-        && record.attempt == attempt
-        && record.launch_id == Some(reply_launch);
+    let current = is_current(record, reply_launch, step, attempt);
     // A success from an earlier attempt of the current step that never answered (it timed out; its
     // retry is running or waiting) is adopted: the step's outcome is applied once, whichever attempt
     // delivered it. (An attempt that answered has a receipt and was handled above.)
@@ -447,6 +444,14 @@ fn reply(
     }
 }
 
+/// Whether a launch is the one the record is waiting for.
+fn is_current(record: &Execution, launch: Uuid, step: u32, attempt: u32) -> bool {
+    record.status == Status::Running
+        && record.step == step
+        && record.attempt == attempt
+        && record.launch_id == Some(launch)
+}
+
 fn heartbeat(
     record: &Execution,
     def: &PipelineDef,
@@ -455,11 +460,7 @@ fn heartbeat(
     step: u32,
     attempt: u32,
 ) -> Decision {
-    let current = record.status == Status::Running
-        && record.step == step
-        && record.attempt == attempt
-        && record.launch_id == Some(reply_launch);
-    if !current {
+    if !is_current(record, reply_launch, step, attempt) {
         return Decision::Skip(if record.status.is_terminal() {
             Skip::Terminal
         } else {
