@@ -738,3 +738,32 @@ async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Re
     assert_eq!(stack.queue_depth("ReplyDeadLetterQueue").await?, 0);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_keep_a_step_that_outlives_its_timeout_on_its_first_attempt(
+) -> anyhow::Result<()> {
+    // A 2 s timeout and a 5 s price step: without heartbeats the sweeper would re-send the request at
+    // 2 s and give up on the attempt at 4 s.
+    let mut stack = TestStack::new("e2e-beat", |def| {
+        for step in &mut def.steps {
+            step.timeout_secs = 2;
+        }
+    })
+    .await?;
+    stack.start(Arc::new(SlowPricing(Duration::from_secs(5))))?;
+    let id = stack.submit(order_worker::sample_order(8)).await?;
+
+    let record = stack.wait_terminal(id).await?;
+
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(
+        record.steps[1].launch_id,
+        launch_id(id, 1, 1),
+        "the slow step finished on its first attempt"
+    );
+    assert!(
+        record.version > HAPPY_PATH_VERSION,
+        "heartbeats were recorded (each extends the deadline)"
+    );
+    Ok(())
+}
