@@ -23,6 +23,8 @@ pub struct CoordinatorConfig {
     /// DLQs of the launch and reply queues: messages a handler cannot process go there with a reason.
     pub launch_dlq_url: String,
     pub reply_dlq_url: String,
+    /// Where interaction completions are sent (announced in await notices).
+    pub await_queue_url: String,
     /// Shards of the due-time index.
     pub due_shards: u32,
     pub lease_seconds: u32,
@@ -45,6 +47,7 @@ impl CoordinatorConfig {
             execution_dlq_url: required("EXECUTION_DLQ_URL")?,
             launch_dlq_url: required("LAUNCH_DLQ_URL")?,
             reply_dlq_url: required("REPLY_DLQ_URL")?,
+            await_queue_url: required("AWAIT_QUEUE_URL")?,
             due_shards: parsed(&get, "DUE_SHARDS", 4)?,
             lease_seconds: parsed(&get, "LEASE_SECONDS", 60)?,
             claim_limit: parsed(&get, "CLAIM_LIMIT", 100)?,
@@ -102,6 +105,7 @@ mod tests {
             ("EXECUTION_DLQ_URL", "x"),
             ("LAUNCH_DLQ_URL", "ld"),
             ("REPLY_DLQ_URL", "rd"),
+            ("AWAIT_QUEUE_URL", "aw"),
             ("DUE_SHARDS", "8"),
         ]
         .into();

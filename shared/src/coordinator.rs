@@ -13,8 +13,8 @@ use crate::domain::{
     self, Action, Context, Decision, Event, Execution, PipelineDef, Rejection, Skip,
 };
 use crate::envelope::{
-    DeadLetterEnvelope, Identity, LaunchWork, RequestEnvelope, RequestHeader, CANCEL_KIND,
-    DEAD_LETTER_KIND, REQUEST_KIND,
+    AwaitNotice, DeadLetterEnvelope, Identity, LaunchWork, NoticeInteraction, RequestEnvelope,
+    RequestHeader, AWAIT_NOTICE_KIND, CANCEL_KIND, DEAD_LETTER_KIND, REQUEST_KIND,
 };
 use crate::ports::{
     Clock, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry, SendError, StoreError,
@@ -88,6 +88,7 @@ pub struct Settings {
     pub execution_dlq: String,
     pub launch_dlq: String,
     pub reply_dlq: String,
+    pub await_queue: String,
     pub lease_ms: i64,
     pub claim_limit: i32,
     /// Identifies this process in lease owners.
@@ -102,6 +103,7 @@ impl Settings {
             execution_dlq: config.execution_dlq_url.clone(),
             launch_dlq: config.launch_dlq_url.clone(),
             reply_dlq: config.reply_dlq_url.clone(),
+            await_queue: config.await_queue_url.clone(),
             lease_ms: i64::from(config.lease_seconds) * 1000,
             claim_limit: config.claim_limit,
             instance: Uuid::new_v4().simple().to_string()[..12].to_string(),
@@ -428,6 +430,46 @@ impl Coordinator {
                             serde_json::to_string(&envelope).expect("notice serializes"),
                         ),
                         None,
+                    );
+                }
+                Action::SendAwaitNotice { unit } => {
+                    let (Some(await_unit), Some(step_def)) =
+                        (record.await_unit.as_ref(), definition.step(record.step))
+                    else {
+                        tracing::error!(execution_id = %record.id, "await notice without an await unit");
+                        continue;
+                    };
+                    let notice = AwaitNotice {
+                        kind: AWAIT_NOTICE_KIND.to_string(),
+                        execution_id: record.id,
+                        tenant: record.tenant.clone(),
+                        pipeline_id: record.pipeline_id.clone(),
+                        release_version: record.release_version.clone(),
+                        step_id: step_def.id.clone(),
+                        step_index: record.step,
+                        await_unit_id: *unit,
+                        deadline: await_unit.deadline,
+                        interactions: await_unit
+                            .interactions
+                            .iter()
+                            .map(|i| NoticeInteraction {
+                                id: i.id.clone(),
+                                idempotency_key: i.idempotency_key.clone(),
+                                token: i.token.clone(),
+                            })
+                            .collect(),
+                        input: record
+                            .step_input(record.step)
+                            .map(|p| p.value().clone())
+                            .unwrap_or_default(),
+                        complete_to: self.settings.await_queue.clone(),
+                    };
+                    tracing::info!(execution_id = %record.id, step = %step_def.id, await_unit = %unit, "await requested");
+                    outbox.push(
+                        &step_def.queue,
+                        source,
+                        OutMessage::new(serde_json::to_string(&notice).expect("notice serializes")),
+                        Some((record.id, Event::AwaitNoticeSent { unit: *unit })),
                     );
                 }
                 Action::SendDeadLetter { id } => {

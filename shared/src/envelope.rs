@@ -15,6 +15,8 @@ pub const REPLY_KIND: &str = "stepline.reply.v1";
 /// this kind and a null payload).
 pub const CANCEL_KIND: &str = "stepline.cancel.v1";
 pub const DEAD_LETTER_KIND: &str = "stepline.dead-letter.v1";
+pub const AWAIT_NOTICE_KIND: &str = "stepline.await.v1";
+pub const INTERACTION_KIND: &str = "stepline.interaction.v1";
 /// Message attributes of a message a handler dead-lettered itself.
 pub const REASON_ATTRIBUTE: &str = "stepline.reason";
 pub const DETAIL_ATTRIBUTE: &str = "stepline.detail";
@@ -144,6 +146,61 @@ pub struct DeadLetterEnvelope {
     /// Epoch milliseconds.
     pub failed_at: i64,
     pub version: u64,
+}
+
+/// One interaction as announced: who completes it presents its token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NoticeInteraction {
+    pub id: String,
+    pub idempotency_key: String,
+    pub token: String,
+}
+
+/// The announcement of an await unit, sent to the await step's queue (e.g. a notifier that asks a
+/// manager for approval). Sent at least once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AwaitNotice {
+    pub kind: String,
+    pub execution_id: Uuid,
+    pub tenant: String,
+    pub pipeline_id: String,
+    pub release_version: String,
+    pub step_id: String,
+    pub step_index: u32,
+    pub await_unit_id: Uuid,
+    /// Epoch milliseconds.
+    pub deadline: i64,
+    pub interactions: Vec<NoticeInteraction>,
+    /// The await step's input (what is to be approved).
+    pub input: Value,
+    /// URL of the queue that takes `InteractionMessage`s (the API takes them too).
+    pub complete_to: String,
+}
+
+/// Completion of an interaction, as sent to the await-completion queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InteractionMessage {
+    pub kind: String,
+    pub execution_id: Uuid,
+    pub interaction: String,
+    pub token: String,
+    pub verdict: crate::domain::Verdict,
+    #[serde(default)]
+    pub payload: Value,
+}
+
+impl InteractionMessage {
+    /// Fingerprint of the answer (verdict and payload): the same answer twice is one completion.
+    pub fn answer_fingerprint(verdict: crate::domain::Verdict, payload: &Value) -> String {
+        fingerprint(
+            serde_json::to_string(&(verdict, payload))
+                .expect("answer serializes")
+                .as_bytes(),
+        )
+    }
 }
 
 /// Fingerprint of a message's bytes (SHA-256, first 128 bits in hex): tells a duplicate from a conflict.

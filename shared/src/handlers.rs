@@ -10,8 +10,8 @@ use uuid::Uuid;
 use crate::coordinator::{Applied, ClaimReport, Coordinator, CoordinatorError, Outbox};
 use crate::domain::{Event, Outcome, Status};
 use crate::envelope::{
-    fingerprint, LaunchWork, ReplyEnvelope, ReplyOutcome, DETAIL_ATTRIBUTE, REASON_ATTRIBUTE,
-    SOURCE_ATTRIBUTE,
+    fingerprint, InteractionMessage, LaunchWork, ReplyEnvelope, ReplyOutcome, DETAIL_ATTRIBUTE,
+    INTERACTION_KIND, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE,
 };
 use crate::ports::OutMessage;
 
@@ -226,6 +226,16 @@ pub async fn completion(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchR
                 limit: MAX_REPLY_BYTES,
             });
         }
+        let kind: KindOnly =
+            serde_json::from_str(text).map_err(|e| MessageError::Undecodable(e.to_string()))?;
+        if kind.kind == INTERACTION_KIND {
+            let message: InteractionMessage =
+                serde_json::from_str(text).map_err(|e| MessageError::Undecodable(e.to_string()))?;
+            let execution = message.execution_id;
+            return complete_interaction(coordinator, message)
+                .await
+                .map_err(on(execution));
+        }
         let reply: ReplyEnvelope =
             serde_json::from_str(text).map_err(|e| MessageError::Undecodable(e.to_string()))?;
         let applied_reply = |outcome| Event::Reply {
@@ -359,6 +369,32 @@ pub async fn cancel(
         status: record.status,
         version: record.version,
     })
+}
+
+/// The `kind` of a message on the reply queue (worker replies and interaction completions share it).
+#[derive(Deserialize)]
+struct KindOnly {
+    kind: String,
+}
+
+/// Completes an interaction of an execution's await unit (from the reply queue or the API). Completing
+/// it again with the same answer is acknowledged without a second resume.
+pub async fn complete_interaction(
+    coordinator: &Coordinator,
+    message: InteractionMessage,
+) -> Result<Applied, CoordinatorError> {
+    let event = Event::CompleteInteraction {
+        fingerprint: InteractionMessage::answer_fingerprint(message.verdict, &message.payload),
+        interaction: message.interaction,
+        token: message.token,
+        verdict: message.verdict,
+        payload: message.payload,
+    };
+    let applied = coordinator
+        .apply(message.execution_id, &event, "interaction")
+        .await?;
+    tracing::info!(execution_id = %message.execution_id, status = %applied.record().status, "interaction completed");
+    Ok(applied)
 }
 
 /// Operator re-drive of one FAILED or DLQ execution.

@@ -145,6 +145,7 @@ mod tests {
                     max_attempts: attempts,
                     ..RetryPolicy::default()
                 },
+                interactions: Vec::new(),
             }],
         }
     }

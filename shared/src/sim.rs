@@ -538,6 +538,7 @@ fn pipeline(config: &SimConfig) -> PipelineDef {
                     max_delay_ms: 8_000,
                     non_retryable: Vec::new(),
                 },
+                interactions: Vec::new(),
             })
             .collect(),
     }
@@ -601,6 +602,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
                 execution_dlq: EXECUTION_DLQ.into(),
                 launch_dlq: "launch-dlq".into(),
                 reply_dlq: "reply-dlq".into(),
+                await_queue: REPLY.into(),
                 lease_ms: i64::from(config.lease_secs) * 1000,
                 claim_limit: 25,
                 instance: role.into(),

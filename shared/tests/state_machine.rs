@@ -77,6 +77,7 @@ fn step(id: &str, timeout_secs: u32, retry: RetryPolicy) -> StepDef {
         queue: format!("{id}-requests"),
         timeout_secs,
         retry,
+        interactions: Vec::new(),
     }
 }
 
@@ -2841,6 +2842,9 @@ fn walk(seed: u64, seen: &mut Seen) {
                             assert_eq!(next.status, Status::Cancelled);
                             assert_eq!(record.launch_id, Some(*id));
                             assert_eq!(record.step, *step);
+                        }
+                        Action::SendAwaitNotice { .. } => {
+                            panic!("this pipeline has no await step: {event:?}")
                         }
                     }
                 }

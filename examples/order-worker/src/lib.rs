@@ -30,6 +30,7 @@ pub fn pipeline(queue: &str) -> PipelineDef {
             max_delay_ms: 10_000,
             non_retryable: Vec::new(),
         },
+        interactions: Vec::new(),
     };
     PipelineDef {
         pipeline_id: PIPELINE_ID.to_string(),

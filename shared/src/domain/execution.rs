@@ -140,6 +140,54 @@ pub struct Incident {
     pub detail: String,
 }
 
+/// How an interaction was completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Verdict {
+    Approved,
+    Rejected,
+}
+
+/// The recorded completion of an interaction: completing it again with the same answer returns this.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InteractionCompletion {
+    pub verdict: Verdict,
+    pub payload: Payload,
+    /// Fingerprint of the verdict and payload: the same answer is a duplicate, another a conflict.
+    pub fingerprint: String,
+    pub at: i64,
+}
+
+/// One thing an await unit waits for (a manager's approval, a partner's callback).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Interaction {
+    pub id: String,
+    /// Idempotency key of the interaction (stable across re-sent notices).
+    pub idempotency_key: String,
+    /// Unguessable resume token (122 random bits) the completer must present.
+    pub token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion: Option<InteractionCompletion>,
+}
+
+/// What an execution waits on at an await step. Kept after it resolves, so repeated completions get
+/// the recorded answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AwaitUnit {
+    /// The await step's launch id.
+    pub id: Uuid,
+    pub step: u32,
+    /// Epoch milliseconds; past it the step fails with `AWAIT_TIMEOUT`.
+    pub deadline: i64,
+    pub interactions: Vec<Interaction>,
+    /// Whether the announcement reached the step's queue (until then the sweeper re-sends it).
+    pub notice_sent: bool,
+    pub resolved: bool,
+}
+
 /// Incidents kept on the record (oldest dropped first): the DLQ holds the messages themselves.
 pub const MAX_INCIDENTS: usize = 10;
 
@@ -203,6 +251,8 @@ pub struct Execution {
     pub dead_letter: Option<DeadLetterMark>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub incidents: Vec<Incident>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub await_unit: Option<AwaitUnit>,
     pub created_at: i64,
     pub updated_at: i64,
 }

@@ -18,21 +18,27 @@
 //! | FAILED            | Claim        | dead-letter envelope unsent             | SendDeadLetter (again)                   |
 //! | FAILED            | DeadLetterSent | same dead-letter id                   | marked sent, leaves the due index        |
 //! | any               | Incident     |                                         | incident noted on the record             |
+//! | QUEUED/WAIT_RETRY | LaunchWork   | await step                              | WAITING_EXTERNAL, await unit · SendAwaitNotice |
+//! | WAITING_EXTERNAL  | AwaitNoticeSent | same unit                            | notice marked sent, due at the deadline  |
+//! | WAITING_EXTERNAL  | LaunchWork   | due, notice unsent                      | SendAwaitNotice (again)                  |
+//! | WAITING_EXTERNAL  | LaunchWork   | deadline passed                         | step failed, AWAIT_TIMEOUT               |
+//! | WAITING_EXTERNAL  | CompleteInteraction | right token, approved, last one  | next step launched, or SUCCEEDED         |
+//! | WAITING_EXTERNAL  | CompleteInteraction | right token, rejected            | step failed, REJECTED                    |
 //!
 //! A reply whose launch id already has a receipt is a duplicate (same bytes) or a conflict (other bytes).
 //! A failure that ends the execution (budget used up, non-retryable) marks a dead-letter envelope in the
 //! same commit; it is sent after, and marked sent by `DeadLetterSent`.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::execution::{
-    DeadLetterMark, Execution, Incident, Lease, Receipt, RedriveNote, Status, StepError,
-    StepProgress, StepStatus, MAX_INCIDENTS,
+    AwaitUnit, DeadLetterMark, Execution, Incident, Interaction, InteractionCompletion, Lease,
+    Receipt, RedriveNote, Status, StepError, StepProgress, StepStatus, Verdict, MAX_INCIDENTS,
 };
 use super::ids::launch_id;
 use super::payload::Payload;
-use super::pipeline::PipelineDef;
+use super::pipeline::{PipelineDef, StepKind};
 
 /// A launched attempt with no reply by its deadline has its request re-sent this many times (same launch
 /// id, recovering a crash between save and send) before the attempt is declared timed out.
@@ -101,6 +107,19 @@ pub enum Event {
         code: String,
         detail: String,
     },
+    /// The announcement of await unit `unit` reached its queue.
+    AwaitNoticeSent {
+        unit: Uuid,
+    },
+    /// Someone completed an interaction of the current await unit.
+    CompleteInteraction {
+        interaction: String,
+        token: String,
+        verdict: Verdict,
+        payload: Value,
+        /// Fingerprint of the verdict and payload.
+        fingerprint: String,
+    },
 }
 
 /// Effects to carry out after the commit.
@@ -123,6 +142,8 @@ pub enum Action {
     SendDeadLetter { id: Uuid },
     /// Tell the worker of an in-flight launch that the execution was cancelled (best effort).
     NotifyCancel { step: u32, launch_id: Uuid },
+    /// Announce the record's await unit (interactions, tokens, deadline) on the await step's queue.
+    SendAwaitNotice { unit: Uuid },
 }
 
 /// Why a decision writes nothing. None of these is an error: the message is acknowledged.
@@ -158,6 +179,16 @@ pub enum Rejection {
     NotRedrivable(Status),
     #[error("execution is already {0}")]
     AlreadyTerminal(Status),
+    #[error("execution is {0}, not waiting on this interaction")]
+    NotWaiting(Status),
+    #[error("no interaction {0:?} in the current await unit")]
+    UnknownInteraction(String),
+    #[error("the resume token does not match")]
+    InvalidToken,
+    #[error("interaction {0:?} was already completed with another answer")]
+    InteractionConflict(String),
+    #[error("the await unit's deadline has passed")]
+    AwaitExpired,
 }
 
 impl Rejection {
@@ -169,6 +200,11 @@ impl Rejection {
             Rejection::VersionMismatch { .. } => "VERSION_CONFLICT",
             Rejection::NotRedrivable(_) => "NOT_REDRIVABLE",
             Rejection::AlreadyTerminal(_) => "ALREADY_TERMINAL",
+            Rejection::NotWaiting(_) => "NOT_WAITING",
+            Rejection::UnknownInteraction(_) => "UNKNOWN_INTERACTION",
+            Rejection::InvalidToken => "INVALID_TOKEN",
+            Rejection::InteractionConflict(_) => "INTERACTION_CONFLICT",
+            Rejection::AwaitExpired => "AWAIT_EXPIRED",
         }
     }
 }
@@ -216,6 +252,7 @@ pub fn start(
         redrives: Vec::new(),
         dead_letter: None,
         incidents: Vec::new(),
+        await_unit: None,
         created_at: ctx.now,
         updated_at: ctx.now,
     };
@@ -257,6 +294,23 @@ pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             attempt,
         } => heartbeat(record, def, ctx, *launch_id, *step, *attempt),
         Event::DeadLetterSent { id } => dead_letter_sent(record, ctx, *id),
+        Event::AwaitNoticeSent { unit } => await_notice_sent(record, ctx, *unit),
+        Event::CompleteInteraction {
+            interaction,
+            token,
+            verdict,
+            payload,
+            fingerprint,
+        } => complete_interaction(
+            record,
+            def,
+            ctx,
+            interaction,
+            token,
+            *verdict,
+            payload,
+            fingerprint,
+        ),
         Event::Incident { code, detail } => {
             let mut next = bump(record, ctx);
             next.incidents.push(Incident {
@@ -313,6 +367,26 @@ fn launch_work(
         Status::Queued | Status::WaitRetry => {
             let action = launch_attempt(&mut next, def, ctx, record.attempt + 1);
             commit(next, vec![action])
+        }
+        Status::WaitingExternal if record.wake_at.is_some_and(|w| w <= ctx.now) => {
+            let Some(unit) = next.await_unit.as_mut() else {
+                return commit(next, Vec::new());
+            };
+            if ctx.now >= unit.deadline {
+                let error = StepError::new(
+                    "AWAIT_TIMEOUT",
+                    "no completion before the await deadline",
+                    false,
+                );
+                unit.resolved = true;
+                let actions = fail_attempt(&mut next, def, ctx, error);
+                commit(next, actions)
+            } else {
+                // The announcement was not confirmed sent: send it again.
+                let unit = unit.id;
+                next.wake_at = Some(notice_check(&next, ctx));
+                commit(next, vec![Action::SendAwaitNotice { unit }])
+            }
         }
         Status::Running if record.wake_at.is_some_and(|w| w <= ctx.now) => {
             if record.resends < MAX_RESENDS {
@@ -409,11 +483,25 @@ fn reply(
     }
 
     let mut next = bump(record, ctx);
-    next.lease = None;
     let receipt = Receipt {
         launch_id: reply_launch,
         fingerprint: fingerprint.to_string(),
     };
+    let actions = apply_outcome(&mut next, def, ctx, receipt, outcome.clone());
+    commit(next, actions)
+}
+
+/// Applies the outcome of the current step (a reply, or a resolved await unit): records it with its
+/// receipt, then launches the next step, finishes the execution, or handles the failure.
+fn apply_outcome(
+    next: &mut Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    receipt: Receipt,
+    outcome: Outcome,
+) -> Vec<Action> {
+    let step = next.step;
+    next.lease = None;
     let progress = &mut next.steps[step as usize];
     if let Some(earlier) = progress.receipt.replace(receipt) {
         progress.earlier_receipts.push(earlier);
@@ -426,21 +514,17 @@ fn reply(
             next.error = None;
             if (step as usize) + 1 == def.steps.len() {
                 next.status = Status::Succeeded;
-                next.result = Some(Payload::new(output.clone()));
+                next.result = Some(Payload::new(output));
                 next.wake_at = None;
                 next.launch_id = None;
-                commit(next, Vec::new())
+                Vec::new()
             } else {
                 next.step = step + 1;
                 next.budget_base = 0;
-                let action = launch_attempt(&mut next, def, ctx, 1);
-                commit(next, vec![action])
+                vec![launch_attempt(next, def, ctx, 1)]
             }
         }
-        Outcome::Failed(error) => {
-            let actions = fail_attempt(&mut next, def, ctx, error.clone());
-            commit(next, actions)
-        }
+        Outcome::Failed(error) => fail_attempt(next, def, ctx, error),
     }
 }
 
@@ -483,6 +567,119 @@ fn dead_letter_sent(record: &Execution, ctx: &Context, id: Uuid) -> Decision {
         Some(mark) if mark.id == id => Decision::Skip(Skip::Duplicate),
         _ => Decision::Skip(Skip::Stale),
     }
+}
+
+fn await_notice_sent(record: &Execution, ctx: &Context, unit: Uuid) -> Decision {
+    match &record.await_unit {
+        Some(u) if u.id == unit && !u.notice_sent && record.status == Status::WaitingExternal => {
+            let mut next = bump(record, ctx);
+            let deadline = u.deadline;
+            if let Some(u) = next.await_unit.as_mut() {
+                u.notice_sent = true;
+            }
+            if next.lease.is_none() {
+                next.wake_at = Some(deadline);
+            }
+            commit(next, Vec::new())
+        }
+        Some(u) if u.id == unit && u.notice_sent => Decision::Skip(Skip::Duplicate),
+        _ => Decision::Skip(Skip::Stale),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn complete_interaction(
+    record: &Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    interaction: &str,
+    token: &str,
+    verdict: Verdict,
+    payload: &Value,
+    fingerprint: &str,
+) -> Decision {
+    let Some(unit) = &record.await_unit else {
+        return Decision::Reject(Rejection::NotWaiting(record.status));
+    };
+    let Some(index) = unit.interactions.iter().position(|i| i.id == interaction) else {
+        return Decision::Reject(Rejection::UnknownInteraction(interaction.to_string()));
+    };
+    let found = &unit.interactions[index];
+    if !constant_time_eq(found.token.as_bytes(), token.as_bytes()) {
+        return Decision::Reject(Rejection::InvalidToken);
+    }
+    if let Some(done) = &found.completion {
+        return if done.fingerprint == fingerprint {
+            Decision::Skip(Skip::Duplicate)
+        } else {
+            Decision::Reject(Rejection::InteractionConflict(interaction.to_string()))
+        };
+    }
+    if unit.resolved || record.status != Status::WaitingExternal {
+        return Decision::Reject(Rejection::NotWaiting(record.status));
+    }
+    if ctx.now >= unit.deadline {
+        return Decision::Reject(Rejection::AwaitExpired);
+    }
+    let mut next = bump(record, ctx);
+    let unit = next.await_unit.as_mut().expect("checked above");
+    unit.interactions[index].completion = Some(InteractionCompletion {
+        verdict,
+        payload: Payload::new(payload.clone()),
+        fingerprint: fingerprint.to_string(),
+        at: ctx.now,
+    });
+    let outcome = match verdict {
+        Verdict::Rejected => {
+            let reason = payload
+                .get("reason")
+                .and_then(Value::as_str)
+                .unwrap_or("rejected");
+            Outcome::Failed(StepError::new(
+                "REJECTED",
+                format!("{interaction}: {reason}"),
+                false,
+            ))
+        }
+        Verdict::Approved if unit.interactions.iter().all(|i| i.completion.is_some()) => {
+            let answers: serde_json::Map<String, Value> = unit
+                .interactions
+                .iter()
+                .filter_map(|i| {
+                    Some((i.id.clone(), i.completion.as_ref()?.payload.value().clone()))
+                })
+                .collect();
+            // The step's input flows on, with the answers beside it.
+            let output = match record.step_input(record.step).map(|p| p.value().clone()) {
+                Some(Value::Object(mut fields)) => {
+                    fields.insert("interactions".into(), Value::Object(answers));
+                    Value::Object(fields)
+                }
+                other => json!({"input": other, "interactions": answers}),
+            };
+            Outcome::Succeeded(output)
+        }
+        // Waiting for the others.
+        Verdict::Approved => return commit(next, Vec::new()),
+    };
+    unit.resolved = true;
+    let receipt = Receipt {
+        launch_id: unit.id,
+        fingerprint: fingerprint.to_string(),
+    };
+    let actions = apply_outcome(&mut next, def, ctx, receipt, outcome);
+    commit(next, actions)
+}
+
+/// Compares secrets in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// When to check that an await notice went out: soon, but never after the deadline.
+fn notice_check(next: &Execution, ctx: &Context) -> i64 {
+    let deadline = next.await_unit.as_ref().map_or(i64::MAX, |u| u.deadline);
+    (ctx.now + ctx.lease_ms).min(deadline)
 }
 
 fn redrive(record: &Execution, ctx: &Context, expected_version: u64, reason: &str) -> Decision {
@@ -557,12 +754,38 @@ fn launch_attempt(next: &mut Execution, def: &PipelineDef, ctx: &Context, attemp
         }
         None => next.steps.push(progress),
     }
-    Action::SendRequest {
+    let Some(step_def) = def.step(step).filter(|s| s.kind == StepKind::Await) else {
+        return Action::SendRequest {
+            step,
+            attempt,
+            launch_id: id,
+            deadline,
+        };
+    };
+    // An await step parks the execution on an await unit; its tokens derive from this decision's
+    // random token, so they cannot be guessed from anything stored elsewhere.
+    next.status = Status::WaitingExternal;
+    next.await_unit = Some(AwaitUnit {
+        id,
         step,
-        attempt,
-        launch_id: id,
         deadline,
-    }
+        interactions: step_def
+            .interaction_names()
+            .into_iter()
+            .map(|name| Interaction {
+                idempotency_key: format!("{id}/{name}"),
+                token: Uuid::new_v5(&ctx.token, name.as_bytes())
+                    .simple()
+                    .to_string(),
+                id: name,
+                completion: None,
+            })
+            .collect(),
+        notice_sent: false,
+        resolved: false,
+    });
+    next.wake_at = Some(notice_check(next, ctx));
+    Action::SendAwaitNotice { unit: id }
 }
 
 /// Records a failed attempt and either schedules the retry or fails the execution.

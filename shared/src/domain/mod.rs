@@ -7,7 +7,8 @@ pub mod payload;
 pub mod pipeline;
 
 pub use execution::{
-    Execution, Lease, Receipt, RedriveNote, Status, StepError, StepProgress, StepStatus,
+    AwaitUnit, DeadLetterMark, Execution, Incident, Interaction, InteractionCompletion, Lease,
+    Receipt, RedriveNote, Status, StepError, StepProgress, StepStatus, Verdict,
 };
 pub use ids::launch_id;
 pub use machine::{decide, start, Action, Context, Decision, Event, Outcome, Rejection, Skip};

@@ -19,6 +19,9 @@ pub enum StepKind {
     /// Runs in a worker: a request on its queue, a reply on the coordinator's reply queue.
     #[default]
     Task,
+    /// Waits for people or other systems: parks the execution on an await unit whose interactions
+    /// are announced on the step's queue and completed through the API or the await-completion queue.
+    Await,
 }
 
 /// One step: its id, kind, input/output type ids, the SQS request queue its worker reads, its deadline
@@ -41,6 +44,20 @@ pub struct StepDef {
     pub timeout_secs: u32,
     #[serde(default)]
     pub retry: RetryPolicy,
+    /// Await steps: the interactions that must all be completed (default: one, `approval`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interactions: Vec<String>,
+}
+
+impl StepDef {
+    /// Names of an await step's interactions.
+    pub fn interaction_names(&self) -> Vec<String> {
+        if self.interactions.is_empty() {
+            vec!["approval".to_string()]
+        } else {
+            self.interactions.clone()
+        }
+    }
 }
 
 fn json_type() -> String {
@@ -159,6 +176,7 @@ mod tests {
             queue: "q".into(),
             timeout_secs: 1,
             retry: RetryPolicy::default(),
+            interactions: Vec::new(),
         };
         let def = PipelineDef {
             pipeline_id: "p".into(),
