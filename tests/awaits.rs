@@ -1,0 +1,237 @@
+//! Await units on the local emulator: an order is validated, waits for a manager's approval, then is
+//! priced. The test plays the manager: it reads the await notice from the notice queue and answers on
+//! the queue the notice names.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use order_worker::OrderSteps;
+use serde_json::{json, Value};
+use stepline::domain::{PipelineDef, Status, StepKind};
+use stepline::envelope::{
+    AwaitNotice, InteractionMessage, AWAIT_NOTICE_KIND, INTERACTION_KIND, REASON_ATTRIBUTE,
+};
+use stepline::handlers;
+use stepline_suite::TestStack;
+use uuid::Uuid;
+
+/// validate -> approve (await) -> price, with the approval notice on a queue of its own.
+async fn approval_stack(prefix: &str, wait_secs: u32) -> anyhow::Result<(TestStack, String)> {
+    let notices = format!("stepline-{}-approvals", uuid::Uuid::new_v4().simple());
+    let mut stack = TestStack::new(prefix, |def: &mut PipelineDef| {
+        let mut approve = def.steps[0].clone();
+        approve.id = "approve".into();
+        approve.kind = StepKind::Await;
+        approve.queue = notices.clone();
+        approve.timeout_secs = wait_secs;
+        approve.interactions = vec!["manager".into()];
+        def.steps.insert(1, approve);
+        def.steps.truncate(3); // validate, approve, price
+    })
+    .await?;
+    let url = stack
+        .sqs()
+        .create_queue()
+        .queue_name(&notices)
+        .send()
+        .await?
+        .queue_url
+        .unwrap();
+    stack.start(Arc::new(OrderSteps))?;
+    Ok((stack, url))
+}
+
+async fn notice(stack: &TestStack, url: &str) -> anyhow::Result<AwaitNotice> {
+    let messages = stack.receive_from(url, Duration::from_secs(30)).await?;
+    assert_eq!(messages.len(), 1, "one notice");
+    let notice: AwaitNotice = serde_json::from_str(messages[0].body.as_deref().unwrap())?;
+    assert_eq!(notice.kind, AWAIT_NOTICE_KIND);
+    Ok(notice)
+}
+
+async fn answer(
+    stack: &TestStack,
+    notice: &AwaitNotice,
+    token: &str,
+    approve: bool,
+    payload: Value,
+) -> anyhow::Result<()> {
+    let message = InteractionMessage {
+        kind: INTERACTION_KIND.into(),
+        execution_id: notice.execution_id,
+        interaction: notice.interactions[0].id.clone(),
+        token: token.into(),
+        verdict: if approve {
+            stepline::domain::Verdict::Approved
+        } else {
+            stepline::domain::Verdict::Rejected
+        },
+        payload,
+    };
+    stack
+        .sqs()
+        .send_message()
+        .queue_url(&notice.complete_to)
+        .message_body(serde_json::to_string(&message)?)
+        .send()
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_resumes_the_execution_and_a_second_one_changes_nothing() -> anyhow::Result<()>
+{
+    let (stack, notices) = approval_stack("e2e-approve", 600).await?;
+    let id = stack.submit(order_worker::sample_order(1)).await?;
+
+    let notice = notice(&stack, &notices).await?;
+    assert_eq!(notice.execution_id, id);
+    assert_eq!(notice.step_id, "approve");
+    assert_eq!(
+        notice.input["orderId"], "order-1",
+        "the notice shows what is to be approved"
+    );
+    let waiting = stack.api.get(id).await?;
+    assert_eq!(waiting.status, Status::WaitingExternal);
+    let token = notice.interactions[0].token.clone();
+
+    // Approved twice (a double click): one resume.
+    answer(&stack, &notice, &token, true, json!({"by": "maria"})).await?;
+    answer(&stack, &notice, &token, true, json!({"by": "maria"})).await?;
+    let record = stack.wait_terminal(id).await?;
+    stack
+        .wait_drained("ReplyQueue", Duration::from_secs(30))
+        .await?;
+
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(
+        record.steps[1].output.as_ref().unwrap().value()["interactions"]["manager"]["by"],
+        "maria"
+    );
+    assert_eq!(record.result.as_ref().unwrap().value()["totalCents"], 820);
+    let settled = stack.api.get(id).await?;
+    assert_eq!(
+        settled.version, record.version,
+        "the second approval resumed nothing"
+    );
+    assert_eq!(
+        stack.queue_depth("ReplyDeadLetterQueue").await?,
+        0,
+        "the duplicate was absorbed"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_fails_the_execution_with_its_reason() -> anyhow::Result<()> {
+    let (stack, notices) = approval_stack("e2e-reject", 600).await?;
+    let id = stack.submit(order_worker::sample_order(2)).await?;
+    let notice = notice(&stack, &notices).await?;
+    let token = notice.interactions[0].token.clone();
+    answer(
+        &stack,
+        &notice,
+        &token,
+        false,
+        json!({"reason": "kitchen closed"}),
+    )
+    .await?;
+
+    let record = stack.wait_terminal(id).await?;
+    assert_eq!(record.status, Status::Failed);
+    let error = record.error.as_ref().unwrap();
+    assert_eq!(error.code, "REJECTED");
+    assert!(error.message.contains("kitchen closed"), "{error:?}");
+    assert_eq!(
+        record.steps.len(),
+        2,
+        "nothing after the rejected approval ran"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_approval_fails_with_await_timeout_at_its_deadline() -> anyhow::Result<()> {
+    let (stack, notices) = approval_stack("e2e-timeout", 2).await?;
+    let id = stack.submit(order_worker::sample_order(3)).await?;
+    let notice = notice(&stack, &notices).await?;
+
+    let record = stack.wait_terminal(id).await?;
+    assert_eq!(record.status, Status::Failed);
+    assert_eq!(record.error.as_ref().unwrap().code, "AWAIT_TIMEOUT");
+    assert!(
+        record.updated_at >= notice.deadline,
+        "not before the deadline"
+    );
+
+    // A late answer is refused and the execution stays failed.
+    let token = notice.interactions[0].token.clone();
+    let late = handlers::complete_interaction(
+        &stack.api,
+        InteractionMessage {
+            kind: INTERACTION_KIND.into(),
+            execution_id: id,
+            interaction: "manager".into(),
+            token,
+            verdict: stepline::domain::Verdict::Approved,
+            payload: json!({}),
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(late.code(), "NOT_WAITING");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_or_wrong_resume_token_is_refused() -> anyhow::Result<()> {
+    let (stack, notices) = approval_stack("e2e-forge", 600).await?;
+    let id = stack.submit(order_worker::sample_order(4)).await?;
+    let notice = notice(&stack, &notices).await?;
+    let other = stack.submit(order_worker::sample_order(5)).await?;
+    let other_notice = self::notice(&stack, &notices).await?;
+    assert_eq!(other_notice.execution_id, other);
+
+    // Through the API path: a made-up token, and another execution's token.
+    for token in [
+        Uuid::new_v4().simple().to_string(),
+        other_notice.interactions[0].token.clone(),
+    ] {
+        let refused = handlers::complete_interaction(
+            &stack.api,
+            InteractionMessage {
+                kind: INTERACTION_KIND.into(),
+                execution_id: id,
+                interaction: "manager".into(),
+                token,
+                verdict: stepline::domain::Verdict::Approved,
+                payload: json!({}),
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(refused.code(), "INVALID_TOKEN");
+    }
+    // Through the queue: dead-lettered with its reason.
+    answer(&stack, &notice, "not-the-token", true, json!({})).await?;
+    let parked = stack
+        .receive_from(
+            stack.local.stack.queue("ReplyDeadLetterQueue")?.1,
+            Duration::from_secs(30),
+        )
+        .await?;
+    assert_eq!(
+        parked[0].message_attributes.as_ref().unwrap()[REASON_ATTRIBUTE]
+            .string_value
+            .as_deref(),
+        Some("INVALID_TOKEN")
+    );
+    // The dead letter is noted on the execution, which keeps waiting for the real answer.
+    let record = stack
+        .wait_for(id, Duration::from_secs(30), |r| {
+            r.incidents.iter().any(|i| i.code == "INVALID_TOKEN")
+        })
+        .await?;
+    assert_eq!(record.status, Status::WaitingExternal);
+    Ok(())
+}
