@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use aws_config::{BehaviorVersion, SdkConfig};
 
-use crate::adapters::{DynamoDbExecutionStore, DynamoDbReleaseRegistry, SqsSender};
+use crate::adapters::{
+    DynamoDbExecutionStore, DynamoDbReleaseRegistry, EventBridgePublisher, SqsSender,
+};
 use crate::config::{CoordinatorConfig, WorkerConfig};
 use crate::contract::Contract;
 use crate::coordinator::{Coordinator, Settings};
@@ -29,7 +31,7 @@ pub fn coordinator_with_clock(
     clock: Arc<dyn Clock>,
 ) -> Coordinator {
     let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
-    Coordinator::new(
+    let coordinator = Coordinator::new(
         Arc::new(DynamoDbExecutionStore::new(
             dynamodb.clone(),
             &config.execution_table,
@@ -42,7 +44,14 @@ pub fn coordinator_with_clock(
         Arc::new(SqsSender::new(aws_sdk_sqs::Client::new(sdk))),
         clock,
         Settings::from_config(config),
-    )
+    );
+    match &config.event_bus {
+        Some(bus) => coordinator.with_publisher(Arc::new(EventBridgePublisher::new(
+            aws_sdk_eventbridge::Client::new(sdk),
+            bus,
+        ))),
+        None => coordinator,
+    }
 }
 
 /// A worker of `contract` (the code it was built from) for the configured release, replying through

@@ -25,6 +25,8 @@ pub struct CoordinatorConfig {
     pub reply_dlq_url: String,
     /// Where interaction completions are sent (announced in await notices).
     pub await_queue_url: String,
+    /// The bus lifecycle events are published to (none: lifecycle events off).
+    pub event_bus: Option<String>,
     /// Shards of the due-time index.
     pub due_shards: u32,
     pub lease_seconds: u32,
@@ -48,6 +50,9 @@ impl CoordinatorConfig {
             launch_dlq_url: required("LAUNCH_DLQ_URL")?,
             reply_dlq_url: required("REPLY_DLQ_URL")?,
             await_queue_url: required("AWAIT_QUEUE_URL")?,
+            event_bus: get("EVENT_BUS_NAME")
+                .filter(|b| !b.is_empty())
+                .filter(|_| get("LIFECYCLE_EVENTS").is_none_or(|on| on == "true")),
             due_shards: parsed(&get, "DUE_SHARDS", 4)?,
             lease_seconds: parsed(&get, "LEASE_SECONDS", 60)?,
             claim_limit: parsed(&get, "CLAIM_LIMIT", 100)?,

@@ -17,7 +17,8 @@ use crate::envelope::{
     RequestHeader, AWAIT_NOTICE_KIND, CANCEL_KIND, DEAD_LETTER_KIND, REQUEST_KIND,
 };
 use crate::ports::{
-    Clock, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry, SendError, StoreError,
+    BusEvent, Clock, EventPublisher, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry,
+    SendError, StoreError,
 };
 
 /// How often a decision is re-made after losing a conditional write before giving up (the message is
@@ -162,6 +163,7 @@ pub struct Coordinator {
     clock: Arc<dyn Clock>,
     settings: Settings,
     definitions: Mutex<HashMap<(String, String), Arc<PipelineDef>>>,
+    publisher: Option<Arc<dyn EventPublisher>>,
 }
 
 impl Coordinator {
@@ -179,7 +181,14 @@ impl Coordinator {
             clock,
             settings,
             definitions: Mutex::new(HashMap::new()),
+            publisher: None,
         }
+    }
+
+    /// Turns lifecycle events on: recorded in each commit's outbox, published after it.
+    pub fn with_publisher(mut self, publisher: Arc<dyn EventPublisher>) -> Self {
+        self.publisher = Some(publisher);
+        self
     }
 
     pub fn store(&self) -> &Arc<dyn ExecutionStore> {
@@ -209,6 +218,7 @@ impl Coordinator {
             token: self.clock.token(),
             owner: format!("{role}:{}", self.settings.instance),
             lease_ms: self.settings.lease_ms,
+            lifecycle: self.publisher.is_some(),
         }
     }
 
@@ -472,6 +482,30 @@ impl Coordinator {
                         Some((record.id, Event::AwaitNoticeSent { unit: *unit })),
                     );
                 }
+                Action::PublishEvents => {
+                    let events = record
+                        .events
+                        .iter()
+                        .map(|e| BusEvent {
+                            detail_type: format!("{:?}", e.kind),
+                            detail: serde_json::json!({
+                                "eventId": format!("{}/{}", record.id, e.seq),
+                                "executionId": record.id,
+                                "seq": e.seq,
+                                "tenant": record.tenant,
+                                "pipelineId": record.pipeline_id,
+                                "releaseVersion": record.release_version,
+                                "step": e.step,
+                                "stepId": e.step.and_then(|k| definition.step(k)).map(|s| s.id.clone()),
+                                "code": e.code,
+                                "at": e.at,
+                            }),
+                        })
+                        .collect::<Vec<_>>();
+                    if let Some(last) = record.events.last() {
+                        outbox.events.push((record.id, last.seq, events));
+                    }
+                }
                 Action::SendDeadLetter { id } => {
                     let envelope = DeadLetterEnvelope {
                         kind: DEAD_LETTER_KIND.to_string(),
@@ -542,6 +576,28 @@ impl Coordinator {
     pub async fn flush(&self, outbox: Outbox) -> Vec<(usize, SendError)> {
         let mut failures = Vec::new();
         let mut follow_ups = Vec::new();
+        if let Some(publisher) = &self.publisher {
+            let all: Vec<BusEvent> = outbox
+                .events
+                .iter()
+                .flat_map(|(_, _, events)| events.iter().cloned())
+                .collect();
+            if !all.is_empty() {
+                let mut results = publisher.publish(&all).await.into_iter();
+                for (execution, through, events) in &outbox.events {
+                    // Consume every event's result, so the next execution's line up.
+                    let mut ok = true;
+                    for _ in events {
+                        ok &= results.next().is_some_and(|r| r.is_ok());
+                    }
+                    if ok {
+                        follow_ups.push((*execution, Event::EventsPublished { through: *through }));
+                    } else {
+                        tracing::warn!(execution_id = %execution, "lifecycle events not published; the sweeper will retry");
+                    }
+                }
+            }
+        }
         for (queue, entries) in outbox.by_queue {
             let messages: Vec<OutMessage> = entries.iter().map(|e| e.message.clone()).collect();
             let results = self.sender.send(&queue, &messages).await;
@@ -633,6 +689,8 @@ pub struct ClaimReport {
 #[derive(Debug, Default)]
 pub struct Outbox {
     by_queue: BTreeMap<String, Vec<Staged>>,
+    /// Lifecycle events to publish: (execution, last sequence, events).
+    events: Vec<(Uuid, u64, Vec<BusEvent>)>,
 }
 
 #[derive(Debug)]
@@ -663,6 +721,6 @@ impl Outbox {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_queue.is_empty()
+        self.by_queue.is_empty() && self.events.is_empty()
     }
 }

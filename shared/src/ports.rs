@@ -118,6 +118,20 @@ pub trait MessageSender: Send + Sync {
     async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>>;
 }
 
+/// A lifecycle event as published to the event bus.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BusEvent {
+    pub detail_type: String,
+    pub detail: serde_json::Value,
+}
+
+/// Publishes lifecycle events (EventBridge `PutEvents`).
+#[async_trait]
+pub trait EventPublisher: Send + Sync {
+    /// Publishes in batches; returns one result per event, in order.
+    async fn publish(&self, events: &[BusEvent]) -> Vec<Result<(), String>>;
+}
+
 /// Time and randomness, injected so the state machine's inputs can be controlled in tests.
 pub trait Clock: Send + Sync {
     /// Epoch milliseconds.

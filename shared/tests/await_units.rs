@@ -20,6 +20,7 @@ fn ctx(now: i64, token: u128) -> Context {
         token: Uuid::from_u128(token),
         owner: "test".into(),
         lease_ms: LEASE_MS,
+        lifecycle: false,
     }
 }
 

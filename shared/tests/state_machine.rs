@@ -55,6 +55,7 @@ fn ctx(now: i64, tok: u128) -> Context {
         token: token(tok),
         owner: OWNER.to_string(),
         lease_ms: LEASE_MS,
+        lifecycle: false,
     }
 }
 
@@ -2782,6 +2783,7 @@ fn walk(seed: u64, seen: &mut Seen) {
             token: token(n),
             owner: format!("walker-{seed}"),
             lease_ms: 10_000,
+            lifecycle: false,
         };
         let event = random_event(&mut rng, &record, &issued);
         match decide(&record, &def, &context, &event) {
@@ -2845,6 +2847,9 @@ fn walk(seed: u64, seen: &mut Seen) {
                         }
                         Action::SendAwaitNotice { .. } => {
                             panic!("this pipeline has no await step: {event:?}")
+                        }
+                        Action::PublishEvents => {
+                            panic!("lifecycle events are off in this walk: {event:?}")
                         }
                     }
                 }

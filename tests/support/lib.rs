@@ -41,9 +41,27 @@ pub struct TestStack {
 
 impl TestStack {
     /// Provisions a fresh stage and registers the example pipeline (optionally reshaped by `tune`).
+    /// Lifecycle events are off (their outbox writes would blur the version counts tests assert);
+    /// `with_lifecycle_events` turns them on.
     pub async fn new(prefix: &str, tune: impl FnOnce(&mut PipelineDef)) -> Result<Self> {
+        Self::provision(prefix, false, tune).await
+    }
+
+    pub async fn with_lifecycle_events(
+        prefix: &str,
+        tune: impl FnOnce(&mut PipelineDef),
+    ) -> Result<Self> {
+        Self::provision(prefix, true, tune).await
+    }
+
+    async fn provision(
+        prefix: &str,
+        lifecycle: bool,
+        tune: impl FnOnce(&mut PipelineDef),
+    ) -> Result<Self> {
         require_emulator();
-        let local = LocalStack::up(&fresh_stage(prefix)).await?;
+        let params = [("LifecycleEvents".to_string(), lifecycle.to_string())].into();
+        let local = LocalStack::up_with(&fresh_stage(prefix), &params).await?;
         let api = local.coordinator(functions::REDRIVE)?;
         let (queue, _) = local.stack.queue("OrderRequestQueue")?;
         let mut pipeline = order_worker::pipeline(queue);

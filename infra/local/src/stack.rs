@@ -216,6 +216,12 @@ impl Stack {
         }
     }
 
+    /// What `!Ref logical` resolves to (a table or bus name, a queue URL).
+    pub fn reference_of(&self, logical: &str) -> Result<String> {
+        self.reference(logical)
+            .ok_or_else(|| anyhow!("the stack has no resource {logical}"))
+    }
+
     pub fn table(&self, logical: &str) -> Result<&str> {
         match self.resources.get(logical) {
             Some(Physical::Table { name, .. }) => Ok(name),

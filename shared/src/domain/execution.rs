@@ -188,6 +188,32 @@ pub struct AwaitUnit {
     pub resolved: bool,
 }
 
+/// What happened to an execution, for subscribers (published to the event bus).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LifecycleKind {
+    ExecutionStarted,
+    StepSucceeded,
+    StepFailed,
+    AwaitRequested,
+    ExecutionSucceeded,
+    ExecutionFailed,
+    ExecutionCancelled,
+}
+
+/// A lifecycle event waiting in the record's outbox: committed with the transition it describes, then
+/// published, then removed by a later write. Its id is stable, so a re-publication is recognisable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LifecycleEvent {
+    pub seq: u64,
+    pub kind: LifecycleKind,
+    pub at: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+}
+
 /// Incidents kept on the record (oldest dropped first): the DLQ holds the messages themselves.
 pub const MAX_INCIDENTS: usize = 10;
 
@@ -253,6 +279,15 @@ pub struct Execution {
     pub incidents: Vec<Incident>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub await_unit: Option<AwaitUnit>,
+    /// Lifecycle events committed but not yet confirmed published (the outbox).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<LifecycleEvent>,
+    /// Sequence number of the next lifecycle event.
+    #[serde(default)]
+    pub event_seq: u64,
+    /// While the outbox is not empty: when the sweeper publishes it if nobody confirmed it first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_by: Option<i64>,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -262,6 +297,15 @@ impl Execution {
     /// is unsent; at lease expiry while leased (the holder is expected to act first); otherwise at
     /// `wake_at`. Stored as the due-index sort key.
     pub fn due_at(&self) -> Option<i64> {
+        let work = self.work_due_at();
+        match (work, self.publish_by.filter(|_| !self.events.is_empty())) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// When the execution's own work (not its outbox) is due.
+    pub fn work_due_at(&self) -> Option<i64> {
         if self.status.is_terminal() {
             return self
                 .dead_letter

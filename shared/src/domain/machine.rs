@@ -34,7 +34,8 @@ use uuid::Uuid;
 
 use super::execution::{
     AwaitUnit, DeadLetterMark, Execution, Incident, Interaction, InteractionCompletion, Lease,
-    Receipt, RedriveNote, Status, StepError, StepProgress, StepStatus, Verdict, MAX_INCIDENTS,
+    LifecycleEvent, LifecycleKind, Receipt, RedriveNote, Status, StepError, StepProgress,
+    StepStatus, Verdict, MAX_INCIDENTS,
 };
 use super::ids::launch_id;
 use super::payload::Payload;
@@ -58,6 +59,8 @@ pub struct Context {
     /// Who acts (handler name and instance), recorded as lease owner.
     pub owner: String,
     pub lease_ms: i64,
+    /// Record lifecycle events in the outbox (published to the event bus after each commit).
+    pub lifecycle: bool,
 }
 
 /// Outcome reported by a worker for one launch.
@@ -111,6 +114,10 @@ pub enum Event {
     AwaitNoticeSent {
         unit: Uuid,
     },
+    /// Lifecycle events up to sequence `through` reached the event bus.
+    EventsPublished {
+        through: u64,
+    },
     /// Someone completed an interaction of the current await unit.
     CompleteInteraction {
         interaction: String,
@@ -144,6 +151,8 @@ pub enum Action {
     NotifyCancel { step: u32, launch_id: Uuid },
     /// Announce the record's await unit (interactions, tokens, deadline) on the await step's queue.
     SendAwaitNotice { unit: Uuid },
+    /// Publish the record's outbox of lifecycle events.
+    PublishEvents,
 }
 
 /// Why a decision writes nothing. None of these is an error: the message is acknowledged.
@@ -253,15 +262,104 @@ pub fn start(
         dead_letter: None,
         incidents: Vec::new(),
         await_unit: None,
+        events: Vec::new(),
+        event_seq: 0,
+        publish_by: None,
         created_at: ctx.now,
         updated_at: ctx.now,
     };
-    let action = take_lease(&mut record, ctx, 0);
-    (record, vec![action])
+    let mut actions = vec![take_lease(&mut record, ctx, 0)];
+    if ctx.lifecycle {
+        record.events.push(LifecycleEvent {
+            seq: 0,
+            kind: LifecycleKind::ExecutionStarted,
+            at: ctx.now,
+            step: None,
+            code: None,
+        });
+        record.event_seq = 1;
+        record.publish_by = Some(ctx.now + ctx.lease_ms);
+        actions.push(Action::PublishEvents);
+    }
+    (record, actions)
 }
 
 /// The transition function.
 pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Event) -> Decision {
+    let decision = transition(record, def, ctx, event);
+    if !ctx.lifecycle {
+        return decision;
+    }
+    match decision {
+        Decision::Commit {
+            record: mut next,
+            mut actions,
+        } => {
+            record_lifecycle(record, &mut next, ctx);
+            if !next.events.is_empty() && !matches!(event, Event::EventsPublished { .. }) {
+                actions.push(Action::PublishEvents);
+            }
+            Decision::Commit {
+                record: next,
+                actions,
+            }
+        }
+        other => other,
+    }
+}
+
+/// Appends to the outbox the lifecycle events a transition from `before` to `next` amounts to.
+fn record_lifecycle(before: &Execution, next: &mut Execution, ctx: &Context) {
+    let mut found: Vec<(LifecycleKind, Option<u32>, Option<String>)> = Vec::new();
+    for (k, step) in next.steps.iter().enumerate() {
+        let was = before.steps.get(k);
+        let k = Some(k as u32);
+        if step.status == StepStatus::Succeeded
+            && was.map(|w| w.status) != Some(StepStatus::Succeeded)
+        {
+            found.push((LifecycleKind::StepSucceeded, k, None));
+        }
+        if step.status == StepStatus::Failed
+            && (was.map(|w| (w.status, w.receipt.as_ref(), w.error.as_ref()))
+                != Some((
+                    StepStatus::Failed,
+                    step.receipt.as_ref(),
+                    step.error.as_ref(),
+                )))
+        {
+            let code = step.error.as_ref().map(|e| e.code.clone());
+            found.push((LifecycleKind::StepFailed, k, code));
+        }
+    }
+    if next.status != before.status {
+        let kind = match next.status {
+            Status::WaitingExternal => Some(LifecycleKind::AwaitRequested),
+            Status::Succeeded => Some(LifecycleKind::ExecutionSucceeded),
+            Status::Failed | Status::Dlq => Some(LifecycleKind::ExecutionFailed),
+            Status::Cancelled => Some(LifecycleKind::ExecutionCancelled),
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            let code = next.error.as_ref().map(|e| e.code.clone());
+            found.push((kind, Some(next.step), code));
+        }
+    }
+    for (kind, step, code) in found {
+        next.events.push(LifecycleEvent {
+            seq: next.event_seq,
+            kind,
+            at: ctx.now,
+            step,
+            code,
+        });
+        next.event_seq += 1;
+    }
+    if !next.events.is_empty() && before.events.len() < next.events.len() {
+        next.publish_by = Some(ctx.now + ctx.lease_ms);
+    }
+}
+
+fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Event) -> Decision {
     match event {
         Event::Claim => claim(record, ctx),
         Event::LaunchWork { generation, token } => {
@@ -295,6 +393,17 @@ pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
         } => heartbeat(record, def, ctx, *launch_id, *step, *attempt),
         Event::DeadLetterSent { id } => dead_letter_sent(record, ctx, *id),
         Event::AwaitNoticeSent { unit } => await_notice_sent(record, ctx, *unit),
+        Event::EventsPublished { through } => {
+            if !record.events.iter().any(|e| e.seq <= *through) {
+                return Decision::Skip(Skip::Duplicate);
+            }
+            let mut next = bump(record, ctx);
+            next.events.retain(|e| e.seq > *through);
+            if next.events.is_empty() {
+                next.publish_by = None;
+            }
+            commit(next, Vec::new())
+        }
         Event::CompleteInteraction {
             interaction,
             token,
@@ -326,7 +435,14 @@ pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
 }
 
 fn claim(record: &Execution, ctx: &Context) -> Decision {
-    match record.due_at() {
+    // Only the outbox is due: publish it (again) and look back later.
+    let outbox_due = record.publish_by.is_some_and(|p| p <= ctx.now) && !record.events.is_empty();
+    if outbox_due && record.work_due_at().is_none_or(|w| w > ctx.now) {
+        let mut next = bump(record, ctx);
+        next.publish_by = Some(ctx.now + ctx.lease_ms);
+        return commit(next, vec![Action::PublishEvents]);
+    }
+    match record.work_due_at() {
         Some(due) if due <= ctx.now => {}
         _ if record.status.is_terminal() => return Decision::Skip(Skip::Terminal),
         _ => return Decision::Skip(Skip::NotDue),

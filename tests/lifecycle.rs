@@ -1,0 +1,191 @@
+//! Lifecycle events on the local emulator: a rule on the project's bus routes them to an SQS queue;
+//! a whole run yields one event per transition (deduplicated by event id: publication is at least
+//! once), with the documented schema.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use order_worker::OrderSteps;
+use serde_json::Value;
+use stepline::domain::{Status, StepError};
+use stepline::envelope::RequestHeader;
+use stepline::worker::StepFunction;
+use stepline_suite::TestStack;
+
+/// Creates a queue and a rule on the stack's bus that sends every lifecycle event to it.
+async fn subscribe(stack: &TestStack) -> anyhow::Result<String> {
+    let stage = &stack.local.stack.stage;
+    let sqs = stack.sqs();
+    let url = sqs
+        .create_queue()
+        .queue_name(format!("stepline-{stage}-lifecycle"))
+        .send()
+        .await?
+        .queue_url
+        .unwrap();
+    let arn = sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await?
+        .attributes
+        .unwrap()
+        .remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .unwrap();
+    let bus = stack.local.stack.reference_of("EventBus")?;
+    let events = aws_sdk_eventbridge::Client::new(&stack.local.sdk);
+    events
+        .put_rule()
+        .name(format!("stepline-{stage}-lifecycle"))
+        .event_bus_name(&bus)
+        .event_pattern(r#"{"source": ["stepline"]}"#)
+        .send()
+        .await?;
+    events
+        .put_targets()
+        .rule(format!("stepline-{stage}-lifecycle"))
+        .event_bus_name(&bus)
+        .targets(
+            aws_sdk_eventbridge::types::Target::builder()
+                .id("lifecycle-queue")
+                .arn(arn)
+                .build()?,
+        )
+        .send()
+        .await?;
+    Ok(url)
+}
+
+/// Collects events (by id) until `done` holds or the deadline passes.
+async fn collect(
+    stack: &TestStack,
+    url: &str,
+    done: impl Fn(&BTreeMap<String, Value>) -> bool,
+) -> anyhow::Result<BTreeMap<String, Value>> {
+    let mut seen = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done(&seen) {
+        anyhow::ensure!(Instant::now() < deadline, "events so far: {seen:#?}");
+        let out = stack
+            .sqs()
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await?;
+        for m in out.messages.unwrap_or_default() {
+            let event: Value = serde_json::from_str(m.body.as_deref().unwrap_or("{}"))?;
+            let id = event["detail"]["eventId"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            seen.insert(id, event);
+        }
+    }
+    Ok(seen)
+}
+
+fn kinds(events: &BTreeMap<String, Value>) -> Vec<(String, Option<u64>)> {
+    let mut by_seq: Vec<(u64, String, Option<u64>)> = events
+        .values()
+        .map(|e| {
+            (
+                e["detail"]["seq"].as_u64().unwrap(),
+                e["detail-type"].as_str().unwrap().to_string(),
+                e["detail"]["step"].as_u64(),
+            )
+        })
+        .collect();
+    by_seq.sort();
+    by_seq
+        .into_iter()
+        .map(|(_, kind, step)| (kind, step))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_run_publishes_one_lifecycle_event_per_transition() -> anyhow::Result<()> {
+    let mut stack = TestStack::with_lifecycle_events("e2e-life", |_| {}).await?;
+    let url = subscribe(&stack).await?;
+    stack.start(Arc::new(OrderSteps))?;
+    let id = stack.submit(order_worker::sample_order(1)).await?;
+    let record = stack.wait_terminal(id).await?;
+    assert_eq!(record.status, Status::Succeeded);
+
+    let events = collect(&stack, &url, |seen| seen.len() >= 5).await?;
+    assert_eq!(
+        kinds(&events),
+        vec![
+            ("ExecutionStarted".to_string(), None),
+            ("StepSucceeded".to_string(), Some(0)),
+            ("StepSucceeded".to_string(), Some(1)),
+            ("StepSucceeded".to_string(), Some(2)),
+            ("ExecutionSucceeded".to_string(), Some(2)),
+        ]
+    );
+    for event in events.values() {
+        assert_eq!(event["source"], "stepline");
+        assert_eq!(event["detail"]["executionId"], id.to_string());
+        assert_eq!(event["detail"]["pipelineId"], "orders");
+        assert_eq!(event["detail"]["tenant"], "test");
+    }
+    // Published events leave the outbox.
+    let settled = stack
+        .wait_for(id, Duration::from_secs(30), |r| r.events.is_empty())
+        .await?;
+    assert_eq!(settled.due_at(), None);
+    Ok(())
+}
+
+struct FailingPrice(AtomicUsize);
+
+#[async_trait]
+impl StepFunction for FailingPrice {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        if request.step_id == "price" {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            return Err(StepError::new("PRICING_DOWN", "down", true));
+        }
+        OrderSteps.run(request, input).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempts_and_the_failure_are_published() -> anyhow::Result<()> {
+    let mut stack = TestStack::with_lifecycle_events("e2e-lifefail", |def| {
+        for step in &mut def.steps {
+            step.retry.max_attempts = 2;
+            step.retry.initial_delay_ms = 100;
+        }
+    })
+    .await?;
+    let url = subscribe(&stack).await?;
+    stack.start(Arc::new(FailingPrice(AtomicUsize::new(0))))?;
+    let id = stack.submit(order_worker::sample_order(2)).await?;
+    let record = stack.wait_terminal(id).await?;
+    assert_eq!(record.status, Status::Failed);
+
+    let events = collect(&stack, &url, |seen| seen.len() >= 5).await?;
+    let kinds = kinds(&events);
+    assert_eq!(
+        kinds,
+        vec![
+            ("ExecutionStarted".to_string(), None),
+            ("StepSucceeded".to_string(), Some(0)),
+            ("StepFailed".to_string(), Some(1)),
+            ("StepFailed".to_string(), Some(1)),
+            ("ExecutionFailed".to_string(), Some(1)),
+        ]
+    );
+    let failed = events
+        .values()
+        .find(|e| e["detail-type"] == "ExecutionFailed")
+        .unwrap();
+    assert_eq!(failed["detail"]["code"], "PRICING_DOWN");
+    Ok(())
+}
