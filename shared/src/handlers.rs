@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::coordinator::{Applied, ClaimReport, Coordinator, CoordinatorError, Outbox};
+use crate::coordinator::{
+    Applied, ClaimReport, Coordinator, CoordinatorError, Outbox, SubmitRequest,
+};
 use crate::domain::{Event, Outcome, Status};
 use crate::envelope::{
     fingerprint, InteractionMessage, LaunchWork, ReplyEnvelope, ReplyOutcome, DETAIL_ATTRIBUTE,
@@ -48,6 +50,12 @@ pub enum MessageError {
         #[source]
         error: CoordinatorError,
     },
+    #[error("event {event}: {error}")]
+    Event {
+        event: String,
+        #[source]
+        error: CoordinatorError,
+    },
 }
 
 impl MessageError {
@@ -55,14 +63,21 @@ impl MessageError {
         match self {
             MessageError::Undecodable(_) => "UNDECODABLE",
             MessageError::Oversized { .. } => "OVERSIZED",
-            MessageError::Coordinator { error, .. } => error.code(),
+            MessageError::Coordinator { error, .. } | MessageError::Event { error, .. } => {
+                error.code()
+            }
         }
     }
 
     /// Retryable failures are left on the queue (redelivered after the visibility timeout); the others
     /// are poison and go to the queue's DLQ at once, with their reason.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, MessageError::Coordinator { error, .. } if error.is_retryable())
+        match self {
+            MessageError::Coordinator { error, .. } | MessageError::Event { error, .. } => {
+                error.is_retryable()
+            }
+            _ => false,
+        }
     }
 
     pub fn execution(&self) -> Option<Uuid> {
@@ -183,8 +198,9 @@ fn body(message: &SqsMessage) -> Result<&str, MessageError> {
         .ok_or_else(|| MessageError::Undecodable("empty body".into()))
 }
 
-/// Launch (SQS launch queue): under the lease the work carries, saves the step as `launching` with its
-/// deterministic launch id, then sends the request to the step's worker.
+/// Launch (SQS launch queue, and the start queue the bus's StartExecution rule feeds): under the lease
+/// the work carries, saves the step as `launching` with its deterministic launch id, then sends the
+/// request to the step's worker; a StartExecution event starts an execution, idempotent on its id.
 pub async fn launch(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchResponse {
     let settings = coordinator.settings();
     let source = Source {
@@ -192,8 +208,12 @@ pub async fn launch(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchRespo
         dlq: &settings.launch_dlq,
     };
     each_message(coordinator, event, source, |message| async move {
-        let work: LaunchWork = serde_json::from_str(body(&message)?)
-            .map_err(|e| MessageError::Undecodable(e.to_string()))?;
+        let text = body(&message)?;
+        if let Ok(start) = serde_json::from_str::<StartEvent>(text) {
+            return start_from_event(coordinator, start).await;
+        }
+        let work: LaunchWork =
+            serde_json::from_str(text).map_err(|e| MessageError::Undecodable(e.to_string()))?;
         let event = Event::LaunchWork {
             generation: work.generation,
             token: work.token,
@@ -208,6 +228,66 @@ pub async fn launch(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchRespo
         Ok(applied)
     })
     .await
+}
+
+/// An EventBridge event asking for an execution (as the bus's StartExecution rule delivers it).
+#[derive(Debug, Clone, Deserialize)]
+struct StartEvent {
+    id: String,
+    #[serde(rename = "detail-type")]
+    detail_type: String,
+    detail: StartDetail,
+}
+
+/// The `detail` of a StartExecution event.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartDetail {
+    pub pipeline_id: String,
+    pub tenant: String,
+    #[serde(default)]
+    pub input: Value,
+    #[serde(default)]
+    pub release_version: Option<String>,
+}
+
+/// The detail-type that starts an execution.
+pub const START_DETAIL_TYPE: &str = "StartExecution";
+
+async fn start_from_event(
+    coordinator: &Coordinator,
+    event: StartEvent,
+) -> Result<Applied, MessageError> {
+    if event.detail_type != START_DETAIL_TYPE {
+        return Err(MessageError::Undecodable(format!(
+            "unexpected event detail-type {:?}",
+            event.detail_type
+        )));
+    }
+    let submitted = coordinator
+        .submit(SubmitRequest {
+            pipeline_id: event.detail.pipeline_id,
+            release_version: event.detail.release_version,
+            tenant: event.detail.tenant,
+            input: event.detail.input,
+            // A redelivered event (same id) starts nothing new.
+            idempotency_key: Some(format!("event:{}", event.id)),
+        })
+        .await
+        .map_err(|error| MessageError::Event {
+            event: event.id.clone(),
+            error,
+        })?;
+    tracing::info!(event_id = %event.id, execution_id = %submitted.execution, duplicate = submitted.duplicate, "execution started by event");
+    let record = coordinator
+        .get(submitted.execution)
+        .await
+        .map_err(on(submitted.execution))?;
+    // Submission dispatched its own launch work already: nothing left for the batch to stage.
+    Ok(Applied::Skipped {
+        skip: crate::domain::Skip::Duplicate,
+        record,
+    })
 }
 
 /// Completion (SQS reply queue): correlates a reply by launch id, commits the step's outcome together with
@@ -231,8 +311,10 @@ pub async fn completion(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchR
         if kind.kind == INTERACTION_KIND {
             let message: InteractionMessage =
                 serde_json::from_str(text).map_err(|e| MessageError::Undecodable(e.to_string()))?;
-            let execution = message.execution_id;
-            return complete_interaction(coordinator, message)
+            // Applied here, dispatched with the rest of the batch.
+            let (execution, event) = interaction_event(message);
+            return coordinator
+                .apply(execution, &event, "interaction")
                 .await
                 .map_err(on(execution));
         }
@@ -377,12 +459,23 @@ struct KindOnly {
     kind: String,
 }
 
-/// Completes an interaction of an execution's await unit (from the reply queue or the API). Completing
-/// it again with the same answer is acknowledged without a second resume.
+/// Completes an interaction of an execution's await unit and carries out what the commit decided (the
+/// next step's launch, a dead-letter envelope): what the API and the CLI call. Completing it again with
+/// the same answer is acknowledged without a second resume (`Applied::Skipped`).
 pub async fn complete_interaction(
     coordinator: &Coordinator,
     message: InteractionMessage,
 ) -> Result<Applied, CoordinatorError> {
+    let (execution, event) = interaction_event(message);
+    let applied = coordinator
+        .apply_and_dispatch(execution, &event, "interaction")
+        .await?;
+    tracing::info!(execution_id = %execution, status = %applied.record().status, "interaction completed");
+    Ok(applied)
+}
+
+/// The event of an interaction completion.
+fn interaction_event(message: InteractionMessage) -> (Uuid, Event) {
     let event = Event::CompleteInteraction {
         fingerprint: InteractionMessage::answer_fingerprint(message.verdict, &message.payload),
         interaction: message.interaction,
@@ -390,11 +483,7 @@ pub async fn complete_interaction(
         verdict: message.verdict,
         payload: message.payload,
     };
-    let applied = coordinator
-        .apply(message.execution_id, &event, "interaction")
-        .await?;
-    tracing::info!(execution_id = %message.execution_id, status = %applied.record().status, "interaction completed");
-    Ok(applied)
+    (message.execution_id, event)
 }
 
 /// Operator re-drive of one FAILED or DLQ execution.

@@ -44,6 +44,13 @@ impl LocalStack {
         Self::up_with(stage, &BTreeMap::new()).await
     }
 
+    /// Finds an already deployed stage (on AWS or an emulator), creating nothing.
+    pub async fn find(stage: &str) -> Result<Self> {
+        let sdk = stepline::aws::sdk_config().await;
+        let stack = Stack::lookup(&sdk, &Template::embedded(), stage).await?;
+        Ok(Self { sdk, stack })
+    }
+
     /// Provisions with template parameters overridden (e.g. shorter leases for tests).
     pub async fn up_with(stage: &str, overrides: &BTreeMap<String, String>) -> Result<Self> {
         let sdk = stepline::aws::sdk_config().await;

@@ -188,6 +188,87 @@ impl Stack {
             }
         }
         for (logical, kind, props) in &resources {
+            if kind == "AWS::Events::Rule" {
+                create_rule(&events, &stack, props)
+                    .await
+                    .with_context(|| format!("creating rule {logical}"))?;
+            }
+        }
+        for (logical, kind, props) in &resources {
+            if kind == "AWS::Serverless::Function" {
+                let spec = function_spec(template, &stack, props)
+                    .with_context(|| format!("resolving function {logical}"))?;
+                stack.functions.insert(logical.clone(), spec);
+            }
+        }
+        Ok(stack)
+    }
+
+    /// Finds an already deployed stage of `template` (by the names the template gives it) without
+    /// creating anything: how the operator CLI reaches a stack on AWS or on an emulator.
+    pub async fn lookup(sdk: &SdkConfig, template: &Template, stage: &str) -> Result<Stack> {
+        let mut parameters = template.parameter_defaults();
+        parameters.insert("Stage".into(), stage.to_string());
+        let mut stack = Stack {
+            stage: stage.to_string(),
+            parameters,
+            resources: BTreeMap::new(),
+            functions: BTreeMap::new(),
+        };
+        let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
+        let sqs = aws_sdk_sqs::Client::new(sdk);
+        let resources = template.resources();
+        for (logical, kind, props) in &resources {
+            let name_of = |key: &str| -> Result<String> {
+                resolve(
+                    props
+                        .get(key)
+                        .ok_or_else(|| anyhow!("{logical}: no {key}"))?,
+                    &stack,
+                )
+            };
+            let physical = match kind.as_str() {
+                "AWS::DynamoDB::Table" => {
+                    let name = name_of("TableName")?;
+                    let table = dynamodb
+                        .describe_table()
+                        .table_name(&name)
+                        .send()
+                        .await
+                        .with_context(|| format!("stage {stage}: table {name} not found"))?;
+                    let arn = table.table.and_then(|t| t.table_arn).unwrap_or_default();
+                    Physical::Table { name, arn }
+                }
+                "AWS::SQS::Queue" => {
+                    let name = name_of("QueueName")?;
+                    let url = sqs
+                        .get_queue_url()
+                        .queue_name(&name)
+                        .send()
+                        .await
+                        .with_context(|| format!("stage {stage}: queue {name} not found"))?
+                        .queue_url
+                        .unwrap_or_default();
+                    let arn = sqs
+                        .get_queue_attributes()
+                        .queue_url(&url)
+                        .attribute_names(QueueAttributeName::QueueArn)
+                        .send()
+                        .await?
+                        .attributes
+                        .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
+                        .unwrap_or_default();
+                    Physical::Queue { name, url, arn }
+                }
+                "AWS::Events::EventBus" => Physical::Bus {
+                    name: name_of("Name")?,
+                    arn: String::new(),
+                },
+                _ => continue,
+            };
+            stack.resources.insert(logical.clone(), physical);
+        }
+        for (logical, kind, props) in &resources {
             if kind == "AWS::Serverless::Function" {
                 let spec = function_spec(template, &stack, props)
                     .with_context(|| format!("resolving function {logical}"))?;
@@ -405,6 +486,52 @@ async fn create_queue(
         .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
         .ok_or_else(|| anyhow!("no QueueArn for {name}"))?;
     Ok(Physical::Queue { name, url, arn })
+}
+
+/// An EventBridge rule on a bus with its targets (`PutRule` and `PutTargets` are idempotent).
+async fn create_rule(
+    client: &aws_sdk_eventbridge::Client,
+    stack: &Stack,
+    props: &Value,
+) -> Result<()> {
+    let name = resolve(props.get("Name").ok_or_else(|| anyhow!("no Name"))?, stack)?;
+    let bus = match props.get("EventBusName") {
+        Some(v) => resolve(v, stack)?,
+        None => "default".into(),
+    };
+    let pattern = props
+        .get("EventPattern")
+        .ok_or_else(|| anyhow!("only event-pattern rules are provisioned locally"))?;
+    let pattern: serde_json::Value = serde_yaml::from_value(pattern.clone())?;
+    client
+        .put_rule()
+        .name(&name)
+        .event_bus_name(&bus)
+        .event_pattern(pattern.to_string())
+        .send()
+        .await
+        .map_err(|e| anyhow!(aws_sdk_eventbridge::error::DisplayErrorContext(e)))?;
+    for target in list(props, "Targets") {
+        client
+            .put_targets()
+            .rule(&name)
+            .event_bus_name(&bus)
+            .targets(
+                aws_sdk_eventbridge::types::Target::builder()
+                    .id(text(target, "Id")?)
+                    .arn(resolve(
+                        target
+                            .get("Arn")
+                            .ok_or_else(|| anyhow!("target without Arn"))?,
+                        stack,
+                    )?)
+                    .build()?,
+            )
+            .send()
+            .await
+            .map_err(|e| anyhow!(aws_sdk_eventbridge::error::DisplayErrorContext(e)))?;
+    }
+    Ok(())
 }
 
 fn function_spec(template: &Template, stack: &Stack, props: &Value) -> Result<FunctionSpec> {

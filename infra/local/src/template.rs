@@ -28,6 +28,11 @@ impl Template {
         Ok(Self { root })
     }
 
+    /// The project's template as it was when this binary was built (for tools run away from the repo).
+    pub fn embedded() -> Self {
+        Self::parse(include_str!("../../../template.yaml")).expect("the project's template parses")
+    }
+
     /// The template next to the workspace root (the crate lives in infra/local).
     pub fn default_path() -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml")

@@ -1,0 +1,524 @@
+//! `stepline`: the operator CLI. Works against any deployed stage of template.yaml, on AWS (standard
+//! AWS configuration and credentials) or on an emulator (`AWS_ENDPOINT_URL`). Human-readable output by
+//! default, `--json` for scripts.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+use stepline::adapters::SqsDeadLetterQueue;
+use stepline::dlq::{ReplayFilter, ReplayRequest};
+use stepline::domain::{Execution, Status, Verdict};
+use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
+use stepline::handlers::{
+    self, CancelRequest, DeadLetterQueues, MoveRequest, MoveSource, OperatorRequest, RedriveRequest,
+};
+use stepline::{Coordinator, SubmitRequest};
+use stepline_local::{functions, LocalStack};
+use uuid::Uuid;
+
+#[derive(Parser)]
+#[command(
+    name = "stepline",
+    about = "Operate Stepline executions, dead letters and releases"
+)]
+struct Cli {
+    /// The deployed stage (the template's Stage parameter).
+    #[arg(long, env = "STEPLINE_STAGE", default_value = "dev", global = true)]
+    stage: String,
+    /// Machine-readable JSON output.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start an execution.
+    Submit {
+        #[arg(long)]
+        pipeline: String,
+        #[arg(long)]
+        tenant: String,
+        /// Input JSON.
+        #[arg(long, default_value = "{}")]
+        input: String,
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        #[arg(long)]
+        release: Option<String>,
+    },
+    /// Status of an execution.
+    Status { execution: Uuid },
+    /// Follow an execution's steps until it ends (exit 0 only if it SUCCEEDED).
+    Watch {
+        execution: Uuid,
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+    },
+    /// Result of a finished execution.
+    Result { execution: Uuid },
+    /// Approve a pending interaction of an execution's await unit.
+    Approve {
+        execution: Uuid,
+        /// Interaction id (default: the only pending one).
+        #[arg(long)]
+        interaction: Option<String>,
+        /// Payload JSON recorded with the approval.
+        #[arg(long, default_value = "{}")]
+        payload: String,
+    },
+    /// Reject a pending interaction (the execution fails with the reason).
+    Reject {
+        execution: Uuid,
+        #[arg(long)]
+        interaction: Option<String>,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Cancel an execution.
+    Cancel {
+        execution: Uuid,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Re-drive a FAILED or DLQ execution.
+    Redrive {
+        execution: Uuid,
+        #[arg(long)]
+        reason: String,
+        /// The version you looked at (default: the current one).
+        #[arg(long)]
+        expected_version: Option<u64>,
+    },
+    /// Dead letters: inspect a DLQ, replay the execution DLQ, or move a queue's dead letters back.
+    Dlq {
+        #[command(subcommand)]
+        action: DlqAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum DlqAction {
+    /// List messages of a DLQ (left in place).
+    Inspect {
+        #[arg(long, default_value = "execution")]
+        queue: String,
+        #[arg(long, default_value_t = 10)]
+        max: usize,
+    },
+    /// Re-drive the executions of matching dead-letter envelopes.
+    Replay {
+        #[command(flatten)]
+        filter: FilterArgs,
+    },
+    /// Move matching dead letters of the launch or reply queue back to it.
+    Move {
+        #[arg(long)]
+        queue: String,
+        #[command(flatten)]
+        filter: FilterArgs,
+    },
+}
+
+#[derive(clap::Args)]
+struct FilterArgs {
+    #[arg(long)]
+    pipeline: Option<String>,
+    #[arg(long)]
+    tenant: Option<String>,
+    #[arg(long)]
+    error_code: Option<String>,
+    /// Epoch milliseconds, inclusive.
+    #[arg(long)]
+    from: Option<i64>,
+    /// Epoch milliseconds, exclusive.
+    #[arg(long)]
+    to: Option<i64>,
+    #[arg(long)]
+    dry_run: bool,
+    #[arg(long, default_value_t = 100)]
+    max: usize,
+    /// Messages per second.
+    #[arg(long)]
+    rate: Option<f64>,
+    #[arg(long, default_value = "operator replay")]
+    reason: String,
+}
+
+impl FilterArgs {
+    fn request(&self) -> ReplayRequest {
+        ReplayRequest {
+            filter: ReplayFilter {
+                pipeline_id: self.pipeline.clone(),
+                tenant: self.tenant.clone(),
+                error_code: self.error_code.clone(),
+                from: self.from,
+                to: self.to,
+            },
+            dry_run: self.dry_run,
+            max_messages: self.max,
+            rate_per_second: self.rate,
+            reason: self.reason.clone(),
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    if std::env::var_os("RUST_LOG").is_none() {
+        std::env::set_var("RUST_LOG", "warn");
+    }
+    stepline::telemetry::init_to_stderr();
+    let cli = Cli::parse();
+    let local = LocalStack::find(&cli.stage)
+        .await
+        .with_context(|| format!("finding stage {}", cli.stage))?;
+    let api = local.coordinator(functions::REDRIVE)?;
+    let out = Output { json: cli.json };
+    match cli.command {
+        Command::Submit {
+            pipeline,
+            tenant,
+            input,
+            idempotency_key,
+            release,
+        } => {
+            let submitted = api
+                .submit(SubmitRequest {
+                    pipeline_id: pipeline,
+                    release_version: release,
+                    tenant,
+                    input: serde_json::from_str(&input).context("--input is not JSON")?,
+                    idempotency_key,
+                })
+                .await?;
+            out.show(&serde_json::to_value(&submitted)?, || {
+                format!(
+                    "{} {}",
+                    submitted.execution,
+                    if submitted.duplicate {
+                        "(already submitted)"
+                    } else {
+                        "submitted"
+                    }
+                )
+            });
+        }
+        Command::Status { execution } => {
+            let record = api.get(execution).await?;
+            out.show(&serde_json::to_value(&record)?, || summary(&api, &record));
+        }
+        Command::Watch {
+            execution,
+            timeout_secs,
+        } => return watch(&api, execution, Duration::from_secs(timeout_secs), &out).await,
+        Command::Result { execution } => {
+            let record = api.get(execution).await?;
+            if !record.status.is_terminal() {
+                bail!("execution {execution} is {} (not finished)", record.status);
+            }
+            let result = record.result.as_ref().map(|r| r.value().clone());
+            out.show(
+                &json!({"executionId": execution, "status": record.status, "result": result, "error": record.error}),
+                || match (&result, &record.error) {
+                    (Some(r), _) => r.to_string(),
+                    (None, Some(e)) => format!("{}: {} {}", record.status, e.code, e.message),
+                    _ => record.status.to_string(),
+                },
+            );
+        }
+        Command::Approve {
+            execution,
+            interaction,
+            payload,
+        } => {
+            let payload = serde_json::from_str(&payload).context("--payload is not JSON")?;
+            answer(
+                &api,
+                execution,
+                interaction,
+                Verdict::Approved,
+                payload,
+                &out,
+            )
+            .await?;
+        }
+        Command::Reject {
+            execution,
+            interaction,
+            reason,
+        } => {
+            answer(
+                &api,
+                execution,
+                interaction,
+                Verdict::Rejected,
+                json!({"reason": reason}),
+                &out,
+            )
+            .await?;
+        }
+        Command::Cancel { execution, reason } => {
+            let response = handlers::cancel(
+                &api,
+                CancelRequest {
+                    execution_id: execution,
+                    reason,
+                },
+            )
+            .await?;
+            out.show(&serde_json::to_value(&response)?, || {
+                format!("{execution} {}", response.status)
+            });
+        }
+        Command::Redrive {
+            execution,
+            reason,
+            expected_version,
+        } => {
+            let expected_version = match expected_version {
+                Some(v) => v,
+                None => api.get(execution).await?.version,
+            };
+            let response = handlers::redrive(
+                &api,
+                RedriveRequest {
+                    execution_id: execution,
+                    expected_version,
+                    reason,
+                },
+            )
+            .await?;
+            out.show(&serde_json::to_value(&response)?, || {
+                format!(
+                    "{execution} {} (version {})",
+                    response.status, response.version
+                )
+            });
+        }
+        Command::Dlq { action } => dlq(&local, &api, action, &out).await?,
+    }
+    Ok(())
+}
+
+struct Output {
+    json: bool,
+}
+
+impl Output {
+    fn show(&self, value: &Value, human: impl FnOnce() -> String) {
+        if self.json {
+            println!("{value}");
+        } else {
+            println!("{}", human());
+        }
+    }
+}
+
+fn summary(api: &Coordinator, record: &Execution) -> String {
+    let _ = api;
+    let mut line = format!(
+        "{} {} pipeline {} release {} step {} attempt {} version {}",
+        record.id,
+        record.status,
+        record.pipeline_id,
+        record.release_version,
+        record.step + 1,
+        record.attempt,
+        record.version
+    );
+    if let Some(unit) = &record.await_unit {
+        if record.status == Status::WaitingExternal {
+            let pending: Vec<&str> = unit
+                .interactions
+                .iter()
+                .filter(|i| i.completion.is_none())
+                .map(|i| i.id.as_str())
+                .collect();
+            line.push_str(&format!(" waiting on {}", pending.join(", ")));
+        }
+    }
+    if let Some(error) = &record.error {
+        line.push_str(&format!(" error {}: {}", error.code, error.message));
+    }
+    line
+}
+
+async fn watch(api: &Coordinator, id: Uuid, timeout: Duration, out: &Output) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last = String::new();
+    loop {
+        let record = api.get(id).await?;
+        let step = api
+            .definition(&record.pipeline_id, &record.release_version)
+            .await
+            .ok()
+            .and_then(|d| d.step(record.step).map(|s| s.id.clone()))
+            .unwrap_or_default();
+        let line = format!(
+            "{} step {} ({}) attempt {}",
+            record.status,
+            record.step + 1,
+            step,
+            record.attempt
+        );
+        if line != last {
+            out.show(
+                &json!({"executionId": id, "status": record.status, "step": record.step, "stepId": step, "attempt": record.attempt, "version": record.version}),
+                || line.clone(),
+            );
+            last = line;
+        }
+        if record.status.is_terminal() {
+            if record.status == Status::Succeeded {
+                return Ok(());
+            }
+            let error = record
+                .error
+                .as_ref()
+                .map(|e| format!("{}: {}", e.code, e.message));
+            bail!(
+                "execution {id} ended {} {}",
+                record.status,
+                error.unwrap_or_default()
+            );
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("execution {id} still {} after {:?}", record.status, timeout);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+async fn answer(
+    api: &Coordinator,
+    execution: Uuid,
+    interaction: Option<String>,
+    verdict: Verdict,
+    payload: Value,
+    out: &Output,
+) -> Result<()> {
+    let record = api.get(execution).await?;
+    let Some(unit) = &record.await_unit else {
+        bail!(
+            "execution {execution} has no await unit (it is {})",
+            record.status
+        );
+    };
+    let pending: Vec<_> = unit
+        .interactions
+        .iter()
+        .filter(|i| interaction.as_deref().is_none_or(|want| i.id == want))
+        .collect();
+    let target = match (pending.as_slice(), &interaction) {
+        ([one], _) => *one,
+        ([], Some(name)) => bail!("execution {execution} has no interaction {name:?}"),
+        _ => bail!(
+            "execution {execution} waits on several interactions: name one with --interaction"
+        ),
+    };
+    let applied = handlers::complete_interaction(
+        api,
+        InteractionMessage {
+            kind: INTERACTION_KIND.into(),
+            execution_id: execution,
+            interaction: target.id.clone(),
+            token: target.token.clone(),
+            verdict,
+            payload,
+        },
+    )
+    .await?;
+    let record = applied.record();
+    out.show(
+        &json!({"executionId": execution, "status": record.status, "version": record.version}),
+        || {
+            format!(
+                "{execution} {} ({} {:?})",
+                record.status, target.id, verdict
+            )
+        },
+    );
+    Ok(())
+}
+
+async fn dlq(local: &LocalStack, api: &Coordinator, action: DlqAction, out: &Output) -> Result<()> {
+    let sqs = aws_sdk_sqs::Client::new(&local.sdk);
+    let queue = |logical: &str| -> Result<SqsDeadLetterQueue> {
+        Ok(SqsDeadLetterQueue::new(
+            sqs.clone(),
+            local.stack.queue(logical)?.1,
+        ))
+    };
+    let queues = [
+        queue("ExecutionDeadLetterQueue")?,
+        queue("LaunchDeadLetterQueue")?,
+        queue("ReplyDeadLetterQueue")?,
+    ];
+    let dlqs = DeadLetterQueues {
+        execution: &queues[0],
+        launch: &queues[1],
+        reply: &queues[2],
+    };
+    match action {
+        DlqAction::Inspect { queue: name, max } => {
+            let reader = match name.as_str() {
+                "execution" => dlqs.execution,
+                "launch" => dlqs.launch,
+                "reply" => dlqs.reply,
+                other => bail!("unknown DLQ {other:?} (execution, launch, reply)"),
+            };
+            let mut seen = Vec::new();
+            while seen.len() < max {
+                let batch = reader.receive(max - seen.len()).await?;
+                if batch.is_empty() {
+                    break;
+                }
+                seen.extend(batch);
+            }
+            for m in &seen {
+                reader.release(&m.handle).await?;
+            }
+            let listed: Vec<Value> = seen
+                .iter()
+                .map(|m| json!({"body": serde_json::from_str::<Value>(&m.body).unwrap_or(Value::String(m.body.clone())), "attributes": m.attributes, "sentAt": m.sent_at}))
+                .collect();
+            out.show(&Value::Array(listed.clone()), || {
+                listed
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+        }
+        DlqAction::Replay { filter } => {
+            let response =
+                handlers::operator(api, &dlqs, OperatorRequest::Replay(filter.request())).await?;
+            out.show(&serde_json::to_value(&response)?, || {
+                serde_json::to_string_pretty(&response).unwrap_or_default()
+            });
+        }
+        DlqAction::Move {
+            queue: name,
+            filter,
+        } => {
+            let source = match name.as_str() {
+                "launch" => MoveSource::Launch,
+                "reply" => MoveSource::Reply,
+                other => bail!("unknown queue {other:?} (launch, reply)"),
+            };
+            let request = OperatorRequest::Move(MoveRequest {
+                queue: source,
+                replay: filter.request(),
+            });
+            let response = handlers::operator(api, &dlqs, request).await?;
+            out.show(&serde_json::to_value(&response)?, || {
+                serde_json::to_string_pretty(&response).unwrap_or_default()
+            });
+        }
+    }
+    Ok(())
+}

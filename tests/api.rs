@@ -1,0 +1,784 @@
+//! The HTTP API (`functions/api`) on the local emulator: requests are built as `lambda_http::Request`s
+//! and handed to `api::handle`, the function the Lambda binary runs, with the test stack's coordinator.
+//! Every test checks status codes and, for refusals, the stable error code.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::lambda_http::http::{self, header, HeaderMap};
+use api::lambda_http::{Body, Request};
+use async_trait::async_trait;
+use order_worker::OrderSteps;
+use serde_json::{json, Value};
+use stepline::contract::Contract;
+use stepline::domain::{PipelineDef, Status, StepError, StepKind};
+use stepline::envelope::RequestHeader;
+use stepline::release::{Artifact, Release};
+use stepline::worker::StepFunction;
+use stepline_suite::TestStack;
+use uuid::Uuid;
+
+/// Writes per execution of the three-step pipeline without retries: create, launch, three replies.
+const HAPPY_PATH_VERSION: u64 = 5;
+
+/// What the API answered.
+struct Answer {
+    status: u16,
+    headers: HeaderMap,
+    body: Value,
+}
+
+impl Answer {
+    /// The error code of a refusal (empty when the body is not an error).
+    fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or_default()
+    }
+
+    fn message(&self) -> &str {
+        self.body["error"]["message"].as_str().unwrap_or_default()
+    }
+
+    /// Asserts a refusal: its status and code.
+    #[track_caller]
+    fn refused(&self, status: u16, code: &str) {
+        assert_eq!(
+            (self.status, self.code()),
+            (status, code),
+            "body: {}",
+            self.body
+        );
+        assert!(!self.message().is_empty(), "an error has a message");
+    }
+}
+
+/// Calls the API with a raw body.
+async fn call_raw(stack: &TestStack, method: &str, path: &str, body: &str) -> Answer {
+    let request: Request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(if body.is_empty() {
+            Body::Empty
+        } else {
+            Body::from(body.to_string())
+        })
+        .expect("request builds");
+    let response = api::handle(&stack.api, request).await;
+    assert_eq!(
+        response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+        Some("application/json")
+    );
+    let body: Value = serde_json::from_slice(response.body().as_ref()).expect("a JSON body");
+    Answer {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body,
+    }
+}
+
+async fn get(stack: &TestStack, path: &str) -> Answer {
+    call_raw(stack, "GET", path, "").await
+}
+
+async fn post(stack: &TestStack, path: &str, body: Value) -> Answer {
+    call_raw(stack, "POST", path, &body.to_string()).await
+}
+
+fn submission(stack: &TestStack, n: usize, key: Option<&str>) -> Value {
+    let mut body = json!({
+        "pipelineId": stack.pipeline.pipeline_id,
+        "tenant": "acme",
+        "input": order_worker::sample_order(n),
+    });
+    if let Some(key) = key {
+        body["idempotencyKey"] = json!(key);
+    }
+    body
+}
+
+/// Submits through the API; returns the new execution's id.
+async fn submit(stack: &TestStack, n: usize) -> Uuid {
+    let answer = post(stack, "/executions", submission(stack, n, None)).await;
+    assert_eq!(answer.status, 201, "{}", answer.body);
+    answer.body["executionId"]
+        .as_str()
+        .and_then(|id| id.parse().ok())
+        .expect("an execution id")
+}
+
+/// The order steps, with `price` held until the gate opens.
+#[derive(Default)]
+struct Gated {
+    open: AtomicBool,
+}
+
+#[async_trait]
+impl StepFunction for Gated {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        if request.step_id == "price" {
+            while !self.open.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        OrderSteps.run(request, input).await
+    }
+}
+
+/// The order steps with `price` failing non-retryably while `failing` is set.
+struct FlakyPricing {
+    failing: AtomicBool,
+    price_runs: AtomicUsize,
+}
+
+#[async_trait]
+impl StepFunction for FlakyPricing {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        if request.step_id == "price" {
+            self.price_runs.fetch_add(1, Ordering::SeqCst);
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(StepError::new(
+                    "PRICING_DOWN",
+                    "pricing service unavailable",
+                    false,
+                ));
+            }
+        }
+        OrderSteps.run(request, input).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_is_idempotent_and_status_and_result_follow_the_execution() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("api-submit", |_| {}).await?;
+    let body = submission(&stack, 1, Some("order-1"));
+
+    let first = post(&stack, "/executions", body.clone()).await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    assert_eq!(first.body["duplicate"], false);
+    assert_eq!(first.body["version"], 1);
+    let id = first.body["executionId"].as_str().unwrap().to_string();
+    assert_eq!(
+        first.headers.get(header::LOCATION).unwrap(),
+        &format!("/executions/{id}")
+    );
+    let again = post(&stack, "/executions", body.clone()).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.body["duplicate"], true);
+    assert_eq!(again.body["executionId"], id.as_str());
+
+    // Nothing runs yet: queued on its first step.
+    let queued = get(&stack, &format!("/executions/{id}")).await;
+    assert_eq!(queued.status, 200, "{}", queued.body);
+    assert_eq!(queued.body["executionId"], id.as_str());
+    assert_eq!(queued.body["status"], "QUEUED");
+    assert_eq!(queued.body["tenant"], "acme");
+    assert_eq!(
+        queued.body["pipelineId"],
+        stack.pipeline.pipeline_id.as_str()
+    );
+    assert_eq!(
+        queued.body["releaseVersion"],
+        stack.pipeline.release_version.as_str()
+    );
+    assert_eq!(
+        queued.body["contractVersion"],
+        Contract::of(&stack.pipeline).contract_version.as_str()
+    );
+    assert_eq!(queued.body["step"], 0);
+    assert_eq!(queued.body["stepId"], "validate");
+    assert_eq!(queued.body["attempt"], 0);
+    assert!(queued.body.get("error").is_none());
+    assert!(queued.body["createdAt"].as_i64().unwrap() > 0);
+    get(&stack, &format!("/executions/{id}/result"))
+        .await
+        .refused(409, "NOT_FINISHED");
+
+    // Running, held on `price`.
+    let gate = Arc::new(Gated::default());
+    stack.start(gate.clone())?;
+    let uuid: Uuid = id.parse()?;
+    stack
+        .wait_for(uuid, Duration::from_secs(30), |r| {
+            r.status == Status::Running && r.step == 1
+        })
+        .await?;
+    let running = get(&stack, &format!("/executions/{id}")).await;
+    assert_eq!(running.status, 200);
+    assert_eq!(running.body["status"], "RUNNING");
+    assert_eq!(running.body["step"], 1);
+    assert_eq!(running.body["stepId"], "price");
+    assert_eq!(running.body["attempt"], 1);
+    get(&stack, &format!("/executions/{id}/result"))
+        .await
+        .refused(409, "NOT_FINISHED");
+
+    // Finished.
+    gate.open.store(true, Ordering::SeqCst);
+    stack.wait_terminal(uuid).await?;
+    let done = get(&stack, &format!("/executions/{id}")).await;
+    assert_eq!(done.status, 200);
+    assert_eq!(done.body["status"], "SUCCEEDED");
+    assert_eq!(done.body["version"], HAPPY_PATH_VERSION);
+    assert!(done.body["updatedAt"].as_i64() >= done.body["createdAt"].as_i64());
+    let result = get(&stack, &format!("/executions/{id}/result")).await;
+    assert_eq!(result.status, 200, "{}", result.body);
+    assert_eq!(result.body["executionId"], id.as_str());
+    assert_eq!(result.body["status"], "SUCCEEDED");
+    assert_eq!(result.body["result"]["orderId"], "order-1");
+    assert_eq!(result.body["result"]["totalCents"], 820);
+
+    // The key still names the same execution once it finished.
+    let late = post(&stack, "/executions", body).await;
+    assert_eq!((late.status, &late.body["duplicate"]), (200, &json!(true)));
+    assert_eq!(late.body["executionId"], id.as_str());
+    assert_eq!(late.body["version"], HAPPY_PATH_VERSION);
+    // Another key is another execution.
+    let other = post(
+        &stack,
+        "/executions",
+        submission(&stack, 1, Some("order-1b")),
+    )
+    .await;
+    assert_eq!(other.status, 201);
+    assert_ne!(other.body["executionId"], id.as_str());
+
+    // A finished execution can be neither cancelled nor re-driven.
+    post(
+        &stack,
+        &format!("/executions/{id}/cancel"),
+        json!({"reason": "too late"}),
+    )
+    .await
+    .refused(409, "ALREADY_TERMINAL");
+    post(
+        &stack,
+        &format!("/executions/{id}/redrive"),
+        json!({"expectedVersion": HAPPY_PATH_VERSION, "reason": "again"}),
+    )
+    .await
+    .refused(409, "NOT_REDRIVABLE");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_unknown_requests_are_refused_with_stable_codes() -> anyhow::Result<()> {
+    let stack = TestStack::new("api-bad", |_| {}).await?;
+    let unknown = Uuid::new_v4();
+
+    // Bodies.
+    let bad_json = call_raw(&stack, "POST", "/executions", "{\"pipelineId\": ").await;
+    bad_json.refused(400, "INVALID_BODY");
+    call_raw(&stack, "POST", "/executions", "")
+        .await
+        .refused(400, "INVALID_BODY");
+    let mut missing = submission(&stack, 1, None);
+    missing.as_object_mut().unwrap().remove("tenant");
+    let missing = post(&stack, "/executions", missing).await;
+    missing.refused(400, "INVALID_BODY");
+    assert!(
+        missing.message().contains("tenant"),
+        "the serde message names the field: {}",
+        missing.message()
+    );
+    let mut no_input = submission(&stack, 1, None);
+    no_input.as_object_mut().unwrap().remove("input");
+    post(&stack, "/executions", no_input)
+        .await
+        .refused(400, "INVALID_BODY");
+    let mut typo = submission(&stack, 1, None);
+    typo["idempotencykey"] = json!("k");
+    let typo = post(&stack, "/executions", typo).await;
+    typo.refused(400, "INVALID_BODY");
+    assert!(
+        typo.message().contains("unknown field"),
+        "{}",
+        typo.message()
+    );
+    let mut wrong_type = submission(&stack, 1, None);
+    wrong_type["tenant"] = json!(7);
+    post(&stack, "/executions", wrong_type)
+        .await
+        .refused(400, "INVALID_BODY");
+    let mut empty_tenant = submission(&stack, 1, None);
+    empty_tenant["tenant"] = json!("");
+    post(&stack, "/executions", empty_tenant)
+        .await
+        .refused(400, "INVALID_REQUEST");
+    post(
+        &stack,
+        &format!("/executions/{unknown}/redrive"),
+        json!({"reason": "no version"}),
+    )
+    .await
+    .refused(400, "INVALID_BODY");
+    post(
+        &stack,
+        &format!("/executions/{unknown}/redrive"),
+        json!({"expectedVersion": -1, "reason": "negative"}),
+    )
+    .await
+    .refused(400, "INVALID_BODY");
+
+    // Releases and pipelines that do not exist.
+    let mut unknown_release = submission(&stack, 1, None);
+    unknown_release["releaseVersion"] = json!("9");
+    post(&stack, "/executions", unknown_release)
+        .await
+        .refused(404, "UNKNOWN_RELEASE");
+    let mut unknown_pipeline = submission(&stack, 1, None);
+    unknown_pipeline["pipelineId"] = json!("no-such-pipeline");
+    post(&stack, "/executions", unknown_pipeline)
+        .await
+        .refused(404, "NO_ACTIVE_RELEASE");
+
+    // Ids.
+    for path in [
+        "/executions/not-a-uuid",
+        "/executions/not-a-uuid/result",
+        "/executions/not-a-uuid/interactions",
+        "/executions/%zz/result",
+    ] {
+        get(&stack, path).await.refused(400, "INVALID_ID");
+    }
+    post(
+        &stack,
+        "/executions/123/cancel",
+        json!({"reason": "malformed id"}),
+    )
+    .await
+    .refused(400, "INVALID_ID");
+
+    // Executions that do not exist.
+    for path in [
+        format!("/executions/{unknown}"),
+        format!("/executions/{unknown}/result"),
+        format!("/executions/{unknown}/interactions"),
+    ] {
+        get(&stack, &path).await.refused(404, "NOT_FOUND");
+    }
+    post(
+        &stack,
+        &format!("/executions/{unknown}/cancel"),
+        json!({"reason": "gone"}),
+    )
+    .await
+    .refused(404, "NOT_FOUND");
+    post(
+        &stack,
+        &format!("/executions/{unknown}/redrive"),
+        json!({"expectedVersion": 3, "reason": "gone"}),
+    )
+    .await
+    .refused(404, "NOT_FOUND");
+    post(
+        &stack,
+        &format!("/executions/{unknown}/interactions/approval"),
+        json!({"token": "t", "verdict": "APPROVED"}),
+    )
+    .await
+    .refused(404, "NOT_FOUND");
+
+    // Routes and methods.
+    for path in ["/", "/nowhere", "/executions/a/b/c/d", "/pipelines/orders"] {
+        get(&stack, path).await.refused(404, "NO_ROUTE");
+    }
+    let delete = call_raw(&stack, "DELETE", &format!("/executions/{unknown}"), "").await;
+    delete.refused(405, "METHOD_NOT_ALLOWED");
+    assert_eq!(delete.headers.get(header::ALLOW).unwrap(), "GET");
+    let list = get(&stack, "/executions").await;
+    list.refused(405, "METHOD_NOT_ALLOWED");
+    assert_eq!(list.headers.get(header::ALLOW).unwrap(), "POST");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_execution_is_cancelled_once() -> anyhow::Result<()> {
+    // No runner: the execution stays queued.
+    let stack = TestStack::new("api-cancel", |_| {}).await?;
+    let id = submit(&stack, 2).await;
+
+    post(
+        &stack,
+        &format!("/executions/{id}/cancel"),
+        json!({"reason": " "}),
+    )
+    .await
+    .refused(400, "INVALID_REQUEST");
+    post(&stack, &format!("/executions/{id}/cancel"), json!({}))
+        .await
+        .refused(400, "INVALID_BODY");
+    let cancelled = post(
+        &stack,
+        &format!("/executions/{id}/cancel"),
+        json!({"reason": "customer withdrew"}),
+    )
+    .await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.body);
+    assert_eq!(cancelled.body["executionId"], id.to_string());
+    assert_eq!(cancelled.body["status"], "CANCELLED");
+    assert_eq!(cancelled.body["version"], 2);
+
+    let status = get(&stack, &format!("/executions/{id}")).await;
+    assert_eq!(status.status, 200);
+    assert_eq!(status.body["status"], "CANCELLED");
+    assert_eq!(status.body["error"]["code"], "CANCELLED");
+    assert_eq!(status.body["error"]["message"], "customer withdrew");
+    get(&stack, &format!("/executions/{id}/result"))
+        .await
+        .refused(409, "NOT_SUCCEEDED");
+    post(
+        &stack,
+        &format!("/executions/{id}/cancel"),
+        json!({"reason": "twice"}),
+    )
+    .await
+    .refused(409, "ALREADY_TERMINAL");
+    post(
+        &stack,
+        &format!("/executions/{id}/redrive"),
+        json!({"expectedVersion": 2, "reason": "cancelled is not failed"}),
+    )
+    .await
+    .refused(409, "NOT_REDRIVABLE");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("api-redrive", |_| {}).await?;
+    let steps = Arc::new(FlakyPricing {
+        failing: AtomicBool::new(true),
+        price_runs: AtomicUsize::new(0),
+    });
+    stack.start(steps.clone())?;
+    let id = submit(&stack, 4).await;
+    // Settled: failed, and its dead-letter envelope sent (which is one more write).
+    stack
+        .wait_for(id, Duration::from_secs(60), |r| {
+            r.status.is_terminal() && r.dead_letter.as_ref().is_some_and(|d| d.sent)
+        })
+        .await?;
+
+    let failed = get(&stack, &format!("/executions/{id}")).await;
+    assert_eq!(failed.status, 200);
+    assert_eq!(failed.body["status"], "FAILED");
+    assert_eq!(failed.body["stepId"], "price");
+    assert_eq!(failed.body["attempt"], 1);
+    assert_eq!(failed.body["error"]["code"], "PRICING_DOWN");
+    assert_eq!(failed.body["error"]["retryable"], false);
+    let version = failed.body["version"].as_u64().unwrap();
+    get(&stack, &format!("/executions/{id}/result"))
+        .await
+        .refused(409, "NOT_SUCCEEDED");
+
+    let path = format!("/executions/{id}/redrive");
+    post(
+        &stack,
+        &path,
+        json!({"expectedVersion": version - 1, "reason": "stale view"}),
+    )
+    .await
+    .refused(409, "VERSION_CONFLICT");
+    post(
+        &stack,
+        &path,
+        json!({"expectedVersion": version, "reason": ""}),
+    )
+    .await
+    .refused(400, "INVALID_REQUEST");
+    assert_eq!(
+        stack.api.get(id).await?.version,
+        version,
+        "refused re-drives change nothing"
+    );
+
+    steps.failing.store(false, Ordering::SeqCst);
+    let redriven = post(
+        &stack,
+        &path,
+        json!({"expectedVersion": version, "reason": "pricing restored"}),
+    )
+    .await;
+    assert_eq!(redriven.status, 200, "{}", redriven.body);
+    assert_eq!(redriven.body["status"], "QUEUED");
+    assert_eq!(redriven.body["version"], version + 1);
+    // The same re-drive again is stale now.
+    post(
+        &stack,
+        &path,
+        json!({"expectedVersion": version, "reason": "pricing restored"}),
+    )
+    .await
+    .refused(409, "NOT_REDRIVABLE");
+
+    let record = stack.wait_terminal(id).await?;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(steps.price_runs.load(Ordering::SeqCst), 2);
+    let result = get(&stack, &format!("/executions/{id}/result")).await;
+    assert_eq!(result.status, 200);
+    assert_eq!(result.body["result"]["totalCents"], 500 + 320);
+    post(
+        &stack,
+        &format!("/executions/{id}/cancel"),
+        json!({"reason": "done already"}),
+    )
+    .await
+    .refused(409, "ALREADY_TERMINAL");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_are_registered_once_and_activated_by_version() -> anyhow::Result<()> {
+    let stack = TestStack::new("api-releases", |_| {}).await?;
+    let pipeline = stack.pipeline.pipeline_id.clone();
+    let mut def = stack.pipeline.clone();
+    def.release_version = "2".into();
+    for step in &mut def.steps {
+        step.retry.max_attempts = 4;
+    }
+    let release = Release::new(def.clone(), Vec::new());
+
+    let created = post(&stack, "/releases", serde_json::to_value(&release)?).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    assert_eq!(created.body["registration"], "CREATED");
+    assert_eq!(created.body["pipelineId"], pipeline.as_str());
+    assert_eq!(created.body["releaseVersion"], "2");
+    assert_eq!(
+        created.body["contractVersion"],
+        release.contract_version.as_str()
+    );
+    let unchanged = post(&stack, "/releases", serde_json::to_value(&release)?).await;
+    assert_eq!(unchanged.status, 200, "{}", unchanged.body);
+    assert_eq!(unchanged.body["registration"], "UNCHANGED");
+
+    // Another descriptor under the same version (consistent, but with an artifact).
+    let other = Release::new(
+        def.clone(),
+        vec![Artifact {
+            kind: "contract".into(),
+            uri: "file:pipeline-contract.json".into(),
+            digest: stepline::release::digest(b"{}"),
+        }],
+    );
+    post(&stack, "/releases", serde_json::to_value(&other)?)
+        .await
+        .refused(409, "RELEASE_CONFLICT");
+    // Inconsistent descriptors.
+    let mut tampered = release.clone();
+    tampered.contract_version = "sha256:00".into();
+    post(&stack, "/releases", serde_json::to_value(&tampered)?)
+        .await
+        .refused(400, "INVALID_RELEASE");
+    let mut renamed = Release::new(
+        PipelineDef {
+            release_version: "3".into(),
+            ..def.clone()
+        },
+        Vec::new(),
+    );
+    renamed.release_version = "4".into();
+    post(&stack, "/releases", serde_json::to_value(&renamed)?)
+        .await
+        .refused(400, "INVALID_RELEASE");
+    post(&stack, "/releases", json!({"pipelineId": pipeline}))
+        .await
+        .refused(400, "INVALID_BODY");
+
+    // Activations.
+    let activations = format!("/pipelines/{pipeline}/activations");
+    post(
+        &stack,
+        &activations,
+        json!({"releaseVersion": "9", "reason": "no such release"}),
+    )
+    .await
+    .refused(404, "UNKNOWN_RELEASE");
+    post(
+        &stack,
+        &activations,
+        json!({"releaseVersion": "2", "reason": ""}),
+    )
+    .await
+    .refused(400, "INVALID_REQUEST");
+    post(&stack, &activations, json!({"releaseVersion": "2"}))
+        .await
+        .refused(400, "INVALID_BODY");
+    let before = get(&stack, &format!("/pipelines/{pipeline}/active")).await;
+    assert_eq!(before.status, 200, "{}", before.body);
+    assert_eq!(before.body["releaseVersion"], "1");
+    let activated = post(
+        &stack,
+        &activations,
+        json!({"releaseVersion": "2", "reason": "roll out"}),
+    )
+    .await;
+    assert_eq!(activated.status, 201, "{}", activated.body);
+    assert_eq!(activated.body["releaseVersion"], "2");
+    assert_eq!(activated.body["reason"], "roll out");
+    assert_eq!(
+        activated.body["sequence"].as_u64(),
+        before.body["sequence"].as_u64().map(|s| s + 1)
+    );
+    let active = get(&stack, &format!("/pipelines/{pipeline}/active")).await;
+    assert_eq!(active.status, 200);
+    assert_eq!(active.body["releaseVersion"], "2");
+
+    let list = get(&stack, &format!("/pipelines/{pipeline}/releases")).await;
+    assert_eq!(list.status, 200, "{}", list.body);
+    let mut versions: Vec<&str> = list
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["releaseVersion"].as_str().unwrap())
+        .collect();
+    versions.sort_unstable();
+    assert_eq!(versions, ["1", "2"]);
+    let listed: Vec<Release> = serde_json::from_value(list.body.clone())?;
+    assert!(listed.contains(&release), "descriptors are listed whole");
+
+    // A new execution pins the active release.
+    let id = submit(&stack, 1).await;
+    let status = get(&stack, &format!("/executions/{id}")).await;
+    assert_eq!(status.body["releaseVersion"], "2");
+    assert_eq!(
+        status.body["contractVersion"],
+        release.contract_version.as_str()
+    );
+
+    // A pipeline nobody registered.
+    get(&stack, "/pipelines/no-such-pipeline/active")
+        .await
+        .refused(404, "NO_ACTIVE_RELEASE");
+    let none = get(&stack, "/pipelines/no-such-pipeline/releases").await;
+    assert_eq!((none.status, none.body.clone()), (200, json!([])));
+    post(
+        &stack,
+        "/pipelines/no-such-pipeline/activations",
+        json!({"releaseVersion": "1", "reason": "x"}),
+    )
+    .await
+    .refused(404, "UNKNOWN_RELEASE");
+    Ok(())
+}
+
+/// validate -> approve (await, interaction `manager`) -> price; the approval notice goes to a queue of
+/// its own (nobody reads it: the test finds the token through the API).
+async fn approval_stack(prefix: &str) -> anyhow::Result<TestStack> {
+    let notices = format!("stepline-{}-approvals", Uuid::new_v4().simple());
+    let mut stack = TestStack::new(prefix, |def: &mut PipelineDef| {
+        let mut approve = def.steps[0].clone();
+        approve.id = "approve".into();
+        approve.kind = StepKind::Await;
+        approve.queue = notices.clone();
+        approve.timeout_secs = 600;
+        approve.interactions = vec!["manager".into()];
+        def.steps.insert(1, approve);
+        def.steps.truncate(3);
+    })
+    .await?;
+    stack
+        .sqs()
+        .create_queue()
+        .queue_name(&notices)
+        .send()
+        .await?;
+    stack.start(Arc::new(OrderSteps))?;
+    Ok(stack)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interactions_are_listed_and_completed_once() -> anyhow::Result<()> {
+    let stack = approval_stack("api-await").await?;
+    let id = submit(&stack, 1).await;
+    let interactions = format!("/executions/{id}/interactions");
+    let none = get(&stack, &interactions).await;
+    assert_eq!(none.status, 200);
+    stack
+        .wait_for(id, Duration::from_secs(30), |r| {
+            r.status == Status::WaitingExternal
+        })
+        .await?;
+
+    let listed = get(&stack, &interactions).await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    let list = listed.body.as_array().unwrap();
+    assert_eq!(list.len(), 1, "{}", listed.body);
+    assert_eq!(list[0]["interactionId"], "manager");
+    assert_eq!(list[0]["completed"], false);
+    assert!(!list[0]["idempotencyKey"].as_str().unwrap().is_empty());
+    assert!(list[0]["deadline"].as_i64().unwrap() > stack.api.now());
+    let token = list[0]["token"].as_str().unwrap().to_string();
+    let status = get(&stack, &format!("/executions/{id}")).await;
+    assert_eq!(status.body["status"], "WAITING_EXTERNAL");
+    assert_eq!(status.body["stepId"], "approve");
+
+    let manager = format!("{interactions}/manager");
+    post(
+        &stack,
+        &manager,
+        json!({"token": Uuid::new_v4().simple().to_string(), "verdict": "APPROVED"}),
+    )
+    .await
+    .refused(403, "INVALID_TOKEN");
+    post(
+        &stack,
+        &format!("{interactions}/somebody"),
+        json!({"token": token, "verdict": "APPROVED"}),
+    )
+    .await
+    .refused(404, "UNKNOWN_INTERACTION");
+    post(
+        &stack,
+        &manager,
+        json!({"token": token, "verdict": "MAYBE"}),
+    )
+    .await
+    .refused(400, "INVALID_BODY");
+    post(&stack, &manager, json!({"verdict": "APPROVED"}))
+        .await
+        .refused(400, "INVALID_BODY");
+
+    let approval = json!({"token": token, "verdict": "APPROVED", "payload": {"by": "maria"}});
+    let approved = post(&stack, &manager, approval.clone()).await;
+    assert_eq!(approved.status, 200, "{}", approved.body);
+    assert_eq!(approved.body["duplicate"], false);
+    assert_eq!(approved.body["interactionId"], "manager");
+    assert_eq!(approved.body["executionId"], id.to_string());
+    // A double click: the same answer again changes nothing.
+    let again = post(&stack, &manager, approval).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.body["duplicate"], true);
+    post(
+        &stack,
+        &manager,
+        json!({"token": token, "verdict": "REJECTED", "payload": {"reason": "changed my mind"}}),
+    )
+    .await
+    .refused(409, "INTERACTION_CONFLICT");
+
+    // The API dispatches the resumed step itself (well before the 60 s lease would let the sweeper).
+    let record = stack
+        .wait_for(id, Duration::from_secs(30), |r| r.status.is_terminal())
+        .await?;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    let result = get(&stack, &format!("/executions/{id}/result")).await;
+    assert_eq!(result.status, 200);
+    assert_eq!(result.body["result"]["totalCents"], 820);
+    let after = get(&stack, &interactions).await;
+    assert_eq!((after.status, after.body.clone()), (200, json!([])));
+    // Once resolved, the same answer is still acknowledged; a new one is refused.
+    let late = post(
+        &stack,
+        &manager,
+        json!({"token": token, "verdict": "APPROVED", "payload": {"by": "maria"}}),
+    )
+    .await;
+    assert_eq!((late.status, &late.body["duplicate"]), (200, &json!(true)));
+    assert_eq!(late.body["status"], "SUCCEEDED");
+    Ok(())
+}

@@ -1,0 +1,113 @@
+//! EventBridge triggers on the local emulator: a StartExecution event on the project's bus starts an
+//! execution through the bus's rule; the same event delivered again starts nothing new.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use order_worker::OrderSteps;
+use serde_json::json;
+use stepline::domain::Status;
+use stepline::SubmitRequest;
+use stepline_suite::{wait_until, TestStack};
+
+async fn executions_in_table(stack: &TestStack) -> anyhow::Result<usize> {
+    // A test-only Scan: the product never scans.
+    let table = stack.local.stack.table("ExecutionTable")?;
+    let out = aws_sdk_dynamodb::Client::new(&stack.local.sdk)
+        .scan()
+        .table_name(table)
+        .send()
+        .await?;
+    Ok(out
+        .items()
+        .iter()
+        .filter(|i| {
+            i.get("pk")
+                .and_then(|v| v.as_s().ok())
+                .is_some_and(|pk| pk.starts_with("exec#"))
+        })
+        .count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_event_starts_one_execution_however_often_it_is_delivered() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("e2e-trigger", |_| {}).await?;
+    stack.start(Arc::new(OrderSteps))?;
+    let detail = json!({
+        "pipelineId": "orders",
+        "tenant": "bistro",
+        "input": order_worker::sample_order(1),
+    });
+    let bus = stack.local.stack.reference_of("EventBus")?;
+    let put = aws_sdk_eventbridge::Client::new(&stack.local.sdk)
+        .put_events()
+        .entries(
+            aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
+                .event_bus_name(&bus)
+                .source("shop.orders")
+                .detail_type("StartExecution")
+                .detail(detail.to_string())
+                .build(),
+        )
+        .send()
+        .await?;
+    assert_eq!(put.failed_entry_count, 0);
+    let event_id = put.entries()[0].event_id().unwrap().to_string();
+
+    // The execution the event started (its id is derived from the event id).
+    let lookup = SubmitRequest {
+        pipeline_id: "orders".into(),
+        tenant: "bistro".into(),
+        input: json!(null),
+        idempotency_key: Some(format!("event:{event_id}")),
+        release_version: None,
+    };
+    wait_until(Duration::from_secs(30), || async {
+        Ok(executions_in_table(&stack).await? == 1)
+    })
+    .await?;
+    let started = stack.api.submit(lookup.clone()).await?;
+    assert!(started.duplicate, "the event's execution exists");
+    let record = stack.wait_terminal(started.execution).await?;
+    assert_eq!(record.status, Status::Succeeded);
+    assert_eq!(record.tenant, "bistro");
+    assert_eq!(record.input.value()["orderId"], "order-1");
+
+    // EventBridge delivers at least once: the same event again, twice, straight into the start queue.
+    let redelivered = json!({
+        "version": "0",
+        "id": event_id,
+        "detail-type": "StartExecution",
+        "source": "shop.orders",
+        "account": "123456789012",
+        "time": "2026-12-02T00:00:00Z",
+        "region": "us-east-1",
+        "resources": [],
+        "detail": detail,
+    });
+    let (_, start_queue) = stack.local.stack.queue("StartQueue")?;
+    for _ in 0..2 {
+        stack
+            .sqs()
+            .send_message()
+            .queue_url(start_queue)
+            .message_body(redelivered.to_string())
+            .send()
+            .await?;
+    }
+    stack
+        .wait_drained("StartQueue", Duration::from_secs(30))
+        .await?;
+    assert_eq!(
+        executions_in_table(&stack).await?,
+        1,
+        "a redelivered event started another execution"
+    );
+    assert_eq!(
+        stack.api.get(started.execution).await?,
+        record,
+        "and left the first alone"
+    );
+    assert_eq!(stack.queue_depth("LaunchDeadLetterQueue").await?, 0);
+    Ok(())
+}
