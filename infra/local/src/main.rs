@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use order_worker::OrderSteps;
-use stepline::domain::{Status, StepError};
+use stepline::domain::{Status, StepError, Verdict};
+use stepline::envelope::InteractionMessage;
 use stepline::envelope::RequestHeader;
 use stepline::worker::StepFunction;
 use stepline::SubmitRequest;
@@ -34,6 +35,9 @@ struct Cli {
 enum Command {
     /// Run executions of the example pipeline end to end.
     Demo {
+        /// `orders` (three worker steps) or `restaurant` (with a manager's approval).
+        #[arg(long, default_value = "orders")]
+        example: String,
         #[arg(long, default_value_t = 5)]
         executions: usize,
         /// Stage to provision (default: a fresh one).
@@ -143,11 +147,24 @@ async fn main() -> Result<()> {
     stepline::telemetry::init_to_stderr();
     match Cli::parse().command {
         Command::Demo {
+            example,
+            executions,
+            stage,
+            timeout_secs,
+            pipeline: _,
+        } if example == "restaurant" => {
+            restaurant_demo(executions, stage, Duration::from_secs(timeout_secs)).await
+        }
+        Command::Demo {
+            example,
             executions,
             stage,
             timeout_secs,
             pipeline,
         } => {
+            if example != "orders" {
+                bail!("unknown example {example:?} (orders, restaurant)");
+            }
             demo(
                 executions,
                 stage,
@@ -347,24 +364,189 @@ async fn demo(
 }
 
 fn contract(write: bool, check: bool) -> Result<()> {
-    let path = stepline_local::workspace_root()
-        .join("examples/order-worker")
-        .join(stepline::contract::CONTRACT_FILE);
-    let text = order_worker::contract().to_file_text();
-    if write {
-        std::fs::write(&path, &text)?;
-        eprintln!("wrote {}", path.display());
-    } else if check {
-        let committed = std::fs::read_to_string(&path).unwrap_or_default();
-        if committed != text {
+    let examples = [
+        ("examples/order-worker", order_worker::contract()),
+        (
+            "examples/restaurant-approval",
+            restaurant_approval::contract(),
+        ),
+    ];
+    for (dir, contract) in examples {
+        let path = stepline_local::workspace_root()
+            .join(dir)
+            .join(stepline::contract::CONTRACT_FILE);
+        let text = contract.to_file_text();
+        if write {
+            std::fs::write(&path, &text)?;
+            eprintln!("wrote {}", path.display());
+        } else if check {
+            let committed = std::fs::read_to_string(&path).unwrap_or_default();
+            if committed != text {
+                bail!(
+                    "{} drifted from the code; run `stepline-local contract --write`",
+                    path.display()
+                );
+            }
+            eprintln!("{} matches the code", path.display());
+        } else {
+            print!("{text}");
+        }
+    }
+    Ok(())
+}
+
+/// The restaurant example: orders wait for a manager, who (played by the demo, as `stepline approve`
+/// would) approves all but the last table, which is rejected.
+async fn restaurant_demo(
+    executions: usize,
+    stage: Option<String>,
+    timeout: Duration,
+) -> Result<()> {
+    let stage = stage.unwrap_or_else(|| fresh_stage("restaurant"));
+    let begin = Instant::now();
+    println!("provisioning stage {stage} from template.yaml");
+    let local = LocalStack::up(&stage)
+        .await
+        .context("provisioning the local stack (is the emulator running? see infra/emulator.sh)")?;
+    let (requests, _) = local.stack.queue("RestaurantRequestQueue")?;
+    let (approvals, approvals_url) = local.stack.queue("RestaurantApprovalQueue")?;
+    let def = restaurant_approval::pipeline(requests, approvals, 120);
+    let api = local.coordinator(functions::REDRIVE)?;
+    api.registry()
+        .register(&stepline::release::Release::new(def.clone(), Vec::new()))
+        .await?;
+    api.registry()
+        .activate(&def.pipeline_id, &def.release_version, api.now(), "demo")
+        .await?;
+    let mut bindings = local.coordinator_bindings()?;
+    bindings.push(local.worker_binding(
+        "RestaurantWorkerFunction",
+        &restaurant_approval::contract(),
+        Arc::new(restaurant_approval::RestaurantSteps),
+    )?);
+    let _runner = local.run(bindings, RunnerOptions::default())?;
+
+    let executions = executions.max(2);
+    let mut ids = Vec::new();
+    for n in 0..executions {
+        let submitted = api
+            .submit(SubmitRequest {
+                pipeline_id: restaurant_approval::PIPELINE_ID.into(),
+                tenant: "trattoria".into(),
+                input: restaurant_approval::sample_order(n),
+                ..Default::default()
+            })
+            .await?;
+        println!(
+            "order for table {} placed: execution {}",
+            n + 1,
+            submitted.execution
+        );
+        ids.push(submitted.execution);
+    }
+    let rejected = *ids.last().expect("at least two orders");
+
+    // The manager: reads approval requests and answers them.
+    let sqs = aws_sdk_sqs::Client::new(&local.sdk);
+    let deadline = Instant::now() + timeout;
+    let mut answered = 0;
+    while answered < ids.len() {
+        if Instant::now() > deadline {
             bail!(
-                "{} drifted from the code; run `stepline-local contract --write`",
-                path.display()
+                "approval requests did not all arrive within {} s",
+                timeout.as_secs()
             );
         }
-        eprintln!("{} matches the code", path.display());
-    } else {
-        print!("{text}");
+        let out = sqs
+            .receive_message()
+            .queue_url(approvals_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await?;
+        for message in out.messages.unwrap_or_default() {
+            let notice: stepline::envelope::AwaitNotice =
+                serde_json::from_str(message.body.as_deref().unwrap_or_default())?;
+            let reject = notice.execution_id == rejected;
+            let (verdict, payload) = if reject {
+                (
+                    Verdict::Rejected,
+                    serde_json::json!({"reason": "the kitchen is closing"}),
+                )
+            } else {
+                (Verdict::Approved, serde_json::json!({"by": "maria"}))
+            };
+            println!(
+                "[{:>5.1}s] manager {} table {}",
+                begin.elapsed().as_secs_f64(),
+                if reject { "rejects" } else { "approves" },
+                notice.input["table"]
+            );
+            stepline::handlers::complete_interaction(
+                &api,
+                InteractionMessage {
+                    kind: stepline::envelope::INTERACTION_KIND.into(),
+                    execution_id: notice.execution_id,
+                    interaction: notice.interactions[0].id.clone(),
+                    token: notice.interactions[0].token.clone(),
+                    verdict,
+                    payload,
+                },
+            )
+            .await?;
+            sqs.delete_message()
+                .queue_url(approvals_url)
+                .set_receipt_handle(message.receipt_handle)
+                .send()
+                .await?;
+            answered += 1;
+        }
+    }
+
+    let mut records = Vec::new();
+    for id in &ids {
+        loop {
+            let record = api.get(*id).await?;
+            if record.status.is_terminal() {
+                records.push(record);
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "execution {id} did not finish within {} s",
+                    timeout.as_secs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    println!();
+    let mut as_expected = true;
+    for record in &records {
+        let expected = if record.id == rejected {
+            Status::Failed
+        } else {
+            Status::Succeeded
+        };
+        as_expected &= record.status == expected;
+        let detail = match (&record.result, &record.error) {
+            (Some(result), _) => result.value()["message"].to_string(),
+            (None, Some(error)) => format!("{}: {}", error.code, error.message),
+            _ => String::new(),
+        };
+        println!(
+            "table {:<3} {:<10} {detail}",
+            record.input.value()["table"],
+            record.status.to_string()
+        );
+    }
+    println!(
+        "\n{} approved orders reached the kitchen, 1 rejected, in {:.1}s",
+        records.len() - 1,
+        begin.elapsed().as_secs_f64()
+    );
+    if !as_expected {
+        bail!("the orders did not end as the manager decided");
     }
     Ok(())
 }

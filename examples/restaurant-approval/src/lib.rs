@@ -1,0 +1,123 @@
+//! The `restaurant-approval` pipeline: an order is placed, validated, waits for the manager's
+//! approval (an await step whose notices go to the approvals queue, answered with `stepline approve` or
+//! through the API), then the kitchen is notified. A rejection or an unanswered approval ends the
+//! execution FAILED with the reason (`REJECTED`, `AWAIT_TIMEOUT`).
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use stepline::contract::Contract;
+use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError, StepKind};
+use stepline::envelope::RequestHeader;
+use stepline::worker::StepFunction;
+
+pub const PIPELINE_ID: &str = "restaurant-approval";
+pub const RELEASE_VERSION: &str = "1";
+
+/// The definition: `requests` is the worker's request queue, `approvals` where approval requests are
+/// announced; `approval_secs` how long the manager has.
+pub fn pipeline(requests: &str, approvals: &str, approval_secs: u32) -> PipelineDef {
+    let retry = RetryPolicy {
+        max_attempts: 3,
+        initial_delay_ms: 500,
+        multiplier: 2.0,
+        max_delay_ms: 5_000,
+        non_retryable: vec!["INVALID_ORDER".into()],
+    };
+    let step =
+        |id: &str, kind: StepKind, queue: &str, input: &str, output: &str, timeout_secs: u32| {
+            StepDef {
+                id: id.into(),
+                kind,
+                input_type: input.into(),
+                output_type: output.into(),
+                queue: queue.into(),
+                timeout_secs,
+                retry: retry.clone(),
+                interactions: if kind == StepKind::Await {
+                    vec!["manager".into()]
+                } else {
+                    Vec::new()
+                },
+            }
+        };
+    PipelineDef {
+        pipeline_id: PIPELINE_ID.into(),
+        release_version: RELEASE_VERSION.into(),
+        steps: vec![
+            step(
+                "validate",
+                StepKind::Task,
+                requests,
+                "restaurant.Order/1",
+                "restaurant.ValidOrder/1",
+                30,
+            ),
+            step(
+                "approve",
+                StepKind::Await,
+                approvals,
+                "restaurant.ValidOrder/1",
+                "restaurant.ApprovedOrder/1",
+                approval_secs,
+            ),
+            step(
+                "notify",
+                StepKind::Task,
+                requests,
+                "restaurant.ApprovedOrder/1",
+                "restaurant.KitchenTicket/1",
+                30,
+            ),
+        ],
+    }
+}
+
+/// The contract the worker is built for.
+pub fn contract() -> Contract {
+    Contract::of(&pipeline("", "", 1))
+}
+
+/// A sample order.
+pub fn sample_order(n: usize) -> Value {
+    let dishes = ["risotto", "tagliatelle", "tiramisu", "ossobuco"];
+    json!({
+        "orderId": format!("table-{}", n + 1),
+        "table": n + 1,
+        "items": [dishes[n % dishes.len()], dishes[(n + 1) % dishes.len()]],
+    })
+}
+
+/// The worker's steps.
+pub struct RestaurantSteps;
+
+#[async_trait]
+impl StepFunction for RestaurantSteps {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        match request.step_id.as_str() {
+            "validate" => {
+                let items = input["items"]
+                    .as_array()
+                    .filter(|i| !i.is_empty())
+                    .ok_or_else(|| {
+                        StepError::new("INVALID_ORDER", "an order needs at least one item", false)
+                    })?;
+                Ok(json!({"orderId": input["orderId"], "table": input["table"], "items": items}))
+            }
+            "notify" => {
+                let approver = input["interactions"]["manager"]["by"]
+                    .as_str()
+                    .unwrap_or("the manager");
+                Ok(json!({
+                    "orderId": input["orderId"],
+                    "ticket": format!("K-{}", &request.launch_id.simple().to_string()[..6]),
+                    "message": format!("table {} approved by {approver}: {}", input["table"], input["items"]),
+                }))
+            }
+            other => Err(StepError::new(
+                "UNKNOWN_STEP",
+                format!("no step {other:?}"),
+                false,
+            )),
+        }
+    }
+}
