@@ -270,6 +270,7 @@ async fn a_command_for_another_release_is_dead_lettered_unread_and_fails_its_exe
             tenant: "test".into(),
             input: order_worker::sample_order(1),
             idempotency_key: None,
+            parent: None,
         })
         .await?;
     let record = stack

@@ -61,6 +61,7 @@ async fn a_start_event_starts_one_execution_however_often_it_is_delivered() -> a
         input: json!(null),
         idempotency_key: Some(format!("event:{event_id}")),
         release_version: None,
+        parent: None,
     };
     wait_until(Duration::from_secs(30), || async {
         Ok(executions_in_table(&stack).await? == 1)

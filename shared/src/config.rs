@@ -25,6 +25,8 @@ pub struct CoordinatorConfig {
     pub reply_dlq_url: String,
     /// Where interaction completions are sent (announced in await notices).
     pub await_queue_url: String,
+    /// Where fan-out steps start their children (the start queue).
+    pub start_queue_url: Option<String>,
     /// The bus lifecycle events are published to (none: lifecycle events off).
     pub event_bus: Option<String>,
     /// Shards of the due-time index.
@@ -50,6 +52,7 @@ impl CoordinatorConfig {
             launch_dlq_url: required("LAUNCH_DLQ_URL")?,
             reply_dlq_url: required("REPLY_DLQ_URL")?,
             await_queue_url: required("AWAIT_QUEUE_URL")?,
+            start_queue_url: get("START_QUEUE_URL").filter(|u| !u.is_empty()),
             event_bus: get("EVENT_BUS_NAME")
                 .filter(|b| !b.is_empty())
                 .filter(|_| get("LIFECYCLE_EVENTS").is_none_or(|on| on == "true")),

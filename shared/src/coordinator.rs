@@ -10,11 +10,13 @@ use uuid::Uuid;
 
 use crate::config::CoordinatorConfig;
 use crate::domain::{
-    self, Action, Context, Decision, Event, Execution, PipelineDef, Rejection, Skip,
+    self, Action, Context, Decision, Event, Execution, ParentLink, PipelineDef, Rejection, Skip,
+    StepKind, Verdict,
 };
 use crate::envelope::{
-    AwaitNotice, DeadLetterEnvelope, Identity, LaunchWork, NoticeInteraction, RequestEnvelope,
-    RequestHeader, AWAIT_NOTICE_KIND, CANCEL_KIND, DEAD_LETTER_KIND, REQUEST_KIND,
+    AwaitNotice, DeadLetterEnvelope, Identity, InteractionMessage, LaunchWork, NoticeInteraction,
+    RequestEnvelope, RequestHeader, AWAIT_NOTICE_KIND, CANCEL_KIND, DEAD_LETTER_KIND,
+    INTERACTION_KIND, REQUEST_KIND,
 };
 use crate::ports::{
     BusEvent, Clock, EventPublisher, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry,
@@ -90,6 +92,8 @@ pub struct Settings {
     pub launch_dlq: String,
     pub reply_dlq: String,
     pub await_queue: String,
+    /// Where fan-out children are started (none: fan-out steps cannot start children).
+    pub start_queue: Option<String>,
     pub lease_ms: i64,
     pub claim_limit: i32,
     /// Identifies this process in lease owners.
@@ -105,6 +109,7 @@ impl Settings {
             launch_dlq: config.launch_dlq_url.clone(),
             reply_dlq: config.reply_dlq_url.clone(),
             await_queue: config.await_queue_url.clone(),
+            start_queue: config.start_queue_url.clone(),
             lease_ms: i64::from(config.lease_seconds) * 1000,
             claim_limit: config.claim_limit,
             instance: Uuid::new_v4().simple().to_string()[..12].to_string(),
@@ -144,6 +149,8 @@ pub struct SubmitRequest {
     pub input: Value,
     /// Submitting the same key again (same tenant) returns the first execution.
     pub idempotency_key: Option<String>,
+    /// For a fan-out child: the parent interaction it completes when it ends.
+    pub parent: Option<ParentLink>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -317,7 +324,7 @@ impl Coordinator {
             None => self.clock.token(),
         };
         let ctx = self.context("submit");
-        let (record, actions) = domain::start(
+        let (mut record, actions) = domain::start(
             id,
             &request.tenant,
             &definition,
@@ -325,6 +332,7 @@ impl Coordinator {
             request.idempotency_key,
             &ctx,
         );
+        record.parent = request.parent;
         match self.store.create(&record).await {
             Ok(()) => {}
             Err(StoreError::Conflict) => {
@@ -449,6 +457,10 @@ impl Coordinator {
                         tracing::error!(execution_id = %record.id, "await notice without an await unit");
                         continue;
                     };
+                    if step_def.kind == StepKind::FanOut {
+                        self.stage_children(outbox, record, step_def, await_unit, source);
+                        continue;
+                    }
                     let notice = AwaitNotice {
                         kind: AWAIT_NOTICE_KIND.to_string(),
                         execution_id: record.id,
@@ -480,6 +492,32 @@ impl Coordinator {
                         source,
                         OutMessage::new(serde_json::to_string(&notice).expect("notice serializes")),
                         Some((record.id, Event::AwaitNoticeSent { unit: *unit })),
+                    );
+                }
+                Action::NotifyParent => {
+                    let Some(parent) = &record.parent else {
+                        continue;
+                    };
+                    let message = InteractionMessage {
+                        kind: INTERACTION_KIND.to_string(),
+                        execution_id: parent.execution_id,
+                        interaction: parent.interaction.clone(),
+                        token: parent.token.clone(),
+                        verdict: Verdict::Approved,
+                        payload: serde_json::json!({
+                            "executionId": record.id,
+                            "status": record.status,
+                            "result": record.result.as_ref().map(|r| r.value().clone()),
+                            "error": record.error,
+                        }),
+                    };
+                    outbox.push(
+                        &parent.complete_to,
+                        source,
+                        OutMessage::new(
+                            serde_json::to_string(&message).expect("message serializes"),
+                        ),
+                        Some((record.id, Event::ParentNotified)),
                     );
                 }
                 Action::PublishEvents => {
@@ -541,6 +579,62 @@ impl Coordinator {
                 }
             }
         }
+    }
+
+    /// A fan-out step's children: one StartExecution message per item on the start queue, each with
+    /// the interaction it completes. Started idempotently (the message id names parent, step, attempt
+    /// and item), so re-sending them after a crash starts nothing twice.
+    fn stage_children(
+        &self,
+        outbox: &mut Outbox,
+        record: &Execution,
+        step_def: &crate::domain::StepDef,
+        await_unit: &crate::domain::AwaitUnit,
+        source: usize,
+    ) {
+        let (Some(start_queue), Some(child)) =
+            (&self.settings.start_queue, &step_def.child_pipeline)
+        else {
+            tracing::error!(execution_id = %record.id, step = %step_def.id, "fan-out without a start queue or child pipeline");
+            return;
+        };
+        let items = record
+            .step_input(record.step)
+            .and_then(|p| p.value().get("items").and_then(Value::as_array).cloned())
+            .unwrap_or_default();
+        let count = await_unit.interactions.len();
+        for (i, (item, interaction)) in items.iter().zip(&await_unit.interactions).enumerate() {
+            let event = serde_json::json!({
+                "id": format!("{}/{}", await_unit.id, interaction.id),
+                "detail-type": crate::handlers::START_DETAIL_TYPE,
+                "source": "stepline",
+                "detail": {
+                    "pipelineId": child,
+                    "tenant": record.tenant,
+                    "input": item,
+                    "parent": ParentLink {
+                        execution_id: record.id,
+                        interaction: interaction.id.clone(),
+                        token: interaction.token.clone(),
+                        complete_to: self.settings.await_queue.clone(),
+                    },
+                },
+            });
+            // Marked sent once the last one went out and none of this execution's sends failed.
+            let then = (i + 1 == count).then_some((
+                record.id,
+                Event::AwaitNoticeSent {
+                    unit: await_unit.id,
+                },
+            ));
+            outbox.push(
+                start_queue,
+                source,
+                OutMessage::new(event.to_string()),
+                then,
+            );
+        }
+        tracing::info!(execution_id = %record.id, step = %step_def.id, children = count, "fan-out started");
     }
 
     fn request_header(
@@ -610,6 +704,11 @@ impl Coordinator {
                     }
                 }
             }
+        }
+        // An await notice may span several messages (a fan-out's children): confirm it only when no
+        // send of this flush failed; otherwise the sweeper sends it all again (idempotently).
+        if !failures.is_empty() {
+            follow_ups.retain(|(_, event)| !matches!(event, Event::AwaitNoticeSent { .. }));
         }
         for (id, event) in follow_ups {
             if let Err(e) = self.apply(id, &event, "outbox").await {

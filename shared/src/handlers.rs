@@ -249,6 +249,9 @@ pub struct StartDetail {
     pub input: Value,
     #[serde(default)]
     pub release_version: Option<String>,
+    /// Set when a fan-out starts the execution as its child.
+    #[serde(default)]
+    pub parent: Option<crate::domain::ParentLink>,
 }
 
 /// The detail-type that starts an execution.
@@ -272,6 +275,7 @@ async fn start_from_event(
             input: event.detail.input,
             // A redelivered event (same id) starts nothing new.
             idempotency_key: Some(format!("event:{}", event.id)),
+            parent: event.detail.parent,
         })
         .await
         .map_err(|error| MessageError::Event {

@@ -146,6 +146,7 @@ mod tests {
                     ..RetryPolicy::default()
                 },
                 interactions: Vec::new(),
+                child_pipeline: None,
             }],
         }
     }

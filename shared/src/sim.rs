@@ -539,6 +539,7 @@ fn pipeline(config: &SimConfig) -> PipelineDef {
                     non_retryable: Vec::new(),
                 },
                 interactions: Vec::new(),
+                child_pipeline: None,
             })
             .collect(),
     }
@@ -603,6 +604,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
                 launch_dlq: "launch-dlq".into(),
                 reply_dlq: "reply-dlq".into(),
                 await_queue: REPLY.into(),
+                start_queue: None,
                 lease_ms: i64::from(config.lease_secs) * 1000,
                 claim_limit: 25,
                 instance: role.into(),
@@ -655,6 +657,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
             tenant: "sim".into(),
             input,
             idempotency_key: None,
+            parent: None,
         }))
         .expect("submit");
         plans.push((submitted.execution, fail, fatal));

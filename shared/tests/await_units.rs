@@ -34,6 +34,7 @@ fn step(id: &str, kind: StepKind, interactions: &[&str]) -> StepDef {
         timeout_secs: WAIT_SECS,
         retry: RetryPolicy::default(),
         interactions: interactions.iter().map(|s| s.to_string()).collect(),
+        child_pipeline: None,
     }
 }
 
@@ -454,5 +455,142 @@ fn a_cancelled_execution_takes_no_completion() {
     assert_eq!(
         decide(&cancelled, &def, &ctx(at + 2, 6), &approve),
         Decision::Reject(Rejection::NotWaiting(Status::Cancelled))
+    );
+}
+
+/// parse (task) -> payments (fan-out over `items`) -> summary (task)
+fn fan_out_pipeline() -> PipelineDef {
+    let mut payments = step("payments", StepKind::FanOut, &[]);
+    payments.child_pipeline = Some("payment".into());
+    PipelineDef {
+        pipeline_id: "batch".into(),
+        release_version: "1".into(),
+        steps: vec![
+            step("parse", StepKind::Task, &[]),
+            payments,
+            step("summary", StepKind::Task, &[]),
+        ],
+    }
+}
+
+/// The batch after its parse step replied with `items`.
+fn fanned_out(def: &PipelineDef, items: Value) -> (Execution, Vec<Action>) {
+    let id = Uuid::from_u128(77);
+    let (record, actions) = start(id, "t", def, json!({}), None, &ctx(T0, 1));
+    let Action::EnqueueLaunch {
+        generation, token, ..
+    } = actions[0]
+    else {
+        panic!()
+    };
+    let (record, _) = commit(
+        &record,
+        def,
+        &ctx(T0 + 1, 2),
+        &Event::LaunchWork { generation, token },
+    );
+    let reply = Event::Reply {
+        launch_id: launch_id(id, 0, 1),
+        step: 0,
+        attempt: 1,
+        fingerprint: "p".into(),
+        outcome: stepline::domain::Outcome::Succeeded(json!({"items": items, "badRows": []})),
+    };
+    commit(&record, def, &ctx(T0 + 2, 3), &reply)
+}
+
+#[test]
+fn a_fan_out_waits_on_one_interaction_per_item() {
+    let def = fan_out_pipeline();
+    let (record, actions) = fanned_out(&def, json!([{"row": 1}, {"row": 2}, {"row": 3}]));
+    assert_eq!(record.status, Status::WaitingExternal);
+    let unit = record.await_unit.as_ref().unwrap();
+    let ids: Vec<&str> = unit.interactions.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(ids, ["item-0", "item-1", "item-2"]);
+    assert_eq!(actions, vec![Action::SendAwaitNotice { unit: unit.id }]);
+
+    // Each child's end (success or failure) completes its item; the last resumes the batch.
+    let mut current = record.clone();
+    for (n, outcome) in [
+        json!({"status": "SUCCEEDED"}),
+        json!({"status": "FAILED"}),
+        json!({"status": "SUCCEEDED"}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let name = format!("item-{n}");
+        let event = complete(&name, &token_of(&record, &name), Verdict::Approved, outcome);
+        current = commit(
+            &current,
+            &def,
+            &ctx(T0 + 10 + n as i64, 10 + n as u128),
+            &event,
+        )
+        .0;
+    }
+    assert_eq!(current.step, 2, "a failed child is reported, not fatal");
+    let output = current.steps[1].output.as_ref().unwrap().value();
+    assert_eq!(output["interactions"]["item-1"]["status"], "FAILED");
+    assert_eq!(output["badRows"], json!([]), "the step input flows on");
+}
+
+#[test]
+fn a_fan_out_over_no_items_is_done_at_once() {
+    let def = fan_out_pipeline();
+    let (record, actions) = fanned_out(&def, json!([]));
+    assert_eq!(record.status, Status::Running);
+    assert_eq!(record.step, 2, "straight to the summary");
+    assert!(matches!(actions[..], [Action::SendRequest { step: 2, .. }]));
+}
+
+#[test]
+fn a_child_that_ends_tells_its_parent_until_confirmed() {
+    let def = PipelineDef {
+        pipeline_id: "payment".into(),
+        release_version: "1".into(),
+        steps: vec![step("pay", StepKind::Task, &[])],
+    };
+    let id = Uuid::from_u128(78);
+    let (mut record, actions) = start(id, "t", &def, json!({"row": 1}), None, &ctx(T0, 1));
+    record.parent = Some(stepline::domain::ParentLink {
+        execution_id: Uuid::from_u128(77),
+        interaction: "item-0".into(),
+        token: "t0".into(),
+        complete_to: "replies".into(),
+    });
+    let Action::EnqueueLaunch {
+        generation, token, ..
+    } = actions[0]
+    else {
+        panic!()
+    };
+    let (running, _) = commit(
+        &record,
+        &def,
+        &ctx(T0 + 1, 2),
+        &Event::LaunchWork { generation, token },
+    );
+    let reply = Event::Reply {
+        launch_id: launch_id(id, 0, 1),
+        step: 0,
+        attempt: 1,
+        fingerprint: "f".into(),
+        outcome: stepline::domain::Outcome::Succeeded(json!({"paid": true})),
+    };
+    let (done, actions) = commit(&running, &def, &ctx(T0 + 2, 3), &reply);
+    assert_eq!(done.status, Status::Succeeded);
+    assert_eq!(actions, vec![Action::NotifyParent]);
+    assert!(!done.parent_notified);
+    let due = done.due_at().expect("due until the parent is told");
+    // A crash before the notice went out: the sweeper sends it again.
+    let (again, actions) = commit(&done, &def, &ctx(due, 4), &Event::Claim);
+    assert_eq!(actions, vec![Action::NotifyParent]);
+    let (confirmed, _) = commit(&again, &def, &ctx(due + 1, 5), &Event::ParentNotified);
+    assert!(confirmed.parent_notified);
+    assert_eq!(confirmed.due_at(), None);
+    assert_eq!(
+        decide(&confirmed, &def, &ctx(due + 2, 6), &Event::ParentNotified),
+        Decision::Skip(Skip::Duplicate)
     );
 }

@@ -79,6 +79,7 @@ fn step(id: &str, timeout_secs: u32, retry: RetryPolicy) -> StepDef {
         timeout_secs,
         retry,
         interactions: Vec::new(),
+        child_pipeline: None,
     }
 }
 
@@ -2850,6 +2851,9 @@ fn walk(seed: u64, seen: &mut Seen) {
                         }
                         Action::PublishEvents => {
                             panic!("lifecycle events are off in this walk: {event:?}")
+                        }
+                        Action::NotifyParent => {
+                            panic!("this execution has no parent: {event:?}")
                         }
                     }
                 }

@@ -31,6 +31,7 @@ pub fn pipeline(queue: &str) -> PipelineDef {
             non_retryable: Vec::new(),
         },
         interactions: Vec::new(),
+        child_pipeline: None,
     };
     PipelineDef {
         pipeline_id: PIPELINE_ID.to_string(),

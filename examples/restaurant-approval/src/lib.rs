@@ -38,6 +38,7 @@ pub fn pipeline(requests: &str, approvals: &str, approval_secs: u32) -> Pipeline
                 } else {
                     Vec::new()
                 },
+                child_pipeline: None,
             }
         };
     PipelineDef {

@@ -475,6 +475,7 @@ async fn submit(coordinator: &Coordinator, body: SubmitBody) -> Result<Reply, Ap
             tenant: body.tenant,
             input: body.input,
             idempotency_key: body.idempotency_key,
+            parent: None,
         })
         .await?;
     let status = if submitted.duplicate {

@@ -35,7 +35,8 @@ struct Cli {
 enum Command {
     /// Run executions of the example pipeline end to end.
     Demo {
-        /// `orders` (three worker steps) or `restaurant` (with a manager's approval).
+        /// `orders` (three worker steps), `restaurant` (with a manager's approval) or `csv` (a batch of
+        /// payments fanned out to one child execution per row).
         #[arg(long, default_value = "orders")]
         example: String,
         #[arg(long, default_value_t = 5)]
@@ -157,13 +158,19 @@ async fn main() -> Result<()> {
         }
         Command::Demo {
             example,
+            stage,
+            timeout_secs,
+            ..
+        } if example == "csv" => csv_demo(stage, Duration::from_secs(timeout_secs)).await,
+        Command::Demo {
+            example,
             executions,
             stage,
             timeout_secs,
             pipeline,
         } => {
             if example != "orders" {
-                bail!("unknown example {example:?} (orders, restaurant)");
+                bail!("unknown example {example:?} (orders, restaurant, csv)");
             }
             demo(
                 executions,
@@ -365,16 +372,25 @@ async fn demo(
 
 fn contract(write: bool, check: bool) -> Result<()> {
     let examples = [
-        ("examples/order-worker", order_worker::contract()),
         (
-            "examples/restaurant-approval",
+            "examples/order-worker/pipeline-contract.json",
+            order_worker::contract(),
+        ),
+        (
+            "examples/restaurant-approval/pipeline-contract.json",
             restaurant_approval::contract(),
         ),
+        (
+            "examples/csv-payments/pipeline-contract.json",
+            csv_payments::batch_contract(),
+        ),
+        (
+            "examples/csv-payments/payment-contract.json",
+            csv_payments::payment_contract(),
+        ),
     ];
-    for (dir, contract) in examples {
-        let path = stepline_local::workspace_root()
-            .join(dir)
-            .join(stepline::contract::CONTRACT_FILE);
+    for (file, contract) in examples {
+        let path = stepline_local::workspace_root().join(file);
         let text = contract.to_file_text();
         if write {
             std::fs::write(&path, &text)?;
@@ -547,6 +563,112 @@ async fn restaurant_demo(
     );
     if !as_expected {
         bail!("the orders did not end as the manager decided");
+    }
+    Ok(())
+}
+
+/// The csv-payments example: one batch, one child execution per good row, a summary.
+async fn csv_demo(stage: Option<String>, timeout: Duration) -> Result<()> {
+    let stage = stage.unwrap_or_else(|| fresh_stage("csv"));
+    let begin = Instant::now();
+    println!("provisioning stage {stage} from template.yaml");
+    let local = LocalStack::up(&stage)
+        .await
+        .context("provisioning the local stack (is the emulator running? see infra/emulator.sh)")?;
+    let api = local.coordinator(functions::REDRIVE)?;
+    let (batch_queue, _) = local.stack.queue("CsvRequestQueue")?;
+    let (payment_queue, _) = local.stack.queue("PaymentRequestQueue")?;
+    for def in [
+        csv_payments::batch_pipeline(batch_queue),
+        csv_payments::payment_pipeline(payment_queue),
+    ] {
+        api.registry()
+            .register(&stepline::release::Release::new(def.clone(), Vec::new()))
+            .await?;
+        api.registry()
+            .activate(&def.pipeline_id, &def.release_version, api.now(), "demo")
+            .await?;
+    }
+    let mut bindings = local.coordinator_bindings()?;
+    bindings.push(local.worker_binding(
+        "CsvWorkerFunction",
+        &csv_payments::batch_contract(),
+        Arc::new(csv_payments::CsvSteps),
+    )?);
+    bindings.push(local.worker_binding(
+        "PaymentWorkerFunction",
+        &csv_payments::payment_contract(),
+        Arc::new(csv_payments::CsvSteps),
+    )?);
+    let _runner = local.run(bindings, RunnerOptions::default())?;
+
+    let input = csv_payments::sample_csv();
+    let rows = input["csv"].as_str().unwrap_or_default().lines().count() - 1;
+    let submitted = api
+        .submit(SubmitRequest {
+            pipeline_id: csv_payments::BATCH_PIPELINE.into(),
+            tenant: "finance".into(),
+            input,
+            ..Default::default()
+        })
+        .await?;
+    println!(
+        "batch of {rows} rows submitted: execution {}",
+        submitted.execution
+    );
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    let record = loop {
+        let record = api.get(submitted.execution).await?;
+        let line = match (&record.await_unit, record.status) {
+            (Some(unit), Status::WaitingExternal) => {
+                let done = unit
+                    .interactions
+                    .iter()
+                    .filter(|i| i.completion.is_some())
+                    .count();
+                format!(
+                    "{} step {}: {done}/{} payments done",
+                    record.status,
+                    record.step + 1,
+                    unit.interactions.len()
+                )
+            }
+            _ => format!("{} step {}", record.status, record.step + 1),
+        };
+        if line != last {
+            println!("[{:>5.1}s] {line}", begin.elapsed().as_secs_f64());
+            last = line;
+        }
+        if record.status.is_terminal() {
+            break record;
+        }
+        if Instant::now() > deadline {
+            bail!("the batch did not finish within {} s", timeout.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!();
+    let summary = record
+        .result
+        .as_ref()
+        .map(|r| r.value().clone())
+        .unwrap_or_default();
+    println!("{}", serde_json::to_string_pretty(&summary)?);
+    println!(
+        "\n{} in {:.1}s: {} paid, {} failed, {} bad rows",
+        record.status,
+        begin.elapsed().as_secs_f64(),
+        summary["paid"],
+        summary["failed"].as_array().map_or(0, Vec::len),
+        summary["badRows"].as_array().map_or(0, Vec::len)
+    );
+    if record.status != Status::Succeeded
+        || summary["paid"] != 3
+        || summary["failed"].as_array().map_or(0, Vec::len) != 1
+        || summary["badRows"].as_array().map_or(0, Vec::len) != 2
+    {
+        bail!("the batch did not end as expected (3 paid, 1 declined, 2 bad rows)");
     }
     Ok(())
 }

@@ -232,9 +232,9 @@ async fn approve_and_reject_from_the_cli() -> Result<()> {
 }
 
 #[test]
-fn both_example_demos_succeed() {
+fn every_example_demo_succeeds() {
     require_emulator();
-    for example in ["orders", "restaurant"] {
+    for example in ["orders", "restaurant", "csv"] {
         let out = Command::new(env!("CARGO_BIN_EXE_stepline-local"))
             .args(["demo", "--example", example, "--executions", "3"])
             .output()

@@ -214,6 +214,17 @@ pub struct LifecycleEvent {
     pub code: Option<String>,
 }
 
+/// The fan-out interaction a child execution completes when it ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentLink {
+    pub execution_id: Uuid,
+    pub interaction: String,
+    pub token: String,
+    /// Where the completion goes (the coordinator's reply queue).
+    pub complete_to: String,
+}
+
 /// Incidents kept on the record (oldest dropped first): the DLQ holds the messages themselves.
 pub const MAX_INCIDENTS: usize = 10;
 
@@ -279,6 +290,12 @@ pub struct Execution {
     pub incidents: Vec<Incident>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub await_unit: Option<AwaitUnit>,
+    /// For a child of a fan-out: the parent's interaction this execution completes when it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentLink>,
+    /// Whether the parent was told of this execution's end.
+    #[serde(default)]
+    pub parent_notified: bool,
     /// Lifecycle events committed but not yet confirmed published (the outbox).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<LifecycleEvent>,
@@ -307,16 +324,18 @@ impl Execution {
     /// When the execution's own work (not its outbox) is due.
     pub fn work_due_at(&self) -> Option<i64> {
         if self.status.is_terminal() {
-            return self
-                .dead_letter
-                .as_ref()
-                .filter(|d| !d.sent)
-                .and(self.wake_at);
+            return self.wake_at.filter(|_| self.terminal_work_pending());
         }
         match &self.lease {
             Some(lease) => Some(lease.expires_at),
             None => self.wake_at,
         }
+    }
+
+    /// Once terminal: whether its dead-letter envelope or its parent's notice still has to go out.
+    pub fn terminal_work_pending(&self) -> bool {
+        self.dead_letter.as_ref().is_some_and(|d| !d.sent)
+            || (self.parent.is_some() && !self.parent_notified)
     }
 
     /// The input of step `index`: the execution input for the first step, else the previous step's output.

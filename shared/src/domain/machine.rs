@@ -118,6 +118,8 @@ pub enum Event {
     EventsPublished {
         through: u64,
     },
+    /// The parent (of a fan-out child) was told of this execution's end.
+    ParentNotified,
     /// Someone completed an interaction of the current await unit.
     CompleteInteraction {
         interaction: String,
@@ -153,6 +155,8 @@ pub enum Action {
     SendAwaitNotice { unit: Uuid },
     /// Publish the record's outbox of lifecycle events.
     PublishEvents,
+    /// Tell the parent (of a fan-out child) that this execution ended, completing its interaction.
+    NotifyParent,
 }
 
 /// Why a decision writes nothing. None of these is an error: the message is acknowledged.
@@ -262,6 +266,8 @@ pub fn start(
         dead_letter: None,
         incidents: Vec::new(),
         await_unit: None,
+        parent: None,
+        parent_notified: false,
         events: Vec::new(),
         event_seq: 0,
         publish_by: None,
@@ -286,7 +292,19 @@ pub fn start(
 
 /// The transition function.
 pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Event) -> Decision {
-    let decision = transition(record, def, ctx, event);
+    let mut decision = transition(record, def, ctx, event);
+    if let Decision::Commit {
+        record: next,
+        actions,
+    } = &mut decision
+    {
+        // A fan-out child that just ended tells its parent (again by the sweeper until confirmed).
+        if next.parent.is_some() && next.status.is_terminal() && !record.status.is_terminal() {
+            next.parent_notified = false;
+            next.wake_at = next.wake_at.or(Some(ctx.now + ctx.lease_ms));
+            actions.push(Action::NotifyParent);
+        }
+    }
     if !ctx.lifecycle {
         return decision;
     }
@@ -393,6 +411,17 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
         } => heartbeat(record, def, ctx, *launch_id, *step, *attempt),
         Event::DeadLetterSent { id } => dead_letter_sent(record, ctx, *id),
         Event::AwaitNoticeSent { unit } => await_notice_sent(record, ctx, *unit),
+        Event::ParentNotified => {
+            if record.parent.is_none() || record.parent_notified || !record.status.is_terminal() {
+                return Decision::Skip(Skip::Duplicate);
+            }
+            let mut next = bump(record, ctx);
+            next.parent_notified = true;
+            if !next.terminal_work_pending() {
+                next.wake_at = None;
+            }
+            commit(next, Vec::new())
+        }
         Event::EventsPublished { through } => {
             if !record.events.iter().any(|e| e.seq <= *through) {
                 return Decision::Skip(Skip::Duplicate);
@@ -448,13 +477,21 @@ fn claim(record: &Execution, ctx: &Context) -> Decision {
         _ => return Decision::Skip(Skip::NotDue),
     }
     if record.status.is_terminal() {
-        // Due only while its dead-letter envelope is unsent: send it (again) and look back later.
-        let Some(mark) = &record.dead_letter else {
+        // Due only while its dead-letter envelope or its parent's notice is unsent: send them (again)
+        // and look back later.
+        let mut actions = Vec::new();
+        if let Some(mark) = record.dead_letter.as_ref().filter(|d| !d.sent) {
+            actions.push(Action::SendDeadLetter { id: mark.id });
+        }
+        if record.parent.is_some() && !record.parent_notified {
+            actions.push(Action::NotifyParent);
+        }
+        if actions.is_empty() {
             return Decision::Skip(Skip::Terminal);
-        };
+        }
         let mut next = bump(record, ctx);
         next.wake_at = Some(ctx.now + ctx.lease_ms);
-        return commit(next, vec![Action::SendDeadLetter { id: mark.id }]);
+        return commit(next, actions);
     }
     // (A held lease makes the record due at its expiry, so a due record's lease has expired.)
     let mut next = bump(record, ctx);
@@ -481,8 +518,8 @@ fn launch_work(
     next.lease = None;
     match record.status {
         Status::Queued | Status::WaitRetry => {
-            let action = launch_attempt(&mut next, def, ctx, record.attempt + 1);
-            commit(next, vec![action])
+            let actions = launch_attempt(&mut next, def, ctx, record.attempt + 1);
+            commit(next, actions)
         }
         Status::WaitingExternal if record.wake_at.is_some_and(|w| w <= ctx.now) => {
             let Some(unit) = next.await_unit.as_mut() else {
@@ -637,7 +674,7 @@ fn apply_outcome(
             } else {
                 next.step = step + 1;
                 next.budget_base = 0;
-                vec![launch_attempt(next, def, ctx, 1)]
+                launch_attempt(next, def, ctx, 1)
             }
         }
         Outcome::Failed(error) => fail_attempt(next, def, ctx, error),
@@ -677,7 +714,9 @@ fn dead_letter_sent(record: &Execution, ctx: &Context, id: Uuid) -> Decision {
         Some(mark) if mark.id == id && !mark.sent => {
             let mut next = bump(record, ctx);
             next.dead_letter = Some(DeadLetterMark { id, sent: true });
-            next.wake_at = None;
+            if !next.terminal_work_pending() {
+                next.wake_at = None;
+            }
             commit(next, Vec::new())
         }
         Some(mark) if mark.id == id => Decision::Skip(Skip::Duplicate),
@@ -766,14 +805,7 @@ fn complete_interaction(
                 })
                 .collect();
             // The step's input flows on, with the answers beside it.
-            let output = match record.step_input(record.step).map(|p| p.value().clone()) {
-                Some(Value::Object(mut fields)) => {
-                    fields.insert("interactions".into(), Value::Object(answers));
-                    Value::Object(fields)
-                }
-                other => json!({"input": other, "interactions": answers}),
-            };
-            Outcome::Succeeded(output)
+            Outcome::Succeeded(with_answers(record, record.step, answers))
         }
         // Waiting for the others.
         Verdict::Approved => return commit(next, Vec::new()),
@@ -846,7 +878,12 @@ fn cancel(record: &Execution, ctx: &Context, reason: &str) -> Decision {
 
 /// Starts attempt `attempt` of the record's current step: saved as `launching` with its deterministic
 /// launch id, to be sent after the commit.
-fn launch_attempt(next: &mut Execution, def: &PipelineDef, ctx: &Context, attempt: u32) -> Action {
+fn launch_attempt(
+    next: &mut Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    attempt: u32,
+) -> Vec<Action> {
     let step = next.step;
     let id = launch_id(next.id, step, attempt);
     let deadline = ctx.now + step_timeout_ms(def, step);
@@ -870,13 +907,30 @@ fn launch_attempt(next: &mut Execution, def: &PipelineDef, ctx: &Context, attemp
         }
         None => next.steps.push(progress),
     }
-    let Some(step_def) = def.step(step).filter(|s| s.kind == StepKind::Await) else {
-        return Action::SendRequest {
+    let Some(step_def) = def.step(step).filter(|s| s.kind != StepKind::Task) else {
+        return vec![Action::SendRequest {
             step,
             attempt,
             launch_id: id,
             deadline,
-        };
+        }];
+    };
+    // A fan-out waits for one child per item (each child's end completes one interaction).
+    let names = match step_def.kind {
+        StepKind::FanOut => {
+            let items = fan_out_items(next, step);
+            if items == 0 {
+                // Nothing to wait for: the step is done at once.
+                let receipt = Receipt {
+                    launch_id: id,
+                    fingerprint: "no-items".into(),
+                };
+                let output = with_answers(next, step, serde_json::Map::new());
+                return apply_outcome(next, def, ctx, receipt, Outcome::Succeeded(output));
+            }
+            (0..items).map(|i| format!("item-{i}")).collect()
+        }
+        _ => step_def.interaction_names(),
     };
     // An await step parks the execution on an await unit; its tokens derive from this decision's
     // random token, so they cannot be guessed from anything stored elsewhere.
@@ -885,8 +939,7 @@ fn launch_attempt(next: &mut Execution, def: &PipelineDef, ctx: &Context, attemp
         id,
         step,
         deadline,
-        interactions: step_def
-            .interaction_names()
+        interactions: names
             .into_iter()
             .map(|name| Interaction {
                 idempotency_key: format!("{id}/{name}"),
@@ -901,7 +954,27 @@ fn launch_attempt(next: &mut Execution, def: &PipelineDef, ctx: &Context, attemp
         resolved: false,
     });
     next.wake_at = Some(notice_check(next, ctx));
-    Action::SendAwaitNotice { unit: id }
+    vec![Action::SendAwaitNotice { unit: id }]
+}
+
+/// The number of items a fan-out step's input holds (`items`: an array).
+pub fn fan_out_items(record: &Execution, step: u32) -> usize {
+    record
+        .step_input(step)
+        .and_then(|p| p.value().get("items"))
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len)
+}
+
+/// The output of an await or fan-out step: its input, with the answers beside it.
+fn with_answers(record: &Execution, step: u32, answers: serde_json::Map<String, Value>) -> Value {
+    match record.step_input(step).map(|p| p.value().clone()) {
+        Some(Value::Object(mut fields)) => {
+            fields.insert("interactions".into(), Value::Object(answers));
+            Value::Object(fields)
+        }
+        other => json!({"input": other, "interactions": answers}),
+    }
 }
 
 /// Records a failed attempt and either schedules the retry or fails the execution.

@@ -8,8 +8,8 @@ pub mod pipeline;
 
 pub use execution::{
     AwaitUnit, DeadLetterMark, Execution, Incident, Interaction, InteractionCompletion, Lease,
-    LifecycleEvent, LifecycleKind, Receipt, RedriveNote, Status, StepError, StepProgress,
-    StepStatus, Verdict,
+    LifecycleEvent, LifecycleKind, ParentLink, Receipt, RedriveNote, Status, StepError,
+    StepProgress, StepStatus, Verdict,
 };
 pub use ids::launch_id;
 pub use machine::{decide, start, Action, Context, Decision, Event, Outcome, Rejection, Skip};

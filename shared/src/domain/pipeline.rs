@@ -22,6 +22,10 @@ pub enum StepKind {
     /// Waits for people or other systems: parks the execution on an await unit whose interactions
     /// are announced on the step's queue and completed through the API or the await-completion queue.
     Await,
+    /// Fans out: starts one child execution of `childPipeline` per element of the step input's
+    /// `items` array, waits for all of them (each child's end completes one interaction), and resumes
+    /// with every child's outcome. A failed child is reported, not fatal to the others.
+    FanOut,
 }
 
 /// One step: its id, kind, input/output type ids, the SQS request queue its worker reads, its deadline
@@ -47,6 +51,9 @@ pub struct StepDef {
     /// Await steps: the interactions that must all be completed (default: one, `approval`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interactions: Vec<String>,
+    /// Fan-out steps: the pipeline each item runs as a child execution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_pipeline: Option<String>,
 }
 
 impl StepDef {
@@ -177,6 +184,7 @@ mod tests {
             timeout_secs: 1,
             retry: RetryPolicy::default(),
             interactions: Vec::new(),
+            child_pipeline: None,
         };
         let def = PipelineDef {
             pipeline_id: "p".into(),

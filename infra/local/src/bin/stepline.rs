@@ -193,6 +193,7 @@ async fn main() -> Result<()> {
                     tenant,
                     input: serde_json::from_str(&input).context("--input is not JSON")?,
                     idempotency_key,
+                    parent: None,
                 })
                 .await?;
             out.show(&serde_json::to_value(&submitted)?, || {

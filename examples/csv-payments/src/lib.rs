@@ -1,0 +1,186 @@
+//! The `csv-payments` example: a CSV of payments is parsed and validated (bad rows are reported, not
+//! fatal), each good row is paid by a child execution of the `csv-payment` pipeline (a fan-out step),
+//! and a summary aggregates the outcomes. A payment that fails fails its row, not the batch.
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use stepline::contract::Contract;
+use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError, StepKind};
+use stepline::envelope::RequestHeader;
+use stepline::worker::StepFunction;
+
+pub const BATCH_PIPELINE: &str = "csv-payments";
+pub const PAYMENT_PIPELINE: &str = "csv-payment";
+pub const RELEASE_VERSION: &str = "1";
+/// Payments above this many cents are declined by the (simulated) bank.
+pub const LIMIT_CENTS: u64 = 100_000;
+
+fn step(id: &str, kind: StepKind, queue: &str, input: &str, output: &str) -> StepDef {
+    StepDef {
+        id: id.into(),
+        kind,
+        input_type: input.into(),
+        output_type: output.into(),
+        queue: queue.into(),
+        timeout_secs: 120,
+        retry: RetryPolicy {
+            max_attempts: 3,
+            initial_delay_ms: 500,
+            multiplier: 2.0,
+            max_delay_ms: 5_000,
+            non_retryable: vec!["DECLINED".into(), "INVALID_CSV".into()],
+        },
+        interactions: Vec::new(),
+        child_pipeline: None,
+    }
+}
+
+/// parse (task) -> payments (fan-out over `items`, children of `csv-payment`) -> summary (task).
+pub fn batch_pipeline(queue: &str) -> PipelineDef {
+    let mut payments = step(
+        "payments",
+        StepKind::FanOut,
+        "",
+        "csv.Rows/1",
+        "csv.PaidRows/1",
+    );
+    payments.child_pipeline = Some(PAYMENT_PIPELINE.into());
+    PipelineDef {
+        pipeline_id: BATCH_PIPELINE.into(),
+        release_version: RELEASE_VERSION.into(),
+        steps: vec![
+            step("parse", StepKind::Task, queue, "csv.Text/1", "csv.Rows/1"),
+            payments,
+            step(
+                "summary",
+                StepKind::Task,
+                queue,
+                "csv.PaidRows/1",
+                "csv.Summary/1",
+            ),
+        ],
+    }
+}
+
+/// pay (task): one row.
+pub fn payment_pipeline(queue: &str) -> PipelineDef {
+    PipelineDef {
+        pipeline_id: PAYMENT_PIPELINE.into(),
+        release_version: RELEASE_VERSION.into(),
+        steps: vec![step(
+            "pay",
+            StepKind::Task,
+            queue,
+            "csv.Row/1",
+            "csv.Payment/1",
+        )],
+    }
+}
+
+pub fn batch_contract() -> Contract {
+    Contract::of(&batch_pipeline(""))
+}
+
+pub fn payment_contract() -> Contract {
+    Contract::of(&payment_pipeline(""))
+}
+
+/// A sample batch: good rows, a malformed row, a negative amount, and one over the bank's limit.
+pub fn sample_csv() -> Value {
+    json!({"csv": "payee,iban,amount_cents\n\
+        Ada Lovelace,GB33BUKB20201555555555,12500\n\
+        Alan Turing,GB94BARC10201530093459,990\n\
+        broken row without fields\n\
+        Grace Hopper,DE89370400440532013000,-5\n\
+        Edsger Dijkstra,NL91ABNA0417164300,250000\n\
+        Barbara Liskov,FR1420041010050500013M02606,4200\n"})
+}
+
+/// The steps of both pipelines.
+pub struct CsvSteps;
+
+#[async_trait]
+impl StepFunction for CsvSteps {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        match request.step_id.as_str() {
+            "parse" => parse(&input),
+            "pay" => pay(&input, request),
+            "summary" => Ok(summary(&input)),
+            other => Err(StepError::new(
+                "UNKNOWN_STEP",
+                format!("no step {other:?}"),
+                false,
+            )),
+        }
+    }
+}
+
+fn parse(input: &Value) -> Result<Value, StepError> {
+    let text = input["csv"]
+        .as_str()
+        .ok_or_else(|| StepError::new("INVALID_CSV", "input needs a csv string", false))?;
+    let mut items = Vec::new();
+    let mut bad = Vec::new();
+    for (n, line) in text.lines().enumerate().skip(1) {
+        let line_no = n + 1;
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        match fields.as_slice() {
+            [payee, iban, amount] if !payee.is_empty() && iban.len() >= 15 => match amount
+                .parse::<i64>()
+            {
+                Ok(cents) if cents > 0 => items.push(json!({
+                    "line": line_no, "payee": payee, "iban": iban, "amountCents": cents
+                })),
+                _ => bad
+                    .push(json!({"line": line_no, "reason": format!("invalid amount {amount:?}")})),
+            },
+            [] | [""] => {}
+            _ => bad.push(json!({"line": line_no, "reason": "expected payee,iban,amount_cents"})),
+        }
+    }
+    Ok(json!({"items": items, "badRows": bad}))
+}
+
+fn pay(row: &Value, request: &RequestHeader) -> Result<Value, StepError> {
+    let cents = row["amountCents"].as_u64().unwrap_or(0);
+    if cents > LIMIT_CENTS {
+        return Err(StepError::new(
+            "DECLINED",
+            format!("{} cents is over the limit", cents),
+            false,
+        ));
+    }
+    Ok(json!({
+        "line": row["line"],
+        "payee": row["payee"],
+        "amountCents": cents,
+        // Idempotent on the launch id: a re-run pays under the same reference.
+        "reference": format!("PAY-{}", &request.launch_id.simple().to_string()[..10]),
+    }))
+}
+
+fn summary(input: &Value) -> Value {
+    let outcomes = input["interactions"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let mut paid = Vec::new();
+    let mut failed = Vec::new();
+    for outcome in outcomes.values() {
+        match outcome["status"].as_str() {
+            Some("SUCCEEDED") => paid.push(outcome["result"].clone()),
+            _ => failed.push(json!({
+                "execution": outcome["executionId"],
+                "code": outcome["error"]["code"],
+                "message": outcome["error"]["message"],
+            })),
+        }
+    }
+    let total: u64 = paid.iter().filter_map(|p| p["amountCents"].as_u64()).sum();
+    json!({
+        "paid": paid.len(),
+        "paidCents": total,
+        "failed": failed,
+        "badRows": input["badRows"],
+    })
+}
