@@ -1,6 +1,7 @@
 //! The local stack: provisions template.yaml's resources on the emulator `AWS_ENDPOINT_URL` points at
 //! (moto or LocalStack) and runs the project's handlers behind emulated Lambda event sources.
 
+pub mod releases;
 pub mod runner;
 pub mod stack;
 pub mod template;

@@ -18,6 +18,7 @@ use stepline::envelope::InteractionMessage;
 use stepline::envelope::RequestHeader;
 use stepline::worker::StepFunction;
 use stepline::SubmitRequest;
+use stepline_local::releases::ReleaseAction;
 use stepline_local::{fresh_stage, functions, Binding, LocalStack, RunnerOptions};
 use uuid::Uuid;
 
@@ -83,35 +84,6 @@ enum Command {
         #[command(flatten)]
         pipeline: PipelineArgs,
     },
-}
-
-#[derive(Subcommand)]
-enum ReleaseAction {
-    /// Register the example pipeline as a release (on the stage's request queue), without activating it.
-    Register {
-        release: String,
-        #[arg(long, default_value_t = 60)]
-        step_timeout_secs: u32,
-    },
-    /// Registered releases.
-    List,
-    /// The active release.
-    Active,
-    /// Activations, oldest first.
-    History,
-    /// Activate a registered release.
-    Activate {
-        release: String,
-        #[arg(long, default_value = "activated by operator")]
-        reason: String,
-    },
-    /// Activate the release that was active before the current one.
-    Rollback {
-        #[arg(long, default_value = "rollback")]
-        reason: String,
-    },
-    /// Compare a registered release with the code's contract and its artifacts' digests.
-    Drift { release: String },
 }
 
 /// How the example pipeline is registered and how its worker behaves.
@@ -185,7 +157,10 @@ async fn main() -> Result<()> {
             stage,
             pipeline,
             action,
-        } => releases(&stage, &pipeline, action).await,
+        } => {
+            let local = LocalStack::up(&stage).await?;
+            stepline_local::releases::run(&local, &pipeline, action).await
+        }
         Command::Provision { stage } => {
             let local = LocalStack::up(&stage).await?;
             println!("{}", serde_json::to_string_pretty(&local.stack)?);
@@ -671,90 +646,4 @@ async fn csv_demo(stage: Option<String>, timeout: Duration) -> Result<()> {
         bail!("the batch did not end as expected (3 paid, 1 declined, 2 bad rows)");
     }
     Ok(())
-}
-
-async fn releases(stage: &str, pipeline: &str, action: ReleaseAction) -> Result<()> {
-    let local = LocalStack::up(stage).await?;
-    let api = local.coordinator(functions::REDRIVE)?;
-    let registry = api.registry();
-    let json = |v: &dyn erased::Json| println!("{}", v.pretty());
-    match action {
-        ReleaseAction::Register {
-            release,
-            step_timeout_secs,
-        } => {
-            let (queue, _) = local.stack.queue("OrderRequestQueue")?;
-            let mut def = order_worker::pipeline(queue);
-            def.release_version = release;
-            for step in &mut def.steps {
-                step.timeout_secs = step_timeout_secs;
-            }
-            let descriptor = stepline::release::Release::new(
-                def,
-                vec![stepline_local::example_contract_artifact()?],
-            );
-            let outcome = registry.register(&descriptor).await.map_err(|e| match e {
-                stepline::ports::StoreError::Conflict => anyhow::anyhow!(
-                    "release {} is registered with other content: releases are immutable",
-                    descriptor.release_version
-                ),
-                other => other.into(),
-            })?;
-            eprintln!("{outcome:?}");
-            json(&descriptor);
-        }
-        ReleaseAction::List => json(&registry.list(pipeline).await?),
-        ReleaseAction::Active => json(&registry.active(pipeline).await?),
-        ReleaseAction::History => json(&registry.history(pipeline).await?),
-        ReleaseAction::Activate { release, reason } => json(
-            &registry
-                .activate(pipeline, &release, api.now(), &reason)
-                .await?,
-        ),
-        ReleaseAction::Rollback { reason } => {
-            let history = registry.history(pipeline).await?;
-            let current = history.last().map(|a| a.release_version.clone());
-            let Some(previous) = history
-                .iter()
-                .rev()
-                .map(|a| &a.release_version)
-                .find(|r| Some(*r) != current.as_ref())
-            else {
-                bail!("no earlier release to roll back to");
-            };
-            json(
-                &registry
-                    .activate(pipeline, previous, api.now(), &reason)
-                    .await?,
-            )
-        }
-        ReleaseAction::Drift { release } => {
-            let Some(registered) = registry.get(pipeline, &release).await? else {
-                bail!("release {release} of {pipeline} is not registered");
-            };
-            let drift = stepline::release::drift(
-                &registered,
-                &order_worker::contract(),
-                stepline_local::read_artifact,
-            );
-            json(&drift);
-            if !drift.is_empty() {
-                bail!("release {release} drifted");
-            }
-        }
-    }
-    Ok(())
-}
-
-/// JSON printing of the registry's answers.
-mod erased {
-    pub trait Json {
-        fn pretty(&self) -> String;
-    }
-
-    impl<T: serde::Serialize> Json for T {
-        fn pretty(&self) -> String {
-            serde_json::to_string_pretty(self).unwrap_or_default()
-        }
-    }
 }

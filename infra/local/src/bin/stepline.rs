@@ -93,6 +93,13 @@ enum Command {
         #[arg(long)]
         expected_version: Option<u64>,
     },
+    /// Release registry: register, list, active, history, activate, rollback, drift.
+    Releases {
+        #[arg(long)]
+        pipeline: String,
+        #[command(subcommand)]
+        action: stepline_local::releases::ReleaseAction,
+    },
     /// Dead letters: inspect a DLQ, replay the execution DLQ, or move a queue's dead letters back.
     Dlq {
         #[command(subcommand)]
@@ -301,6 +308,9 @@ async fn main() -> Result<()> {
             });
         }
         Command::Dlq { action } => dlq(&local, &api, action, &out).await?,
+        Command::Releases { pipeline, action } => {
+            stepline_local::releases::run(&local, &pipeline, action).await?
+        }
     }
     Ok(())
 }
