@@ -18,24 +18,10 @@ use stepline_suite::TestStack;
 /// Creates a queue and a rule on the stack's bus that sends every lifecycle event to it.
 async fn subscribe(stack: &TestStack) -> anyhow::Result<String> {
     let stage = &stack.local.stack.stage;
-    let sqs = stack.sqs();
-    let url = sqs
-        .create_queue()
-        .queue_name(format!("stepline-{stage}-lifecycle"))
-        .send()
-        .await?
-        .queue_url
-        .unwrap();
-    let arn = sqs
-        .get_queue_attributes()
-        .queue_url(&url)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .send()
-        .await?
-        .attributes
-        .unwrap()
-        .remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .unwrap();
+    let queue = stack
+        .create_queue(&format!("stepline-{stage}-lifecycle"))
+        .await?;
+    let (url, arn) = (queue.url, queue.arn);
     let bus = stack.local.stack.reference_of("EventBus")?;
     let events = aws_sdk_eventbridge::Client::new(&stack.local.sdk);
     events

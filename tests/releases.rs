@@ -20,7 +20,7 @@ use stepline::SubmitRequest;
 use stepline_local::runner::Binding;
 use stepline_local::stack::SqsSource;
 use stepline_local::{functions, worker_handler};
-use stepline_suite::TestStack;
+use stepline_suite::{ExtraQueue, TestStack};
 use uuid::Uuid;
 
 /// The example steps, slowed down, recording which executions this worker ran.
@@ -62,44 +62,12 @@ fn release_two(v1: &PipelineDef, queue: &str) -> PipelineDef {
     def
 }
 
-struct Queue {
-    name: String,
-    url: String,
-    arn: String,
-}
-
-async fn create_queue(stack: &TestStack, name: &str) -> anyhow::Result<Queue> {
-    let sqs = stack.sqs();
-    let url = sqs
-        .create_queue()
-        .queue_name(name)
-        .send()
-        .await?
-        .queue_url
-        .unwrap();
-    let arn = sqs
-        .get_queue_attributes()
-        .queue_url(&url)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .send()
-        .await?
-        .attributes
-        .unwrap()
-        .remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .unwrap();
-    Ok(Queue {
-        name: name.into(),
-        url,
-        arn,
-    })
-}
-
 /// Release 2's workers: a worker of release 2's contract polling release 2's queue.
 fn v2_worker(
     stack: &TestStack,
     def: &PipelineDef,
-    queue: &Queue,
-    dlq: &Queue,
+    queue: &ExtraQueue,
+    dlq: &ExtraQueue,
     steps: Arc<Recording>,
 ) -> Binding {
     let contract = Contract::of(def);
@@ -128,8 +96,12 @@ fn v2_worker(
 async fn executions_stay_on_their_release_across_activation_and_rollback() -> anyhow::Result<()> {
     let mut stack = TestStack::new("e2e-rel", |_| {}).await?;
     let stage = stack.local.stack.stage.clone();
-    let v2_queue = create_queue(&stack, &format!("stepline-{stage}-orders-v2-request")).await?;
-    let v2_dlq = create_queue(&stack, &format!("stepline-{stage}-orders-v2-request-dlq")).await?;
+    let v2_queue = stack
+        .create_queue(&format!("stepline-{stage}-orders-v2-request"))
+        .await?;
+    let v2_dlq = stack
+        .create_queue(&format!("stepline-{stage}-orders-v2-request-dlq"))
+        .await?;
     let v1 = stack.pipeline.clone();
     let v2 = release_two(&v1, &v2_queue.name);
     let registry = stack.api.registry().clone();
@@ -243,8 +215,12 @@ async fn a_command_for_another_release_is_dead_lettered_unread_and_fails_its_exe
 ) -> anyhow::Result<()> {
     let mut stack = TestStack::new("e2e-ident", |_| {}).await?;
     let stage = stack.local.stack.stage.clone();
-    let v2_queue = create_queue(&stack, &format!("stepline-{stage}-orders-v2-request")).await?;
-    let v2_dlq = create_queue(&stack, &format!("stepline-{stage}-orders-v2-request-dlq")).await?;
+    let v2_queue = stack
+        .create_queue(&format!("stepline-{stage}-orders-v2-request"))
+        .await?;
+    let v2_dlq = stack
+        .create_queue(&format!("stepline-{stage}-orders-v2-request-dlq"))
+        .await?;
     let v2 = release_two(&stack.pipeline, &v2_queue.name);
     // Misrouted release 3: release 1's contract, but its commands go to release 2's queue.
     let mut v3 = stack.pipeline.clone();

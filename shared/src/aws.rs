@@ -79,3 +79,25 @@ pub fn worker(
         None => worker,
     }
 }
+
+/// Runs a worker function under the Lambda runtime: release and DLQ from the environment, identity
+/// from `contract` (the code it was built from).
+pub async fn run_worker(
+    contract: Contract,
+    steps: Arc<dyn StepFunction>,
+) -> Result<(), lambda_runtime::Error> {
+    crate::telemetry::init();
+    let worker = Arc::new(self::worker(
+        &sdk_config().await,
+        &WorkerConfig::from_env()?,
+        &contract,
+        steps,
+    ));
+    lambda_runtime::run(lambda_runtime::service_fn(
+        |event: lambda_runtime::LambdaEvent<aws_lambda_events::event::sqs::SqsEvent>| {
+            let worker = worker.clone();
+            async move { Ok::<_, lambda_runtime::Error>(worker.handle(event.payload).await) }
+        },
+    ))
+    .await
+}

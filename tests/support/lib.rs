@@ -260,6 +260,41 @@ impl TestStack {
     }
 }
 
+/// A queue a test created beside the stack (e.g. a second release's request queue).
+pub struct ExtraQueue {
+    pub name: String,
+    pub url: String,
+    pub arn: String,
+}
+
+impl TestStack {
+    /// Creates a queue outside the template.
+    pub async fn create_queue(&self, name: &str) -> Result<ExtraQueue> {
+        let sqs = self.sqs();
+        let url = sqs
+            .create_queue()
+            .queue_name(name)
+            .send()
+            .await?
+            .queue_url
+            .unwrap_or_default();
+        let arn = sqs
+            .get_queue_attributes()
+            .queue_url(&url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await?
+            .attributes
+            .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
+            .unwrap_or_default();
+        Ok(ExtraQueue {
+            name: name.into(),
+            url,
+            arn,
+        })
+    }
+}
+
 /// The three DLQs the operator function reads, owned.
 pub struct OwnedDeadLetterQueues([SqsDeadLetterQueue; 3]);
 

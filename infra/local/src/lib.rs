@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use stepline::config::{CoordinatorConfig, WorkerConfig};
 use stepline::contract::{Contract, CONTRACT_FILE};
-use stepline::ports::Clock;
+use stepline::domain::PipelineDef;
 use stepline::release::{Artifact, Release};
 use stepline::worker::{StepFunction, Worker};
 use stepline::Coordinator;
@@ -119,6 +119,26 @@ impl LocalStack {
         })
     }
 
+    /// Registers `def` as a release (a no-op if identical) and activates it unless it is active.
+    pub async fn release(&self, def: PipelineDef, artifacts: Vec<Artifact>) -> Result<Release> {
+        let release = Release::new(def, artifacts);
+        let api = self.coordinator(functions::REDRIVE)?;
+        let registry = api.registry();
+        registry.register(&release).await?;
+        let active = registry.active(&release.pipeline_id).await?;
+        if active.map(|a| a.release_version) != Some(release.release_version.clone()) {
+            registry
+                .activate(
+                    &release.pipeline_id,
+                    &release.release_version,
+                    api.now(),
+                    "local stack",
+                )
+                .await?;
+        }
+        Ok(release)
+    }
+
     /// Releases the example pipeline on `queue` (its worker's request queue) as `release_version`,
     /// with the committed contract file as its artifact, and activates it.
     pub async fn release_example(
@@ -132,22 +152,7 @@ impl LocalStack {
         for step in &mut def.steps {
             step.timeout_secs = step_timeout_secs;
         }
-        let release = Release::new(def, vec![example_contract_artifact()?]);
-        let registry = self.coordinator(functions::REDRIVE)?;
-        let registry = registry.registry();
-        registry.register(&release).await?;
-        let now = stepline::ports::SystemClock.now_ms();
-        if registry
-            .active(&release.pipeline_id)
-            .await?
-            .map(|a| a.release_version)
-            != Some(release_version.to_string())
-        {
-            registry
-                .activate(&release.pipeline_id, release_version, now, "local stack")
-                .await?;
-        }
-        Ok(release)
+        self.release(def, vec![example_contract_artifact()?]).await
     }
 }
 

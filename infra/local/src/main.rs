@@ -401,14 +401,13 @@ async fn restaurant_demo(
         .context("provisioning the local stack (is the emulator running? see infra/emulator.sh)")?;
     let (requests, _) = local.stack.queue("RestaurantRequestQueue")?;
     let (approvals, approvals_url) = local.stack.queue("RestaurantApprovalQueue")?;
-    let def = restaurant_approval::pipeline(requests, approvals, 120);
+    local
+        .release(
+            restaurant_approval::pipeline(requests, approvals, 120),
+            Vec::new(),
+        )
+        .await?;
     let api = local.coordinator(functions::REDRIVE)?;
-    api.registry()
-        .register(&stepline::release::Release::new(def.clone(), Vec::new()))
-        .await?;
-    api.registry()
-        .activate(&def.pipeline_id, &def.release_version, api.now(), "demo")
-        .await?;
     let mut bindings = local.coordinator_bindings()?;
     bindings.push(local.worker_binding(
         "RestaurantWorkerFunction",
@@ -557,12 +556,7 @@ async fn csv_demo(stage: Option<String>, timeout: Duration) -> Result<()> {
         csv_payments::batch_pipeline(batch_queue),
         csv_payments::payment_pipeline(payment_queue),
     ] {
-        api.registry()
-            .register(&stepline::release::Release::new(def.clone(), Vec::new()))
-            .await?;
-        api.registry()
-            .activate(&def.pipeline_id, &def.release_version, api.now(), "demo")
-            .await?;
+        local.release(def, Vec::new()).await?;
     }
     let mut bindings = local.coordinator_bindings()?;
     bindings.push(local.worker_binding(

@@ -58,20 +58,10 @@ async fn running_stack(prefix: &str) -> Result<(LocalStack, stepline_local::Runn
         .await?;
     let (requests, _) = local.stack.queue("RestaurantRequestQueue")?;
     let (approvals, _) = local.stack.queue("RestaurantApprovalQueue")?;
-    let restaurant = restaurant_approval::pipeline(requests, approvals, 120);
-    let api = local.coordinator(functions::REDRIVE)?;
-    api.registry()
-        .register(&stepline::release::Release::new(
-            restaurant.clone(),
+    local
+        .release(
+            restaurant_approval::pipeline(requests, approvals, 120),
             Vec::new(),
-        ))
-        .await?;
-    api.registry()
-        .activate(
-            &restaurant.pipeline_id,
-            &restaurant.release_version,
-            api.now(),
-            "test",
         )
         .await?;
     let mut bindings = local.coordinator_bindings()?;
