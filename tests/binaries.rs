@@ -1,0 +1,328 @@
+//! The real function binaries under the Lambda Runtime API: the test builds every function, serves the
+//! Runtime API itself (`next`, `response`, `error`), feeds each binary real event payloads from
+//! `tests/fixtures/`, and drives one execution through launch, the worker, completion, claim, the
+//! operator function and the HTTP API, on the local emulator. It records each binary's init time (process
+//! start to its first `next`).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use stepline::domain::Status;
+use stepline_suite::TestStack;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+
+/// What the fake Runtime API holds for one binary.
+#[derive(Default)]
+struct Runtime {
+    events: VecDeque<(String, String)>,
+    /// request id -> (success, body)
+    answers: BTreeMap<String, (bool, String)>,
+    first_next: Option<Instant>,
+    init_error: Option<String>,
+}
+
+/// Serves the Lambda Runtime API for one binary on a loopback port.
+async fn serve(runtime: Arc<Mutex<Runtime>>) -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let runtime = runtime.clone();
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut reader = BufReader::new(read);
+                loop {
+                    let mut request_line = String::new();
+                    if reader.read_line(&mut request_line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut length = 0usize;
+                    loop {
+                        let mut header = String::new();
+                        if reader.read_line(&mut header).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let header = header.trim_end();
+                        if header.is_empty() {
+                            break;
+                        }
+                        if let Some((name, value)) = header.split_once(':') {
+                            if name.eq_ignore_ascii_case("content-length") {
+                                length = value.trim().parse().unwrap_or(0);
+                            }
+                        }
+                    }
+                    let mut body = vec![0u8; length];
+                    if reader.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    let body = String::from_utf8_lossy(&body).into_owned();
+                    let path = request_line
+                        .split_whitespace()
+                        .nth(1)
+                        .unwrap_or("")
+                        .to_string();
+                    let response = if path.ends_with("/runtime/invocation/next") {
+                        // Long-poll: hand out the next event, or wait for one.
+                        loop {
+                            let next = {
+                                let mut rt = runtime.lock().unwrap();
+                                rt.first_next.get_or_insert_with(Instant::now);
+                                rt.events.pop_front()
+                            };
+                            if let Some((id, event)) = next {
+                                break format!(
+                                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nlambda-runtime-aws-request-id: {id}\r\nlambda-runtime-deadline-ms: {}\r\nlambda-runtime-invoked-function-arn: arn:aws:lambda:us-east-1:123456789012:function:test\r\nlambda-runtime-trace-id: Root=1-5bef4de7-ad49b0e87f6ef6c87fc2e700;Parent=9a9197af755a6419;Sampled=1\r\ncontent-length: {}\r\n\r\n{event}",
+                                    now_ms() + 60_000,
+                                    event.len()
+                                );
+                            }
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    } else if let Some(rest) = path.strip_prefix("/2018-06-01/runtime/invocation/")
+                    {
+                        let (id, kind) = rest.split_once('/').unwrap_or((rest, ""));
+                        runtime
+                            .lock()
+                            .unwrap()
+                            .answers
+                            .insert(id.to_string(), (kind == "response", body));
+                        "HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n".to_string()
+                    } else if path.ends_with("/runtime/init/error") {
+                        runtime.lock().unwrap().init_error = Some(body);
+                        "HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n".to_string()
+                    } else {
+                        "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_string()
+                    };
+                    if write.write_all(response.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(port)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// A function binary running under the fake Runtime API; killed when dropped.
+struct Function {
+    name: String,
+    child: Child,
+    runtime: Arc<Mutex<Runtime>>,
+    started: Instant,
+    invocations: u32,
+}
+
+impl Function {
+    async fn start(binary: &str, env: &BTreeMap<String, String>) -> Result<Function> {
+        let runtime = Arc::new(Mutex::new(Runtime::default()));
+        let port = serve(runtime.clone()).await?;
+        let path = binaries_dir().join(binary);
+        let started = Instant::now();
+        let child = Command::new(&path)
+            .envs(env)
+            .env("AWS_LAMBDA_RUNTIME_API", format!("127.0.0.1:{port}"))
+            .env("AWS_LAMBDA_FUNCTION_NAME", binary)
+            .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128")
+            .env("AWS_LAMBDA_LOG_GROUP_NAME", format!("/aws/lambda/{binary}"))
+            .env("AWS_LAMBDA_LOG_STREAM_NAME", "test")
+            .env("AWS_LAMBDA_LOG_FORMAT", "JSON")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", path.display()))?;
+        Ok(Function {
+            name: binary.to_string(),
+            child,
+            runtime,
+            started,
+            invocations: 0,
+        })
+    }
+
+    /// Delivers one event and waits for the binary's answer.
+    async fn invoke(&mut self, event: String) -> Result<Value> {
+        self.invocations += 1;
+        let id = format!("req-{}-{}", self.name, self.invocations);
+        self.runtime
+            .lock()
+            .unwrap()
+            .events
+            .push_back((id.clone(), event));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some((ok, body)) = self.runtime.lock().unwrap().answers.remove(&id) {
+                if !ok {
+                    bail!("{} reported an error: {body}", self.name);
+                }
+                return Ok(serde_json::from_str(&body).unwrap_or(Value::String(body)));
+            }
+            if let Some(error) = &self.runtime.lock().unwrap().init_error {
+                bail!("{} failed to initialise: {error}", self.name);
+            }
+            if Instant::now() > deadline {
+                bail!("{} did not answer within 30 s", self.name);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Process start to the first `next` call.
+    fn init_ms(&self) -> Option<f64> {
+        self.runtime
+            .lock()
+            .unwrap()
+            .first_next
+            .map(|t| (t - self.started).as_secs_f64() * 1000.0)
+    }
+}
+
+impl Drop for Function {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Where cargo puts the workspace's binaries (next to the test executables' directory).
+fn binaries_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir")
+        .to_path_buf()
+}
+
+/// Builds every function binary (the test suite itself only builds libraries and tests).
+fn build_binaries() -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--workspace", "--bins", "--quiet"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()?;
+    anyhow::ensure!(status.success(), "building the function binaries failed");
+    Ok(())
+}
+
+fn fixture(name: &str, vars: &[(&str, &str)]) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    let mut text = std::fs::read_to_string(&path).expect("fixture exists");
+    for (key, value) in vars {
+        text = text.replace(&format!("${{{key}}}"), value);
+    }
+    text
+}
+
+/// An SQS event delivering `body` (JSON-escaped into the fixture) from queue `arn`.
+fn sqs_event(body: &str, arn: &str) -> String {
+    let escaped = serde_json::to_string(body).unwrap();
+    fixture(
+        "sqs-event.json",
+        &[("BODY", &escaped[1..escaped.len() - 1]), ("QUEUE_ARN", arn)],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Result<()> {
+    tokio::task::spawn_blocking(build_binaries).await??;
+    let stack = TestStack::new("e2e-bin", |_| {}).await?;
+    let env = |function: &str| -> Result<BTreeMap<String, String>> {
+        let mut env = stack.local.stack.function(function)?.env.clone();
+        for (key, value) in std::env::vars() {
+            if key.starts_with("AWS_") {
+                env.insert(key, value);
+            }
+        }
+        env.insert("RUST_LOG".into(), "warn".into());
+        Ok(env)
+    };
+    let arn_of = |logical: &str| -> Result<String> {
+        match stack.local.stack.resources.get(logical) {
+            Some(stepline_local::stack::Physical::Queue { arn, .. }) => Ok(arn.clone()),
+            _ => bail!("no queue {logical}"),
+        }
+    };
+    let mut launch = Function::start("launch", &env("LaunchFunction")?).await?;
+    let mut worker = Function::start("order-worker", &env("OrderWorkerFunction")?).await?;
+    let mut completion = Function::start("completion", &env("CompletionFunction")?).await?;
+    let mut claim = Function::start("claim", &env("ClaimFunction")?).await?;
+    let mut operator = Function::start("redrive", &env("RedriveFunction")?).await?;
+    let mut api = Function::start("api", &env("ApiFunction")?).await?;
+
+    // Submit, then hand its launch work to the launch binary.
+    let id = stack.submit(order_worker::sample_order(1)).await?;
+    let work = stack.take_all("LaunchQueue").await?;
+    assert_eq!(work.len(), 1);
+    let answer = launch
+        .invoke(sqs_event(&work[0], &arn_of("LaunchQueue")?))
+        .await?;
+    assert_eq!(answer["batchItemFailures"], serde_json::json!([]));
+    assert_eq!(stack.api.get(id).await?.status, Status::Running);
+
+    // The worker binary runs the request and replies; the completion binary applies the reply.
+    let requests = stack.take_all("OrderRequestQueue").await?;
+    assert_eq!(requests.len(), 1);
+    let answer = worker
+        .invoke(sqs_event(&requests[0], &arn_of("OrderRequestQueue")?))
+        .await?;
+    assert_eq!(answer["batchItemFailures"], serde_json::json!([]));
+    let replies = stack.take_all("ReplyQueue").await?;
+    assert_eq!(replies.len(), 1);
+    let answer = completion
+        .invoke(sqs_event(&replies[0], &arn_of("ReplyQueue")?))
+        .await?;
+    assert_eq!(answer["batchItemFailures"], serde_json::json!([]));
+    let record = stack.api.get(id).await?;
+    assert_eq!(record.step, 1, "the reply advanced the execution");
+
+    // The claim binary answers a scheduled event with its report.
+    let report = claim.invoke(fixture("scheduled-event.json", &[])).await?;
+    assert!(report.get("claimed").is_some(), "{report}");
+
+    // The HTTP API binary answers a function-URL request.
+    let response = api
+        .invoke(fixture(
+            "function-url-get-execution.json",
+            &[("EXECUTION_ID", &id.to_string())],
+        ))
+        .await?;
+    assert_eq!(response["statusCode"], 200, "{response}");
+    let body: Value = serde_json::from_str(response["body"].as_str().unwrap_or("{}"))?;
+    assert_eq!(body["status"], "RUNNING");
+
+    // The operator binary cancels it.
+    let answer = operator
+        .invoke(fixture(
+            "operator-cancel.json",
+            &[("EXECUTION_ID", &id.to_string())],
+        ))
+        .await?;
+    assert_eq!(answer["status"], "CANCELLED");
+    assert_eq!(stack.api.get(id).await?.status, Status::Cancelled);
+
+    // Init times: process start to the first `next`.
+    for f in [&launch, &worker, &completion, &claim, &operator, &api] {
+        let init = f.init_ms().expect("every binary asked for an event");
+        eprintln!("init {:<14} {init:>7.1} ms", f.name);
+    }
+    Ok(())
+}
