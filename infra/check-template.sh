@@ -11,4 +11,10 @@ fi
 export AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}" SAM_CLI_TELEMETRY=0
 "$venv/bin/cfn-lint" template.yaml
 "$venv/bin/sam" validate --lint -t template.yaml
-echo "template checks: cfn-lint and sam validate --lint passed"
+"$venv/bin/python" infra/check-iam.py template.yaml
+# The check must be able to fail: a template with wildcards and a broad policy template is refused.
+if "$venv/bin/python" infra/check-iam.py infra/testdata/wildcard-policy.yaml > /dev/null; then
+  echo "template checks: the least-privilege check accepted a wildcard policy" >&2
+  exit 1
+fi
+echo "template checks: cfn-lint, sam validate --lint and least privilege passed"
