@@ -282,11 +282,12 @@ impl Coordinator {
                     actions,
                 } => match self.store.replace(&next, record.version).await {
                     Ok(()) => {
+                        observe(&record, &next, &actions);
                         return Ok(Applied::Committed {
                             record: *next,
                             actions,
                             definition,
-                        })
+                        });
                     }
                     Err(StoreError::Conflict) => continue,
                     Err(e) => return Err(e.into()),
@@ -772,6 +773,42 @@ impl Coordinator {
         }
         self.flush(outbox).await;
         Ok(report)
+    }
+}
+
+/// Metrics of a committed transition (Embedded Metric Format log lines, inside Lambda).
+fn observe(before: &Execution, after: &Execution, actions: &[Action]) {
+    use crate::metrics::{emit, Metric};
+    let pipeline = after.pipeline_id.as_str();
+    let at = after.updated_at;
+    let completed = after
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(k, s)| {
+            s.status == domain::StepStatus::Succeeded
+                && before.steps.get(*k).map(|b| b.status) != Some(domain::StepStatus::Succeeded)
+        })
+        .count();
+    if completed > 0 {
+        emit(Metric::StepsCompleted, completed as f64, pipeline, at);
+        // The record's previous write launched the step (or recorded its last heartbeat).
+        emit(
+            Metric::StepLatency,
+            (after.updated_at - before.updated_at).max(0) as f64,
+            pipeline,
+            at,
+        );
+    }
+    if after.status == domain::Status::WaitRetry && before.status != domain::Status::WaitRetry {
+        emit(Metric::Retries, 1.0, pipeline, at);
+    }
+    let dead = actions
+        .iter()
+        .filter(|a| matches!(a, Action::SendDeadLetter { .. }))
+        .count();
+    if dead > 0 {
+        emit(Metric::DeadLetters, dead as f64, pipeline, at);
     }
 }
 

@@ -13,6 +13,7 @@ pub mod coordinator;
 pub mod domain;
 pub mod envelope;
 pub mod handlers;
+pub mod metrics;
 pub mod ports;
 pub mod release;
 pub mod telemetry;
