@@ -319,8 +319,94 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
     assert_eq!(answer["status"], "CANCELLED");
     assert_eq!(stack.api.get(id).await?.status, Status::Cancelled);
 
+    // The other examples' worker binaries: one request each, answered on the reply queue.
+    let reply_to = stack.local.stack.queue("ReplyQueue")?.1.to_string();
+    let mut others = Vec::new();
+    for (binary, function, queue, contract, step, input, pipeline_env) in [
+        (
+            "restaurant-approval",
+            "RestaurantWorkerFunction",
+            "RestaurantRequestQueue",
+            restaurant_approval::contract(),
+            "validate",
+            restaurant_approval::sample_order(0),
+            None,
+        ),
+        (
+            "csv-payments",
+            "CsvWorkerFunction",
+            "CsvRequestQueue",
+            csv_payments::batch_contract(),
+            "parse",
+            csv_payments::sample_csv(),
+            Some("csv-payments"),
+        ),
+        (
+            "csv-payments",
+            "PaymentWorkerFunction",
+            "PaymentRequestQueue",
+            csv_payments::payment_contract(),
+            "pay",
+            serde_json::json!({"line": 2, "payee": "Ada", "iban": "GB33BUKB20201555555555", "amountCents": 100}),
+            Some("csv-payment"),
+        ),
+    ] {
+        let mut env = env(function)?;
+        if let Some(pipeline) = pipeline_env {
+            env.insert("WORKER_PIPELINE".into(), pipeline.into());
+        }
+        let mut f = Function::start(binary, &env).await?;
+        let execution = uuid::Uuid::new_v4();
+        let request = stepline::envelope::RequestEnvelope {
+            header: stepline::envelope::RequestHeader {
+                kind: stepline::envelope::REQUEST_KIND.into(),
+                identity: stepline::envelope::Identity {
+                    pipeline_id: contract.pipeline_id.clone(),
+                    contract_version: contract.contract_version.clone(),
+                    release_version: "1".into(),
+                },
+                tenant: "bin".into(),
+                execution_id: execution,
+                step_id: step.into(),
+                step_index: 0,
+                attempt: 1,
+                launch_id: stepline::domain::launch_id(execution, 0, 1),
+                reply_to: reply_to.clone(),
+                deadline: now_ms() + 60_000,
+            },
+            payload: &input,
+        };
+        let answer = f
+            .invoke(sqs_event(
+                &serde_json::to_string(&request)?,
+                &arn_of(queue)?,
+            ))
+            .await?;
+        assert_eq!(
+            answer["batchItemFailures"],
+            serde_json::json!([]),
+            "{function}"
+        );
+        let replies = stack.take_all("ReplyQueue").await?;
+        assert_eq!(replies.len(), 1, "{function} replied");
+        let reply: stepline::envelope::ReplyEnvelope = serde_json::from_str(&replies[0])?;
+        assert_eq!(reply.execution_id, execution);
+        assert!(
+            matches!(
+                reply.outcome,
+                stepline::envelope::ReplyOutcome::Succeeded { .. }
+            ),
+            "{function}: {:?}",
+            reply.outcome
+        );
+        others.push(f);
+    }
+
     // Init times: process start to the first `next`.
-    for f in [&launch, &worker, &completion, &claim, &operator, &api] {
+    for f in [&launch, &worker, &completion, &claim, &operator, &api]
+        .into_iter()
+        .chain(others.iter())
+    {
         let init = f.init_ms().expect("every binary asked for an event");
         eprintln!("init {:<14} {init:>7.1} ms", f.name);
     }
