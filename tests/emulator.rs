@@ -742,15 +742,15 @@ async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_keep_a_step_that_outlives_its_timeout_on_its_first_attempt(
 ) -> anyhow::Result<()> {
-    // A 2 s timeout and a 5 s price step: without heartbeats the sweeper would re-send the request at
-    // 2 s and give up on the attempt at 4 s.
+    // A 4 s timeout and a 9 s price step: without heartbeats the sweeper would re-send the request at
+    // 4 s and give up on the attempt at 8 s. (Heartbeats come every ~1.3 s: wide margins on a busy box.)
     let mut stack = TestStack::new("e2e-beat", |def| {
         for step in &mut def.steps {
-            step.timeout_secs = 2;
+            step.timeout_secs = 4;
         }
     })
     .await?;
-    stack.start(Arc::new(SlowPricing(Duration::from_secs(5))))?;
+    stack.start(Arc::new(SlowPricing(Duration::from_secs(9))))?;
     let id = stack.submit(order_worker::sample_order(8)).await?;
 
     let record = stack.wait_terminal(id).await?;
