@@ -171,6 +171,31 @@ pub struct Coordinator {
     settings: Settings,
     definitions: Mutex<HashMap<(String, String), Arc<PipelineDef>>>,
     publisher: Option<Arc<dyn EventPublisher>>,
+    /// Records this process committed last (bounded): the hot path decides on them without a read.
+    recent: Mutex<RecentRecords>,
+}
+
+/// Records a process committed, oldest evicted first.
+#[derive(Default)]
+struct RecentRecords {
+    records: HashMap<Uuid, Execution>,
+    order: std::collections::VecDeque<Uuid>,
+}
+
+/// How many committed records a process keeps for the hot path.
+const RECENT_CAPACITY: usize = 1024;
+
+impl RecentRecords {
+    fn remember(&mut self, record: &Execution) {
+        if self.records.insert(record.id, record.clone()).is_none() {
+            self.order.push_back(record.id);
+            while self.order.len() > RECENT_CAPACITY {
+                if let Some(old) = self.order.pop_front() {
+                    self.records.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 impl Coordinator {
@@ -189,6 +214,7 @@ impl Coordinator {
             settings,
             definitions: Mutex::new(HashMap::new()),
             publisher: None,
+            recent: Mutex::new(RecentRecords::default()),
         }
     }
 
@@ -283,6 +309,7 @@ impl Coordinator {
                 } => match self.store.replace(&next, record.version).await {
                     Ok(()) => {
                         observe(&record, &next, &actions);
+                        self.recent.lock().expect("recent").remember(&next);
                         return Ok(Applied::Committed {
                             record: *next,
                             actions,
@@ -297,6 +324,51 @@ impl Coordinator {
             }
         }
         Err(CoordinatorError::Contention(MAX_RACES))
+    }
+
+    /// `apply` for the hot path (a worker's reply): when this process committed the record last, decide
+    /// on that copy and write conditionally on its version, with no read first (one sequential call
+    /// fewer). Only a commit is trusted that way: the condition proves the copy was current. A lost
+    /// race, or any decision not to write, falls back to `apply` on a fresh read.
+    pub async fn apply_hot(
+        &self,
+        id: Uuid,
+        event: &Event,
+        role: &str,
+    ) -> Result<Applied, CoordinatorError> {
+        let cached = self
+            .recent
+            .lock()
+            .expect("recent")
+            .records
+            .get(&id)
+            .cloned();
+        if let Some(record) = cached {
+            let definition = self
+                .definition(&record.pipeline_id, &record.release_version)
+                .await?;
+            let ctx = self.context(role);
+            if let Decision::Commit {
+                record: next,
+                actions,
+            } = domain::decide(&record, &definition, &ctx, event)
+            {
+                match self.store.replace(&next, record.version).await {
+                    Ok(()) => {
+                        observe(&record, &next, &actions);
+                        self.recent.lock().expect("recent").remember(&next);
+                        return Ok(Applied::Committed {
+                            record: *next,
+                            actions,
+                            definition,
+                        });
+                    }
+                    Err(StoreError::Conflict) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        self.apply(id, event, role).await
     }
 
     /// Starts a new execution pinned to the requested (or active) release and enqueues its first launch.

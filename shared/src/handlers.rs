@@ -341,7 +341,7 @@ pub async fn completion(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchR
             ReplyOutcome::Failed { error } => applied_reply(Outcome::Failed(error)),
         };
         let applied = coordinator
-            .apply(reply.execution_id, &event, "completion")
+            .apply_hot(reply.execution_id, &event, "completion")
             .await
             .map_err(on(reply.execution_id))?;
         let record = applied.record();

@@ -1,0 +1,219 @@
+//! The hot path: a worker's reply reaches the next step's request in two sequential calls (one
+//! conditional write, one send) when the completing process committed the execution last, and falls
+//! back to a read when its copy is stale, never deciding on it otherwise.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::json;
+use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
+use stepline::aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use stepline::domain::{launch_id, Execution, PipelineDef, RetryPolicy, Status, StepDef, StepKind};
+use stepline::envelope::{LaunchWork, ReplyEnvelope, ReplyOutcome};
+use stepline::ports::{ExecutionStore, ReleaseRegistry, StoreError, SystemClock};
+use stepline::release::Release;
+use stepline::{handlers, Coordinator, Settings, SubmitRequest};
+use uuid::Uuid;
+
+/// Counts the calls that reach the store.
+#[derive(Default)]
+struct Counting {
+    inner: InMemoryExecutionStore,
+    gets: AtomicUsize,
+    writes: AtomicUsize,
+}
+
+#[async_trait]
+impl ExecutionStore for Counting {
+    async fn get(&self, id: Uuid) -> Result<Option<Execution>, StoreError> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        self.inner.get(id).await
+    }
+    async fn create(&self, record: &Execution) -> Result<(), StoreError> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.create(record).await
+    }
+    async fn replace(&self, record: &Execution, expected: u64) -> Result<(), StoreError> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.replace(record, expected).await
+    }
+    async fn due(&self, shard: u32, now: i64, limit: i32) -> Result<Vec<Uuid>, StoreError> {
+        self.inner.due(shard, now, limit).await
+    }
+    fn shards(&self) -> u32 {
+        1
+    }
+}
+
+fn def() -> PipelineDef {
+    let step = |id: &str| StepDef {
+        id: id.into(),
+        kind: StepKind::Task,
+        input_type: "json".into(),
+        output_type: "json".into(),
+        queue: "requests".into(),
+        timeout_secs: 60,
+        retry: RetryPolicy::default(),
+        interactions: Vec::new(),
+        child_pipeline: None,
+    };
+    PipelineDef {
+        pipeline_id: "hot".into(),
+        release_version: "1".into(),
+        steps: vec![step("a"), step("b"), step("c")],
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        launch_queue: "launch".into(),
+        reply_queue: "replies".into(),
+        execution_dlq: "execution-dlq".into(),
+        launch_dlq: "launch-dlq".into(),
+        reply_dlq: "reply-dlq".into(),
+        await_queue: "replies".into(),
+        start_queue: None,
+        lease_ms: 30_000,
+        claim_limit: 10,
+        instance: "test".into(),
+    }
+}
+
+fn sqs(body: String) -> SqsEvent {
+    let mut message = SqsMessage::default();
+    message.message_id = Some("m1".into());
+    message.body = Some(body);
+    let mut event = SqsEvent::default();
+    event.records.push(message);
+    event
+}
+
+/// A reply for the request last sent to `requests`.
+fn reply_to_last_request(sender: &RecordingSender) -> String {
+    let sent = sender.drain();
+    let (_, request) = sent
+        .iter()
+        .rev()
+        .find(|(q, _)| q == "requests")
+        .expect("a request");
+    let request: serde_json::Value = serde_json::from_str(&request.body).unwrap();
+    let header: stepline::envelope::RequestHeader =
+        serde_json::from_value(request["header"].clone()).unwrap();
+    serde_json::to_string(&ReplyEnvelope::for_request(
+        &header,
+        ReplyOutcome::Succeeded {
+            output: json!({"done": header.step_id}),
+        },
+    ))
+    .unwrap()
+}
+
+async fn setup() -> (Arc<Counting>, Arc<RecordingSender>, Coordinator, Uuid) {
+    let store = Arc::new(Counting::default());
+    let registry = Arc::new(InMemoryReleaseRegistry::default());
+    registry
+        .register(&Release::new(def(), Vec::new()))
+        .await
+        .unwrap();
+    registry.activate("hot", "1", 0, "test").await.unwrap();
+    let sender = Arc::new(RecordingSender::default());
+    let coordinator = Coordinator::new(
+        store.clone(),
+        registry,
+        sender.clone(),
+        Arc::new(SystemClock),
+        settings(),
+    );
+    let submitted = coordinator
+        .submit(SubmitRequest {
+            pipeline_id: "hot".into(),
+            tenant: "t".into(),
+            input: json!({}),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // The launch work the submit enqueued.
+    let sent = sender.drain();
+    let work: LaunchWork = serde_json::from_str(&sent[0].1.body).unwrap();
+    handlers::launch(&coordinator, sqs(serde_json::to_string(&work).unwrap())).await;
+    (store, sender, coordinator, submitted.execution)
+}
+
+#[tokio::test]
+async fn a_reply_to_the_process_that_launched_the_step_costs_one_write_and_one_send() {
+    let (store, sender, coordinator, id) = setup().await;
+    let reply = reply_to_last_request(&sender);
+    let (gets, writes) = (
+        store.gets.load(Ordering::SeqCst),
+        store.writes.load(Ordering::SeqCst),
+    );
+
+    let response = handlers::completion(&coordinator, sqs(reply)).await;
+
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst) - gets,
+        0,
+        "no read on the hot path"
+    );
+    assert_eq!(
+        store.writes.load(Ordering::SeqCst) - writes,
+        1,
+        "one conditional write"
+    );
+    let sent = sender.drain();
+    assert_eq!(sent.len(), 1, "one send: the next request");
+    let next: serde_json::Value = serde_json::from_str(&sent[0].1.body).unwrap();
+    assert_eq!(next["header"]["launchId"], launch_id(id, 1, 1).to_string());
+    // And again for the next hop, to the end.
+    let reply = serde_json::to_string(&ReplyEnvelope::for_request(
+        &serde_json::from_value(next["header"].clone()).unwrap(),
+        ReplyOutcome::Succeeded { output: json!({}) },
+    ))
+    .unwrap();
+    let gets = store.gets.load(Ordering::SeqCst);
+    handlers::completion(&coordinator, sqs(reply)).await;
+    assert_eq!(store.gets.load(Ordering::SeqCst), gets);
+    assert_eq!(store.inner.snapshot(id).unwrap().step, 2);
+}
+
+#[tokio::test]
+async fn a_stale_copy_is_never_trusted() {
+    let (store, sender, coordinator, id) = setup().await;
+    let reply = reply_to_last_request(&sender);
+    // Someone else cancels the execution after this process launched the step.
+    let other = Coordinator::new(
+        store.clone(),
+        Arc::new(InMemoryReleaseRegistry::default()),
+        Arc::new(RecordingSender::default()),
+        Arc::new(SystemClock),
+        settings(),
+    );
+    let mut record = store.inner.snapshot(id).unwrap();
+    let expected = record.version;
+    record.status = Status::Cancelled;
+    record.version += 1;
+    other.store().replace(&record, expected).await.unwrap();
+    let gets = store.gets.load(Ordering::SeqCst);
+
+    let response = handlers::completion(&coordinator, sqs(reply)).await;
+
+    assert!(response.batch_item_failures.is_empty());
+    assert!(
+        store.gets.load(Ordering::SeqCst) > gets,
+        "the lost race made it read"
+    );
+    let after = store.inner.snapshot(id).unwrap();
+    assert_eq!(
+        after.status,
+        Status::Cancelled,
+        "a cancelled execution does not advance"
+    );
+    assert_eq!(after.version, record.version);
+    assert!(
+        sender.drain().iter().all(|(q, _)| q != "requests"),
+        "nothing launched"
+    );
+}
