@@ -34,7 +34,8 @@ use crate::coordinator::{Coordinator, Settings, SubmitRequest};
 use crate::domain::{Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError, StepStatus};
 use crate::envelope::{DeadLetterEnvelope, Identity, RequestHeader};
 use crate::ports::{
-    Clock, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry, SendError, StoreError,
+    BusEvent, Clock, EventPublisher, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry,
+    SendError, StoreError,
 };
 use crate::worker::{StepFunction, Worker};
 
@@ -199,6 +200,8 @@ struct World {
     next_id: u64,
     current: Option<u64>,
     invocations: BTreeMap<u64, Invocation>,
+    /// Lifecycle event ids published at least once.
+    published: BTreeSet<String>,
     /// Step outcomes applied: (execution, step) -> count of writes that turned it SUCCEEDED.
     applied: BTreeMap<(Uuid, u32), u32>,
     violations: Vec<String>,
@@ -472,6 +475,36 @@ impl MessageSender for SimSender {
     }
 }
 
+/// The event bus: records what was published (by event id), with crashes like every port.
+struct SimPublisher(Shared);
+
+#[async_trait]
+impl EventPublisher for SimPublisher {
+    async fn publish(&self, events: &[BusEvent]) -> Vec<Result<(), String>> {
+        YieldOnce(false).await;
+        let mut w = self.0.lock().expect("world");
+        let fate = w.fate();
+        if matches!(fate, Fate::CrashBefore | Fate::Dead) {
+            return events.iter().map(|_| Err("simulated crash".into())).collect();
+        }
+        let mut results = Vec::with_capacity(events.len());
+        for e in events {
+            // A partial failure (FailedEntryCount > 0): this entry was not accepted, the call succeeded.
+            if w.faults && w.rng.f64() < w.config.duplicate_rate {
+                results.push(Err("simulated ThrottlingException for this entry".into()));
+                continue;
+            }
+            let id = e.detail["eventId"].as_str().unwrap_or_default().to_string();
+            w.published.insert(id);
+            results.push(Ok(()));
+        }
+        match fate {
+            Fate::CrashAfter => events.iter().map(|_| Err("simulated crash".into())).collect(),
+            _ => results,
+        }
+    }
+}
+
 struct SimClock(Shared);
 
 impl Clock for SimClock {
@@ -583,6 +616,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         current: None,
         invocations: BTreeMap::new(),
         applied: BTreeMap::new(),
+        published: BTreeSet::new(),
         violations: Vec::new(),
         report: SimReport {
             seed,
@@ -609,7 +643,8 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
                 claim_limit: 25,
                 instance: role.into(),
             },
-        ))
+        )
+        .with_publisher(Arc::new(SimPublisher(world.clone()))))
     };
     let claim = coordinator("claim");
     let launch = coordinator("launch");
@@ -938,6 +973,18 @@ fn check(world: &Shared, plans: &[(Uuid, [u64; 3], Option<u64>)], config: &SimCo
         }
         if record.due_at().is_some() {
             violations.push(format!("{id} still due at the end"));
+        }
+        // Lifecycle events: every one committed was published (at least once), none left waiting.
+        if !record.events.is_empty() {
+            violations.push(format!("{id} kept {} unpublished lifecycle events", record.events.len()));
+        }
+        for seq in 0..record.event_seq {
+            if !w.published.contains(&format!("{id}/{seq}")) {
+                violations.push(format!("{id} lifecycle event {seq} never published"));
+            }
+        }
+        if record.event_seq == 0 {
+            violations.push(format!("{id} recorded no lifecycle event"));
         }
     }
     for q in [LAUNCH, REPLY, REQUEST] {
