@@ -485,7 +485,10 @@ impl EventPublisher for SimPublisher {
         let mut w = self.0.lock().expect("world");
         let fate = w.fate();
         if matches!(fate, Fate::CrashBefore | Fate::Dead) {
-            return events.iter().map(|_| Err("simulated crash".into())).collect();
+            return events
+                .iter()
+                .map(|_| Err("simulated crash".into()))
+                .collect();
         }
         let mut results = Vec::with_capacity(events.len());
         for e in events {
@@ -499,7 +502,10 @@ impl EventPublisher for SimPublisher {
             results.push(Ok(()));
         }
         match fate {
-            Fate::CrashAfter => events.iter().map(|_| Err("simulated crash".into())).collect(),
+            Fate::CrashAfter => events
+                .iter()
+                .map(|_| Err("simulated crash".into()))
+                .collect(),
             _ => results,
         }
     }
@@ -626,25 +632,27 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
     let def = pipeline(config);
     let registry = Arc::new(InMemoryReleaseRegistry::default());
     let coordinator = |role: &str| {
-        Arc::new(Coordinator::new(
-            Arc::new(SimStore(world.clone())),
-            registry.clone(),
-            Arc::new(SimSender(world.clone())),
-            Arc::new(SimClock(world.clone())),
-            Settings {
-                launch_queue: LAUNCH.into(),
-                reply_queue: REPLY.into(),
-                execution_dlq: EXECUTION_DLQ.into(),
-                launch_dlq: "launch-dlq".into(),
-                reply_dlq: "reply-dlq".into(),
-                await_queue: REPLY.into(),
-                start_queue: None,
-                lease_ms: i64::from(config.lease_secs) * 1000,
-                claim_limit: 25,
-                instance: role.into(),
-            },
+        Arc::new(
+            Coordinator::new(
+                Arc::new(SimStore(world.clone())),
+                registry.clone(),
+                Arc::new(SimSender(world.clone())),
+                Arc::new(SimClock(world.clone())),
+                Settings {
+                    launch_queue: LAUNCH.into(),
+                    reply_queue: REPLY.into(),
+                    execution_dlq: EXECUTION_DLQ.into(),
+                    launch_dlq: "launch-dlq".into(),
+                    reply_dlq: "reply-dlq".into(),
+                    await_queue: REPLY.into(),
+                    start_queue: None,
+                    lease_ms: i64::from(config.lease_secs) * 1000,
+                    claim_limit: 25,
+                    instance: role.into(),
+                },
+            )
+            .with_publisher(Arc::new(SimPublisher(world.clone()))),
         )
-        .with_publisher(Arc::new(SimPublisher(world.clone()))))
     };
     let claim = coordinator("claim");
     let launch = coordinator("launch");
@@ -976,7 +984,10 @@ fn check(world: &Shared, plans: &[(Uuid, [u64; 3], Option<u64>)], config: &SimCo
         }
         // Lifecycle events: every one committed was published (at least once), none left waiting.
         if !record.events.is_empty() {
-            violations.push(format!("{id} kept {} unpublished lifecycle events", record.events.len()));
+            violations.push(format!(
+                "{id} kept {} unpublished lifecycle events",
+                record.events.len()
+            ));
         }
         for seq in 0..record.event_seq {
             if !w.published.contains(&format!("{id}/{seq}")) {
