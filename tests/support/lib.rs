@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use aws_sdk_sqs::types::QueueAttributeName;
 use stepline::adapters::SqsDeadLetterQueue;
 use stepline::config::CoordinatorConfig;
 use stepline::contract::Contract;
@@ -181,19 +180,7 @@ impl TestStack {
 
     /// Visible plus in-flight messages of a queue of the stack.
     pub async fn queue_depth(&self, logical: &str) -> Result<u64> {
-        let (_, url) = self.local.stack.queue(logical)?;
-        let attrs = self
-            .sqs()
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
-            .send()
-            .await?
-            .attributes
-            .unwrap_or_default();
-        Ok(attrs.values().filter_map(|v| v.parse::<u64>().ok()).sum())
+        self.local.queue_depth(logical).await
     }
 
     /// Polls until a queue of the stack is empty (everything received and deleted).
@@ -233,30 +220,7 @@ impl TestStack {
 
     /// Receives every message currently visible on a queue of the stack (and deletes them).
     pub async fn take_all(&self, logical: &str) -> Result<Vec<String>> {
-        let (_, url) = self.local.stack.queue(logical)?;
-        let sqs = self.sqs();
-        let mut bodies = Vec::new();
-        loop {
-            let out = sqs
-                .receive_message()
-                .queue_url(url)
-                .max_number_of_messages(10)
-                .wait_time_seconds(1)
-                .send()
-                .await?;
-            let messages = out.messages.unwrap_or_default();
-            if messages.is_empty() {
-                return Ok(bodies);
-            }
-            for m in messages {
-                bodies.push(m.body.unwrap_or_default());
-                sqs.delete_message()
-                    .queue_url(url)
-                    .set_receipt_handle(m.receipt_handle)
-                    .send()
-                    .await?;
-            }
-        }
+        self.local.take_all(logical).await
     }
 }
 
@@ -278,15 +242,7 @@ impl TestStack {
             .await?
             .queue_url
             .unwrap_or_default();
-        let arn = sqs
-            .get_queue_attributes()
-            .queue_url(&url)
-            .attribute_names(QueueAttributeName::QueueArn)
-            .send()
-            .await?
-            .attributes
-            .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
-            .unwrap_or_default();
+        let arn = stepline_local::stack::queue_arn(&sqs, &url).await?;
         Ok(ExtraQueue {
             name: name.into(),
             url,

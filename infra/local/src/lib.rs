@@ -193,6 +193,51 @@ pub fn read_artifact(uri: &str) -> Option<Vec<u8>> {
 }
 
 impl LocalStack {
+    /// Visible, in-flight and delayed messages of a queue of the stack.
+    pub async fn queue_depth(&self, logical: &str) -> Result<u64> {
+        use aws_sdk_sqs::types::QueueAttributeName as A;
+        let (_, url) = self.stack.queue(logical)?;
+        let attrs = aws_sdk_sqs::Client::new(&self.sdk)
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(A::ApproximateNumberOfMessages)
+            .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+            .attribute_names(A::ApproximateNumberOfMessagesDelayed)
+            .send()
+            .await?
+            .attributes
+            .unwrap_or_default();
+        Ok(attrs.values().filter_map(|v| v.parse::<u64>().ok()).sum())
+    }
+
+    /// Receives and deletes every visible message of a queue of the stack; returns their bodies.
+    pub async fn take_all(&self, logical: &str) -> Result<Vec<String>> {
+        let (_, url) = self.stack.queue(logical)?;
+        let sqs = aws_sdk_sqs::Client::new(&self.sdk);
+        let mut bodies = Vec::new();
+        loop {
+            let out = sqs
+                .receive_message()
+                .queue_url(url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .send()
+                .await?;
+            let messages = out.messages.unwrap_or_default();
+            if messages.is_empty() {
+                return Ok(bodies);
+            }
+            for m in messages {
+                bodies.push(m.body.unwrap_or_default());
+                sqs.delete_message()
+                    .queue_url(url)
+                    .set_receipt_handle(m.receipt_handle)
+                    .send()
+                    .await?;
+            }
+        }
+    }
+
     /// Starts the runner for `bindings`.
     pub fn run(&self, bindings: Vec<Binding>, options: RunnerOptions) -> Result<Runner> {
         Runner::start(

@@ -249,15 +249,7 @@ impl Stack {
                         .with_context(|| format!("stage {stage}: queue {name} not found"))?
                         .queue_url
                         .unwrap_or_default();
-                    let arn = sqs
-                        .get_queue_attributes()
-                        .queue_url(&url)
-                        .attribute_names(QueueAttributeName::QueueArn)
-                        .send()
-                        .await?
-                        .attributes
-                        .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
-                        .unwrap_or_default();
+                    let arn = queue_arn(&sqs, &url).await?;
                     Physical::Queue { name, url, arn }
                 }
                 "AWS::Events::EventBus" => Physical::Bus {
@@ -476,16 +468,21 @@ async fn create_queue(
         .map_err(|e| anyhow!(aws_sdk_sqs::error::DisplayErrorContext(e)))?
         .queue_url
         .ok_or_else(|| anyhow!("CreateQueue returned no URL"))?;
-    let arn = client
+    let arn = queue_arn(client, &url).await?;
+    Ok(Physical::Queue { name, url, arn })
+}
+
+/// The ARN of a queue, by URL.
+pub async fn queue_arn(client: &aws_sdk_sqs::Client, url: &str) -> Result<String> {
+    client
         .get_queue_attributes()
-        .queue_url(&url)
+        .queue_url(url)
         .attribute_names(QueueAttributeName::QueueArn)
         .send()
         .await?
         .attributes
         .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
-        .ok_or_else(|| anyhow!("no QueueArn for {name}"))?;
-    Ok(Physical::Queue { name, url, arn })
+        .ok_or_else(|| anyhow!("no QueueArn for {url}"))
 }
 
 /// An EventBridge rule on a bus with its targets (`PutRule` and `PutTargets` are idempotent).

@@ -133,53 +133,6 @@ async fn wait_all(api: &Coordinator, ids: &[Uuid], timeout: Duration) -> Result<
     }
 }
 
-/// Receives and deletes every visible message of a queue; returns how many.
-async fn drain(local: &LocalStack, logical: &str) -> Result<usize> {
-    let (_, url) = local.stack.queue(logical)?;
-    let sqs = aws_sdk_sqs::Client::new(&local.sdk);
-    let mut count = 0;
-    loop {
-        let out = sqs
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .send()
-            .await?;
-        let messages = out.messages.unwrap_or_default();
-        if messages.is_empty() {
-            return Ok(count);
-        }
-        for m in messages {
-            sqs.delete_message()
-                .queue_url(url)
-                .set_receipt_handle(m.receipt_handle)
-                .send()
-                .await?;
-            count += 1;
-        }
-    }
-}
-
-async fn queue_depth(local: &LocalStack, logical: &str) -> Result<usize> {
-    let (_, url) = local.stack.queue(logical)?;
-    let out = aws_sdk_sqs::Client::new(&local.sdk)
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
-        .send()
-        .await?;
-    let attrs = out.attributes.unwrap_or_default();
-    Ok([
-        aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages,
-        aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
-        aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesDelayed,
-    ]
-    .iter()
-    .filter_map(|k| attrs.get(k)?.parse::<usize>().ok())
-    .sum())
-}
-
 fn assert_correct(record: &Execution, n: usize) {
     assert_eq!(record.status, Status::Succeeded, "{record:#?}");
     let order = order_worker::sample_order(n);
@@ -218,7 +171,7 @@ async fn parallel_claim_processes_take_each_lease_once_and_every_execution_finis
     for n in 0..30 {
         ids.push(submit(&api, n).await?);
     }
-    assert_eq!(drain(&local, "LaunchQueue").await?, ids.len());
+    assert_eq!(local.take_all("LaunchQueue").await?.len(), ids.len());
     // One process runs launch, completion and the worker; three others only sweep.
     let mut workers = RunProcess::start(&stage, "launch,completion,worker", "work", &[])?;
     let mut sweepers: Vec<RunProcess> = (0..3)
@@ -266,7 +219,7 @@ async fn parallel_claim_processes_take_each_lease_once_and_every_execution_finis
         "ReplyDeadLetterQueue",
         "OrderRequestDeadLetterQueue",
     ] {
-        assert_eq!(queue_depth(&local, dlq).await?, 0, "{dlq} is not empty");
+        assert_eq!(local.queue_depth(dlq).await?, 0, "{dlq} is not empty");
     }
     Ok(())
 }
@@ -333,7 +286,7 @@ async fn a_runner_killed_with_sigkill_mid_run_and_restarted_finishes_every_execu
         "OrderRequestDeadLetterQueue",
     ] {
         assert_eq!(
-            queue_depth(&local, dlq).await?,
+            local.queue_depth(dlq).await?,
             0,
             "{dlq} is not empty: something was lost"
         );
