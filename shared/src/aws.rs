@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use aws_config::{BehaviorVersion, SdkConfig};
+use aws_config::environment::EnvironmentVariableCredentialsProvider;
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_sdk_sqs::config::SharedCredentialsProvider;
 
 use crate::adapters::{
     DynamoDbExecutionStore, DynamoDbReleaseRegistry, EventBridgePublisher, SqsSender,
@@ -15,8 +17,50 @@ use crate::envelope::Identity;
 use crate::ports::{Clock, SystemClock};
 use crate::worker::{SqsVisibilityExtender, StepFunction, Worker};
 
+/// The full default chain (profiles, SSO, web identity, IMDS): for tools run by people.
 pub async fn sdk_config() -> SdkConfig {
     aws_config::load_defaults(BehaviorVersion::latest()).await
+}
+
+/// The configuration of code running in Lambda, which sets the function's credentials and region in
+/// the environment: nothing else is looked up (no profile files, SSO, STS or instance metadata), so
+/// init is faster and the binary does not carry those clients. `AWS_ENDPOINT_URL` is honoured as by
+/// the default chain.
+pub fn lambda_sdk_config() -> SdkConfig {
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let mut builder = SdkConfig::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(
+            env("AWS_REGION")
+                .or_else(|| env("AWS_DEFAULT_REGION"))
+                .map(Region::new),
+        )
+        .credentials_provider(SharedCredentialsProvider::new(
+            EnvironmentVariableCredentialsProvider::new(),
+        ));
+    if let Some(endpoint) = env("AWS_ENDPOINT_URL") {
+        builder = builder.endpoint_url(endpoint);
+    }
+    builder.build()
+}
+
+/// The service clients the adapters use. Built from one `SdkConfig`, or by hand (a benchmark adds an
+/// interceptor that counts every request).
+#[derive(Clone, Debug)]
+pub struct Clients {
+    pub dynamodb: aws_sdk_dynamodb::Client,
+    pub sqs: aws_sdk_sqs::Client,
+    pub eventbridge: aws_sdk_eventbridge::Client,
+}
+
+impl Clients {
+    pub fn new(sdk: &SdkConfig) -> Self {
+        Self {
+            dynamodb: aws_sdk_dynamodb::Client::new(sdk),
+            sqs: aws_sdk_sqs::Client::new(sdk),
+            eventbridge: aws_sdk_eventbridge::Client::new(sdk),
+        }
+    }
 }
 
 /// The coordinator on DynamoDB and SQS.
@@ -30,24 +74,36 @@ pub fn coordinator_with_clock(
     config: &CoordinatorConfig,
     clock: Arc<dyn Clock>,
 ) -> Coordinator {
-    let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
+    coordinator_on(&Clients::new(sdk), config, clock)
+}
+
+/// The coordinator on the given clients.
+pub fn coordinator_on(
+    clients: &Clients,
+    config: &CoordinatorConfig,
+    clock: Arc<dyn Clock>,
+) -> Coordinator {
+    let dynamodb = clients.dynamodb.clone();
     let coordinator = Coordinator::new(
-        Arc::new(DynamoDbExecutionStore::new(
-            dynamodb.clone(),
-            &config.execution_table,
-            config.due_shards,
-        )),
+        Arc::new(
+            DynamoDbExecutionStore::new(
+                dynamodb.clone(),
+                &config.execution_table,
+                config.due_shards,
+            )
+            .with_due_granularity(i64::from(config.due_granularity_seconds) * 1000),
+        ),
         Arc::new(DynamoDbReleaseRegistry::new(
             dynamodb,
             &config.release_table,
         )),
-        Arc::new(SqsSender::new(aws_sdk_sqs::Client::new(sdk))),
+        Arc::new(SqsSender::new(clients.sqs.clone())),
         clock,
         Settings::from_config(config),
     );
     match &config.event_bus {
         Some(bus) => coordinator.with_publisher(Arc::new(EventBridgePublisher::new(
-            aws_sdk_eventbridge::Client::new(sdk),
+            clients.eventbridge.clone(),
             bus,
         ))),
         None => coordinator,
@@ -63,7 +119,16 @@ pub fn worker(
     contract: &Contract,
     steps: Arc<dyn StepFunction>,
 ) -> Worker {
-    let sqs = aws_sdk_sqs::Client::new(sdk);
+    worker_on(aws_sdk_sqs::Client::new(sdk), config, contract, steps)
+}
+
+/// A worker on the given SQS client.
+pub fn worker_on(
+    sqs: aws_sdk_sqs::Client,
+    config: &WorkerConfig,
+    contract: &Contract,
+    steps: Arc<dyn StepFunction>,
+) -> Worker {
     let worker = Worker::new(
         Identity {
             pipeline_id: contract.pipeline_id.clone(),
@@ -88,7 +153,7 @@ pub async fn run_worker(
 ) -> Result<(), lambda_runtime::Error> {
     crate::telemetry::init();
     let worker = Arc::new(self::worker(
-        &sdk_config().await,
+        &lambda_sdk_config(),
         &WorkerConfig::from_env()?,
         &contract,
         steps,

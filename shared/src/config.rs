@@ -31,6 +31,8 @@ pub struct CoordinatorConfig {
     pub event_bus: Option<String>,
     /// Shards of the due-time index.
     pub due_shards: u32,
+    /// Due times are rounded up to this in the index (0: exact); see `adapters::dynamodb::due_key`.
+    pub due_granularity_seconds: u32,
     pub lease_seconds: u32,
     /// Due executions taken per shard and claim run.
     pub claim_limit: i32,
@@ -57,6 +59,7 @@ impl CoordinatorConfig {
                 .filter(|b| !b.is_empty())
                 .filter(|_| get("LIFECYCLE_EVENTS").is_none_or(|on| on == "true")),
             due_shards: parsed(&get, "DUE_SHARDS", 4)?,
+            due_granularity_seconds: parsed(&get, "DUE_GRANULARITY_SECONDS", 5)?,
             lease_seconds: parsed(&get, "LEASE_SECONDS", 60)?,
             claim_limit: parsed(&get, "CLAIM_LIMIT", 100)?,
         })
@@ -120,6 +123,7 @@ mod tests {
         let cfg = CoordinatorConfig::from_lookup(|k| env.get(k).map(|v| v.to_string())).unwrap();
         assert_eq!(cfg.due_shards, 8);
         assert_eq!(cfg.lease_seconds, 60);
+        assert_eq!(cfg.due_granularity_seconds, 5);
         let missing = CoordinatorConfig::from_lookup(|_| None).unwrap_err();
         assert_eq!(missing, ConfigError::Missing("EXECUTION_TABLE"));
         let bad = CoordinatorConfig::from_lookup(|k| {

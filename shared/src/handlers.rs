@@ -113,10 +113,18 @@ where
     let mut outbox = Outbox::default();
     let mut retry = Vec::new();
     let mut poison = Vec::new();
-    for (index, message) in event.records.into_iter().enumerate() {
+    // The records of a batch are applied concurrently: an invocation lasts as long as its slowest
+    // record, not the sum of them (Lambda bills the duration). Two records of one execution race like
+    // two invocations would, through the conditional write.
+    let results = futures_util::future::join_all(event.records.into_iter().map(|message| {
         let message_id = message.message_id.clone().unwrap_or_default();
         let body = message.body.clone().unwrap_or_default();
-        match process(message).await {
+        let applied = process(message);
+        async move { (message_id, body, applied.await) }
+    }))
+    .await;
+    for (index, (message_id, body, result)) in results.into_iter().enumerate() {
+        match result {
             Ok(Applied::Committed {
                 record,
                 actions,

@@ -1007,7 +1007,10 @@ fn successful_reply_on_last_step_succeeds_execution_with_result_and_no_due_time(
     assert!(actions.is_empty());
     assert_eq!(next.steps.len(), 3);
     assert!(next.steps.iter().all(|p| p.status == StepStatus::Succeeded));
-    assert_eq!(next.steps[2].output, Some(Payload::new(value)));
+    assert!(
+        next.steps.iter().all(|p| p.output.is_none()),
+        "the result holds the last output; consumed outputs are dropped"
+    );
     assert_eq!(
         next.steps[2].receipt.as_ref().map(|r| r.launch_id),
         Some(launch_id(EXEC, 2, 1))
@@ -2379,7 +2382,7 @@ fn three_step_happy_path_advances_version_by_one_per_commit_and_keeps_the_genera
         let id = launch_id(EXEC, s as u32, 1);
         assert_eq!(progress.status, StepStatus::Succeeded);
         assert_eq!(progress.launch_id, id);
-        assert_eq!(progress.output, Some(Payload::new(output(s as u32))));
+        assert_eq!(progress.output, None, "step {s}'s output travelled on");
         assert_eq!(progress.receipt.as_ref().map(|r| r.launch_id), Some(id));
     }
 }
@@ -2724,6 +2727,13 @@ fn assert_record_consistent(r: &Execution, def: &PipelineDef) {
                 r.wake_at.is_some(),
                 "a running attempt has a deadline: {r:?}"
             );
+            for (k, progress) in r.steps.iter().enumerate() {
+                assert_eq!(
+                    progress.output.is_some(),
+                    k + 1 == r.step as usize,
+                    "only the current step's input is kept: {r:?}"
+                );
+            }
         }
         Status::WaitRetry => {
             assert_eq!(r.launch_id, None, "{r:?}");
@@ -2736,10 +2746,13 @@ fn assert_record_consistent(r: &Execution, def: &PipelineDef) {
                 r.steps.iter().all(|p| p.status == StepStatus::Succeeded),
                 "{r:?}"
             );
-            assert_eq!(
-                r.result.as_ref(),
-                r.steps.last().and_then(|p| p.output.as_ref()),
-                "{r:?}"
+            assert!(
+                r.result.is_some(),
+                "a succeeded execution has its result: {r:?}"
+            );
+            assert!(
+                r.steps.iter().all(|p| p.output.is_none()),
+                "outputs are dropped once consumed: {r:?}"
             );
         }
         Status::Failed => {

@@ -10,7 +10,7 @@ use stepline::config::CoordinatorConfig;
 async fn main() -> Result<(), lambda_runtime::Error> {
     stepline::telemetry::init();
     let coordinator = Arc::new(stepline::aws::coordinator(
-        &stepline::aws::sdk_config().await,
+        &stepline::aws::lambda_sdk_config(),
         &CoordinatorConfig::from_env()?,
     ));
     lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {

@@ -12,7 +12,7 @@ use stepline::handlers::{DeadLetterQueues, OperatorRequest};
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
     stepline::telemetry::init();
-    let sdk = stepline::aws::sdk_config().await;
+    let sdk = stepline::aws::lambda_sdk_config();
     let config = CoordinatorConfig::from_env()?;
     let coordinator = Arc::new(stepline::aws::coordinator(&sdk, &config));
     let sqs = aws_sdk_sqs::Client::new(&sdk);

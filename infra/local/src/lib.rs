@@ -3,6 +3,7 @@
 
 pub mod releases;
 pub mod runner;
+pub mod runtime_api;
 pub mod stack;
 pub mod template;
 
@@ -13,6 +14,7 @@ use anyhow::Result;
 use aws_config::SdkConfig;
 use std::path::{Path, PathBuf};
 
+use stepline::aws::Clients;
 use stepline::config::{CoordinatorConfig, WorkerConfig};
 use stepline::contract::{Contract, CONTRACT_FILE};
 use stepline::domain::PipelineDef;
@@ -37,6 +39,8 @@ pub mod functions {
 pub struct LocalStack {
     pub sdk: SdkConfig,
     pub stack: Stack,
+    /// The clients handlers and the runner are built on (`with_clients` swaps them, e.g. for metered ones).
+    pub clients: Clients,
 }
 
 impl LocalStack {
@@ -49,7 +53,7 @@ impl LocalStack {
     pub async fn find(stage: &str) -> Result<Self> {
         let sdk = stepline::aws::sdk_config().await;
         let stack = Stack::lookup(&sdk, &Template::embedded(), stage).await?;
-        Ok(Self { sdk, stack })
+        Ok(Self::on(sdk, stack))
     }
 
     /// Provisions with template parameters overridden (e.g. shorter leases for tests).
@@ -57,13 +61,32 @@ impl LocalStack {
         let sdk = stepline::aws::sdk_config().await;
         let template = Template::load(&Template::default_path())?;
         let stack = Stack::provision_with(&sdk, &template, stage, overrides).await?;
-        Ok(Self { sdk, stack })
+        Ok(Self::on(sdk, stack))
+    }
+
+    fn on(sdk: SdkConfig, stack: Stack) -> Self {
+        let clients = Clients::new(&sdk);
+        Self {
+            sdk,
+            stack,
+            clients,
+        }
+    }
+
+    /// Handlers, workers and the runner built from now on use `clients`.
+    pub fn with_clients(mut self, clients: Clients) -> Self {
+        self.clients = clients;
+        self
     }
 
     /// The coordinator as `function` would build it from its environment.
     pub fn coordinator(&self, function: &str) -> Result<Coordinator> {
         let config = CoordinatorConfig::from_lookup(self.stack.env_of(function)?)?;
-        Ok(stepline::aws::coordinator(&self.sdk, &config))
+        Ok(stepline::aws::coordinator_on(
+            &self.clients,
+            &config,
+            Arc::new(stepline::ports::SystemClock),
+        ))
     }
 
     /// Bindings of the claim, launch and completion functions, each with its own coordinator instance
@@ -112,7 +135,12 @@ impl LocalStack {
         steps: Arc<dyn StepFunction>,
     ) -> Result<Binding> {
         let config = WorkerConfig::from_lookup(self.stack.env_of(function)?)?;
-        let worker = Arc::new(stepline::aws::worker(&self.sdk, &config, contract, steps));
+        let worker = Arc::new(stepline::aws::worker_on(
+            self.clients.sqs.clone(),
+            &config,
+            contract,
+            steps,
+        ));
         Ok(Binding::Sqs {
             function: function.to_string(),
             handler: worker_handler(worker),
@@ -240,12 +268,7 @@ impl LocalStack {
 
     /// Starts the runner for `bindings`.
     pub fn run(&self, bindings: Vec<Binding>, options: RunnerOptions) -> Result<Runner> {
-        Runner::start(
-            aws_sdk_sqs::Client::new(&self.sdk),
-            &self.stack,
-            bindings,
-            options,
-        )
+        Runner::start(self.clients.sqs.clone(), &self.stack, bindings, options)
     }
 }
 

@@ -4,6 +4,12 @@
 //! due-index attributes `dueShard`/`dueAt`, present only while the execution is due at some time. The
 //! `due-index` GSI (keys only) is Queried per shard with `dueAt <= now`; sharding spreads the index's
 //! write load over partitions (each takes about 1,000 WCU/s).
+//!
+//! `dueAt` is the record's due time rounded *up* to the due granularity. Every hop moves a running
+//! execution's deadline a little, but an index entry is only rewritten when its key changes: rounding
+//! keeps the key still across the hops of one granule, so a fast execution writes its entry about twice
+//! (created, removed) instead of twice per hop. Rounding up never makes anything due early; the sweeper
+//! sees it at most one granule late.
 
 use std::collections::HashMap;
 
@@ -50,6 +56,19 @@ pub fn execution_key(id: Uuid) -> String {
     format!("exec#{id}")
 }
 
+/// The index key of a due time: rounded up to the next multiple of `granularity_ms` (0: exact).
+pub fn due_key(due: i64, granularity_ms: i64) -> i64 {
+    if granularity_ms <= 0 {
+        return due;
+    }
+    due.div_euclid(granularity_ms) * granularity_ms
+        + if due.rem_euclid(granularity_ms) == 0 {
+            0
+        } else {
+            granularity_ms
+        }
+}
+
 /// The shard of the due index an execution belongs to.
 pub fn due_shard(id: Uuid, shards: u32) -> u32 {
     (id.as_u128() % u128::from(shards.max(1))) as u32
@@ -60,6 +79,7 @@ pub struct DynamoDbExecutionStore {
     client: Client,
     table: String,
     shards: u32,
+    granularity_ms: i64,
 }
 
 impl DynamoDbExecutionStore {
@@ -68,7 +88,14 @@ impl DynamoDbExecutionStore {
             client,
             table: table.into(),
             shards: shards.max(1),
+            granularity_ms: 0,
         }
+    }
+
+    /// Rounds due times up to `granularity_ms` in the index (see the module documentation).
+    pub fn with_due_granularity(mut self, granularity_ms: i64) -> Self {
+        self.granularity_ms = granularity_ms.max(0);
+        self
     }
 
     fn to_item(&self, record: &Execution) -> Result<Item, StoreError> {
@@ -79,7 +106,7 @@ impl DynamoDbExecutionStore {
                 DUE_SHARD.into(),
                 s(format!("s{}", due_shard(record.id, self.shards))),
             );
-            item.insert(DUE_AT.into(), n(due));
+            item.insert(DUE_AT.into(), n(due_key(due, self.granularity_ms)));
         }
         Ok(item)
     }
@@ -331,5 +358,27 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
             .await?
             .into_iter()
             .next())
+    }
+}
+
+#[cfg(test)]
+mod due_key_tests {
+    use super::due_key;
+
+    #[test]
+    fn due_keys_round_up_to_the_granule_and_never_early() {
+        assert_eq!(due_key(12_345, 0), 12_345);
+        assert_eq!(due_key(10_000, 5_000), 10_000);
+        assert_eq!(due_key(10_001, 5_000), 15_000);
+        assert_eq!(due_key(14_999, 5_000), 15_000);
+        // Hops inside one granule keep the key (and so the index entry) unchanged.
+        assert_eq!(
+            due_key(60_100 + 10_000, 5_000),
+            due_key(60_900 + 10_000, 5_000)
+        );
+        for due in [-7_001, -1, 0, 1, 4_999, 123_456_789] {
+            let key = due_key(due, 5_000);
+            assert!(key >= due && key - due < 5_000, "{due} -> {key}");
+        }
     }
 }

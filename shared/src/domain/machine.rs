@@ -662,9 +662,14 @@ fn apply_outcome(
     match outcome {
         Outcome::Succeeded(output) => {
             progress.status = StepStatus::Succeeded;
-            progress.output = Some(Payload::new(output.clone()));
             progress.error = None;
             next.error = None;
+            // Payloads travel in messages: the record keeps only the next step's input (for re-sends,
+            // retries and re-drives) and, at the end, the result. DynamoDB bills every write by the
+            // whole item's size, so outputs of steps already consumed are dropped.
+            for earlier in &mut next.steps[..step as usize] {
+                earlier.output = None;
+            }
             if (step as usize) + 1 == def.steps.len() {
                 next.status = Status::Succeeded;
                 next.result = Some(Payload::new(output));
@@ -672,6 +677,7 @@ fn apply_outcome(
                 next.launch_id = None;
                 Vec::new()
             } else {
+                next.steps[step as usize].output = Some(Payload::new(output));
                 next.step = step + 1;
                 next.budget_base = 0;
                 launch_attempt(next, def, ctx, 1)

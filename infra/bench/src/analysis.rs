@@ -1,0 +1,360 @@
+//! Turns the recorded calls into figures: the bill per million step transitions by side, service and
+//! operation (P1), the sequential calls on the critical path (P2) and hop latency percentiles (P3).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::meter::{Call, Invocation};
+use crate::pricing::{self, Prices};
+use crate::workload::Measured;
+
+/// One line of the bill: a side (coordinator or worker), a service and an operation.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Line {
+    pub side: String,
+    pub service: String,
+    pub operation: String,
+    pub calls: u64,
+    /// Billed units: write or read units, SQS requests, events, Lambda invocations.
+    pub units: f64,
+    pub usd_per_million_steps: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Cost {
+    pub steps: u64,
+    pub lines: Vec<Line>,
+    /// Coordinator side: its handlers, its queues' event-source requests and its Lambda invocations.
+    pub coordinator_usd_per_million_steps: f64,
+    /// Worker side (the user's step code): the same for the worker functions.
+    pub worker_usd_per_million_steps: f64,
+    pub step_functions_usd_per_million_steps: f64,
+    pub durable_functions_usd_per_million_steps: f64,
+    /// Per step transition, on the coordinator side.
+    pub dynamodb_writes_per_step: f64,
+    pub write_units_per_step: f64,
+    pub index_writes_per_step: f64,
+    pub read_units_per_step: f64,
+    pub sqs_requests_per_step: f64,
+    pub lambda_invocations_per_step: f64,
+    pub events_per_step: f64,
+    /// Execution item sizes written (bytes).
+    pub item_bytes_median: u64,
+    pub item_bytes_max: u64,
+    /// Receives that found nothing (the pollers' idle cost, not charged per step).
+    pub empty_receives: u64,
+    /// The claim sweeper's cost per month at one run a minute (fixed, not per step).
+    pub claim_usd_per_month: f64,
+}
+
+fn side_of(call: &Call, measured: &Measured) -> Option<&'static str> {
+    match call.function {
+        Some("claim") | Some("ping-pong") => None,
+        Some("worker") => Some("worker"),
+        Some(_) => Some("coordinator"),
+        None => {
+            let queue = call.queue.as_deref()?;
+            if measured.coordinator_queues.iter().any(|q| q == queue) {
+                Some("coordinator")
+            } else if measured.worker_queues.iter().any(|q| q == queue) {
+                Some("worker")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+fn template_function(short: &str) -> &'static str {
+    match short {
+        "claim" => "ClaimFunction",
+        "launch" => "LaunchFunction",
+        "completion" => "CompletionFunction",
+        "worker" => "OrderWorkerFunction",
+        _ => "ApiFunction",
+    }
+}
+
+/// Units and price of one call.
+fn billed(call: &Call, prices: &Prices) -> (f64, f64) {
+    match call.service.as_str() {
+        "dynamodb" => {
+            let write = call.write_units as f64 * prices.dynamodb_write_unit;
+            let read = call.read_units * prices.dynamodb_read_unit;
+            (call.write_units as f64 + call.read_units, write + read)
+        }
+        "sqs" => (
+            call.sqs_requests as f64,
+            call.sqs_requests as f64 * prices.sqs_request,
+        ),
+        "events" => (
+            call.events as f64,
+            call.events as f64 * prices.eventbridge_event,
+        ),
+        _ => (0.0, 0.0),
+    }
+}
+
+pub fn cost(measured: &Measured, prices: &Prices) -> Cost {
+    let steps = measured.cost_steps.max(1);
+    let per_million = |usd: f64| usd / steps as f64 * 1e6;
+    let mut lines: BTreeMap<(String, String, String), Line> = BTreeMap::new();
+    let mut cost = Cost {
+        steps,
+        ..Cost::default()
+    };
+    let mut item_sizes = Vec::new();
+    for call in &measured.cost_calls {
+        if call.operation == "ReceiveMessage" && call.messages == 0 {
+            cost.empty_receives += 1;
+            continue;
+        }
+        let Some(side) = side_of(call, measured) else {
+            continue;
+        };
+        let (units, usd) = billed(call, prices);
+        let line = lines
+            .entry((side.into(), call.service.clone(), call.operation.clone()))
+            .or_insert_with(|| Line {
+                side: side.into(),
+                service: call.service.clone(),
+                operation: call.operation.clone(),
+                ..Line::default()
+            });
+        line.calls += 1;
+        line.units += units;
+        line.usd_per_million_steps += per_million(usd);
+        if side == "coordinator" {
+            match call.service.as_str() {
+                "dynamodb" => {
+                    if call.operation == "PutItem" {
+                        cost.dynamodb_writes_per_step += 1.0;
+                        item_sizes.push(call.item_bytes);
+                    }
+                    cost.write_units_per_step += call.write_units as f64;
+                    cost.index_writes_per_step += call.index_writes as f64;
+                    cost.read_units_per_step += call.read_units;
+                }
+                "sqs" => cost.sqs_requests_per_step += call.sqs_requests as f64,
+                "events" => cost.events_per_step += call.events as f64,
+                _ => {}
+            }
+        }
+    }
+    for invocation in &measured.cost_invocations {
+        let side = match invocation.function {
+            "claim" | "ping-pong" => continue,
+            "worker" => "worker",
+            _ => "coordinator",
+        };
+        let memory = measured
+            .memory_mb
+            .get(template_function(invocation.function))
+            .copied()
+            .unwrap_or(128);
+        let gb_s = pricing::gb_seconds(invocation.duration_ms, memory);
+        for (operation, units, usd) in [
+            ("Invoke", 1.0, prices.lambda_request),
+            ("GB-s", gb_s, gb_s * prices.lambda_gb_second),
+        ] {
+            let line = lines
+                .entry((side.into(), "lambda".into(), operation.into()))
+                .or_insert_with(|| Line {
+                    side: side.into(),
+                    service: "lambda".into(),
+                    operation: operation.into(),
+                    ..Line::default()
+                });
+            if operation == "Invoke" {
+                line.calls += 1;
+                if side == "coordinator" {
+                    cost.lambda_invocations_per_step += 1.0;
+                }
+            }
+            line.units += units;
+            line.usd_per_million_steps += per_million(usd);
+        }
+    }
+    cost.lines = lines.into_values().collect();
+    for line in &cost.lines {
+        match line.side.as_str() {
+            "coordinator" => cost.coordinator_usd_per_million_steps += line.usd_per_million_steps,
+            _ => cost.worker_usd_per_million_steps += line.usd_per_million_steps,
+        }
+    }
+    for field in [
+        &mut cost.dynamodb_writes_per_step,
+        &mut cost.write_units_per_step,
+        &mut cost.index_writes_per_step,
+        &mut cost.read_units_per_step,
+        &mut cost.sqs_requests_per_step,
+        &mut cost.lambda_invocations_per_step,
+        &mut cost.events_per_step,
+    ] {
+        *field /= steps as f64;
+    }
+    item_sizes.sort_unstable();
+    cost.item_bytes_median = percentile(&item_sizes, 0.5);
+    cost.item_bytes_max = item_sizes.last().copied().unwrap_or(0);
+    cost.claim_usd_per_month = claim_per_month(measured, prices);
+    // Step Functions Standard: one transition per task state. Durable functions: one durable operation
+    // per step, plus the invocations that replay the function (at least one per execution).
+    cost.step_functions_usd_per_million_steps = prices.step_functions_transition * 1e6;
+    cost.durable_functions_usd_per_million_steps = prices.durable_operation * 1e6;
+    cost
+}
+
+/// Average bill of one claim run in this workload, at one run a minute for 30 days.
+fn claim_per_month(measured: &Measured, prices: &Prices) -> f64 {
+    let runs: Vec<&Invocation> = measured
+        .cost_invocations
+        .iter()
+        .filter(|i| i.function == "claim")
+        .collect();
+    if runs.is_empty() {
+        return 0.0;
+    }
+    let calls: f64 = measured
+        .cost_calls
+        .iter()
+        .filter(|c| c.function == Some("claim"))
+        .map(|c| billed(c, prices).1)
+        .sum();
+    let memory = measured
+        .memory_mb
+        .get("ClaimFunction")
+        .copied()
+        .unwrap_or(128);
+    let lambda: f64 = runs
+        .iter()
+        .map(|i| {
+            prices.lambda_request
+                + pricing::gb_seconds(i.duration_ms, memory) * prices.lambda_gb_second
+        })
+        .sum();
+    (calls + lambda) / runs.len() as f64 * 60.0 * 24.0 * 30.0
+}
+
+/// The calls a completion made from the reply's arrival to the next request's send.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CriticalPath {
+    /// Median over hops of the number of sequential calls, the send included.
+    pub median_calls: u64,
+    pub max_calls: u64,
+    /// How many hops took each number of calls.
+    pub histogram: BTreeMap<u64, u64>,
+    /// The most common sequence, e.g. "PutItem > SendMessageBatch".
+    pub typical: String,
+}
+
+pub fn critical_path(measured: &Measured) -> CriticalPath {
+    let mut by_invocation: BTreeMap<u64, Vec<&Call>> = BTreeMap::new();
+    for call in &measured.sequential_calls {
+        if call.function == Some("completion") {
+            if let Some(id) = call.invocation {
+                by_invocation.entry(id).or_default().push(call);
+            }
+        }
+    }
+    let mut counts = Vec::new();
+    let mut sequences: BTreeMap<String, u64> = BTreeMap::new();
+    let mut histogram = BTreeMap::new();
+    for calls in by_invocation.values_mut() {
+        calls.sort_by_key(|c| c.start_us);
+        let Some(send) = calls.iter().position(|c| {
+            c.operation.starts_with("SendMessage")
+                && c.queue
+                    .as_ref()
+                    .is_some_and(|q| measured.worker_queues.contains(q))
+        }) else {
+            continue;
+        };
+        let n = send as u64 + 1;
+        counts.push(n);
+        *histogram.entry(n).or_insert(0) += 1;
+        let sequence = calls[..=send]
+            .iter()
+            .map(|c| c.operation.as_str())
+            .collect::<Vec<_>>()
+            .join(" > ");
+        *sequences.entry(sequence).or_insert(0) += 1;
+    }
+    counts.sort_unstable();
+    CriticalPath {
+        median_calls: percentile(&counts, 0.5),
+        max_calls: counts.last().copied().unwrap_or(0),
+        histogram,
+        typical: sequences
+            .into_iter()
+            .max_by_key(|(_, n)| *n)
+            .map(|(s, _)| s)
+            .unwrap_or_default(),
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Latency {
+    pub hops: usize,
+    pub hop_median_ms: f64,
+    pub hop_p99_ms: f64,
+    pub ping_pongs: usize,
+    pub ping_pong_median_ms: f64,
+    pub ping_pong_p99_ms: f64,
+    /// Median hop through the coordinator over the median bare round trip.
+    pub ratio: f64,
+    pub p99_ratio: f64,
+}
+
+pub fn latency(measured: &Measured) -> Latency {
+    let mut hops = measured.hops_us.clone();
+    let mut pings = measured.ping_pong_us.clone();
+    hops.sort_unstable();
+    pings.sort_unstable();
+    let ms = |us: u64| us as f64 / 1000.0;
+    let hop_median = ms(percentile(&hops, 0.5));
+    let ping_median = ms(percentile(&pings, 0.5));
+    let hop_p99 = ms(percentile(&hops, 0.99));
+    let ping_p99 = ms(percentile(&pings, 0.99));
+    Latency {
+        hops: hops.len(),
+        hop_median_ms: hop_median,
+        hop_p99_ms: hop_p99,
+        ping_pongs: pings.len(),
+        ping_pong_median_ms: ping_median,
+        ping_pong_p99_ms: ping_p99,
+        ratio: if ping_median > 0.0 {
+            hop_median / ping_median
+        } else {
+            0.0
+        },
+        p99_ratio: if ping_p99 > 0.0 {
+            hop_p99 / ping_p99
+        } else {
+            0.0
+        },
+    }
+}
+
+/// Nearest-rank percentile of sorted values.
+pub fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 0.5), 50);
+        assert_eq!(percentile(&v, 0.99), 99);
+        assert_eq!(percentile(&[7], 0.99), 7);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+}

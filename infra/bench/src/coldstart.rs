@@ -1,0 +1,210 @@
+//! P4: the function binaries as Lambda runs them. Each binary starts under a loopback Runtime API with
+//! its environment from the template; init time is process start to its first `next`, then it handles a
+//! real event (an execution is carried through launch, worker, completion, claim, the HTTP API and the
+//! operator function) and its peak RSS is read from the kernel.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use stepline_local::runtime_api::Function;
+use stepline_local::stack::Physical;
+use stepline_local::{fresh_stage, functions, workspace_root, LocalStack};
+
+/// The example pipeline the binaries are driven with (examples/order-worker).
+const ORDERS: &str = "orders";
+
+/// The deployed binaries and the template functions they serve.
+pub const BINARIES: [(&str, &str); 8] = [
+    ("launch", "LaunchFunction"),
+    ("order-worker", "OrderWorkerFunction"),
+    ("completion", "CompletionFunction"),
+    ("claim", "ClaimFunction"),
+    ("api", "ApiFunction"),
+    ("redrive", "RedriveFunction"),
+    ("restaurant-approval", "RestaurantWorkerFunction"),
+    ("csv-payments", "CsvWorkerFunction"),
+];
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BinaryFigures {
+    pub binary: String,
+    pub bytes: u64,
+    /// Init time of each run, milliseconds.
+    pub init_ms: Vec<f64>,
+    pub init_ms_median: f64,
+    /// Peak resident set over the runs, after handling an event (KiB).
+    pub peak_rss_kib: u64,
+    /// Whether the binary handled an event before its RSS was read.
+    pub handled_event: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ColdStart {
+    pub profile_dir: String,
+    pub binaries: Vec<BinaryFigures>,
+    pub init_ms_max: f64,
+    pub binary_mb_max: f64,
+    pub rss_mb_max: f64,
+}
+
+fn fixture(name: &str, vars: &[(&str, &str)]) -> Result<String> {
+    let path = workspace_root().join("tests/fixtures").join(name);
+    let mut text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    for (key, value) in vars {
+        text = text.replace(&format!("${{{key}}}"), value);
+    }
+    Ok(text)
+}
+
+fn sqs_event(body: &str, arn: &str) -> Result<String> {
+    let escaped = serde_json::to_string(body)?;
+    fixture(
+        "sqs-event.json",
+        &[("BODY", &escaped[1..escaped.len() - 1]), ("QUEUE_ARN", arn)],
+    )
+}
+
+/// Runs every binary in `dir` `runs` times.
+pub async fn measure(dir: &Path, runs: usize) -> Result<ColdStart> {
+    for (binary, _) in BINARIES {
+        if !dir.join(binary).is_file() {
+            bail!(
+                "{} is missing: build the release binaries first (cargo build --release --bins)",
+                dir.join(binary).display()
+            );
+        }
+    }
+    let local = LocalStack::up(&fresh_stage("bench-cold")).await?;
+    let (queue, _) = local.stack.queue("OrderRequestQueue")?;
+    local.release_example(queue, "1", 60).await?;
+    let api = local.coordinator(functions::REDRIVE)?;
+    let env = |function: &str| -> Result<BTreeMap<String, String>> {
+        let mut env = local.stack.function(function)?.env.clone();
+        for (key, value) in std::env::vars() {
+            if key.starts_with("AWS_") {
+                env.insert(key, value);
+            }
+        }
+        env.insert("RUST_LOG".into(), "warn".into());
+        if function == "CsvWorkerFunction" {
+            env.insert("WORKER_PIPELINE".into(), "csv-payments".into());
+        }
+        Ok(env)
+    };
+    let arn = |logical: &str| -> Result<String> {
+        match local.stack.resources.get(logical) {
+            Some(Physical::Queue { arn, .. }) => Ok(arn.clone()),
+            _ => bail!("no queue {logical}"),
+        }
+    };
+    let mut figures: BTreeMap<&str, BinaryFigures> = BTreeMap::new();
+    for _ in 0..runs.max(1) {
+        let mut started: BTreeMap<&str, Function> = BTreeMap::new();
+        for (binary, function) in BINARIES {
+            let f = Function::start(&dir.join(binary), &env(function)?).await?;
+            started.insert(binary, f);
+        }
+        for f in started.values() {
+            wait_init(f).await?;
+        }
+        // One execution through the binaries, as Lambda would deliver it.
+        let id = api
+            .submit(stepline::SubmitRequest {
+                pipeline_id: ORDERS.into(),
+                tenant: "bench".into(),
+                input: serde_json::json!({"orderId": "o-1", "lines": [{"sku": "tea", "qty": 1, "unitCents": 300}]}),
+                ..Default::default()
+            })
+            .await?
+            .execution;
+        let mut handled = Vec::new();
+        for (name, queue) in [
+            ("launch", "LaunchQueue"),
+            ("order-worker", "OrderRequestQueue"),
+            ("completion", "ReplyQueue"),
+        ] {
+            let bodies = local.take_all(queue).await?;
+            let body = bodies
+                .first()
+                .with_context(|| format!("nothing on {queue}"))?;
+            started
+                .get_mut(name)
+                .expect("started above")
+                .invoke(sqs_event(body, &arn(queue)?)?)
+                .await?;
+            handled.push(name);
+        }
+        started
+            .get_mut("claim")
+            .expect("started above")
+            .invoke(fixture("scheduled-event.json", &[])?)
+            .await?;
+        started
+            .get_mut("api")
+            .expect("started above")
+            .invoke(fixture(
+                "function-url-get-execution.json",
+                &[("EXECUTION_ID", &id.to_string())],
+            )?)
+            .await?;
+        started
+            .get_mut("redrive")
+            .expect("started above")
+            .invoke(fixture(
+                "operator-cancel.json",
+                &[("EXECUTION_ID", &id.to_string())],
+            )?)
+            .await?;
+        handled.extend(["claim", "api", "redrive"]);
+        for (binary, f) in &started {
+            let binary = *binary;
+            let entry = figures.entry(binary).or_insert_with(|| BinaryFigures {
+                binary: binary.to_string(),
+                bytes: std::fs::metadata(dir.join(binary))
+                    .map(|m| m.len())
+                    .unwrap_or(0),
+                ..BinaryFigures::default()
+            });
+            entry.init_ms.push(f.init_ms().unwrap_or(f64::NAN));
+            entry.peak_rss_kib = entry.peak_rss_kib.max(f.peak_rss_kib().unwrap_or(0));
+            entry.handled_event = handled.contains(&binary);
+        }
+    }
+    let mut out = ColdStart {
+        profile_dir: dir.display().to_string(),
+        ..ColdStart::default()
+    };
+    for (_, mut f) in figures {
+        let mut sorted = f.init_ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        f.init_ms_median = sorted[sorted.len() / 2];
+        out.init_ms_max = out.init_ms_max.max(f.init_ms_median);
+        out.binary_mb_max = out.binary_mb_max.max(f.bytes as f64 / 1_048_576.0);
+        out.rss_mb_max = out.rss_mb_max.max(f.peak_rss_kib as f64 / 1024.0);
+        out.binaries.push(f);
+    }
+    Ok(out)
+}
+
+async fn wait_init(f: &Function) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while f.init_ms().is_none() {
+        if Instant::now() > deadline {
+            bail!("{} did not ask for an event within 30 s", f.name);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+/// The default directory of release binaries.
+pub fn release_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+        .join("release")
+}

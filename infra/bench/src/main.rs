@@ -1,0 +1,125 @@
+//! `stepline-bench`: cost per step (P1), critical path (P2), hop latency (P3), cold start (P4) and scale
+//! (P5), measured on the local emulator and in simulation. Writes `target/bench/summary.json` and, with
+//! `--update-doc`, the results section of BENCHMARKS.md.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Parser;
+
+use stepline_bench::{analysis, coldstart, pricing, report, scale, workload};
+
+#[derive(Parser, Debug)]
+#[command(about = "Benchmarks of the Stepline coordinator on the local emulator and in simulation")]
+struct Args {
+    /// The full run: more executions, steps and cold starts (minutes longer).
+    #[arg(long)]
+    full: bool,
+    /// Executions run concurrently for the cost figures (default 100 quick, 1000 full).
+    #[arg(long)]
+    executions: Option<usize>,
+    /// Steps per execution.
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    /// Bytes of each step's output.
+    #[arg(long, default_value_t = 200)]
+    payload_bytes: usize,
+    /// Executions run one at a time for latency and the critical path (default 40 quick, 200 full).
+    #[arg(long)]
+    sequential: Option<usize>,
+    /// Directory of the release binaries (default: target/release).
+    #[arg(long)]
+    binaries: Option<PathBuf>,
+    /// Cold starts per binary (default 3 quick, 10 full).
+    #[arg(long)]
+    cold_runs: Option<usize>,
+    /// Where summary.json goes.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// Rewrites the results section of this Markdown file (between its bench markers).
+    #[arg(long)]
+    update_doc: Option<PathBuf>,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let started = std::time::Instant::now();
+    let work = workload::Workload {
+        executions: args
+            .executions
+            .unwrap_or(if args.full { 1000 } else { 100 }),
+        steps: args.steps,
+        payload_bytes: args.payload_bytes,
+        sequential: args.sequential.unwrap_or(if args.full { 200 } else { 40 }),
+        lifecycle_events: false,
+    };
+    let prices = pricing::US_EAST_1;
+
+    eprintln!(
+        "P1-P3: {work:?} on {}",
+        std::env::var("AWS_ENDPOINT_URL").unwrap_or_default()
+    );
+    let measured = workload::run(work).await?;
+    let cost = analysis::cost(&measured, &prices);
+    let path = analysis::critical_path(&measured);
+    let latency = analysis::latency(&measured);
+
+    eprintln!("P1 with lifecycle events on");
+    let with_events = workload::run(workload::Workload {
+        lifecycle_events: true,
+        sequential: 0,
+        ..work
+    })
+    .await?;
+    let cost_with_events = analysis::cost(&with_events, &prices);
+
+    let dir = args.binaries.unwrap_or_else(coldstart::release_dir);
+    eprintln!("P4: binaries in {}", dir.display());
+    let cold = coldstart::measure(
+        &dir,
+        args.cold_runs.unwrap_or(if args.full { 10 } else { 3 }),
+    )
+    .await?;
+
+    eprintln!("P5: simulation");
+    let model = scale::Model {
+        index_writes_per_execution: cost.index_writes_per_step * work.steps as f64,
+        recovery_fraction: 0.01,
+        claim_period_s: 60.0,
+        claim_limit: 100,
+        claim_ms: 10.0,
+        claim_timeout_s: 300.0,
+        seconds: if args.full { 10 } else { 2 },
+    };
+    let rows = scale::table(&model, &scale::RATES, &scale::SHARDS);
+
+    let summary = report::summary(&report::Figures {
+        mode: if args.full { "full" } else { "quick" },
+        work,
+        prices,
+        cost: &cost,
+        cost_with_events: &cost_with_events,
+        path: &path,
+        latency: &latency,
+        cold: &cold,
+        model: &model,
+        rows: &rows,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    });
+    std::fs::create_dir_all(&args.out)?;
+    let file = args.out.join("summary.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&summary)?)?;
+    let markdown = report::markdown(&summary);
+    println!("{markdown}");
+    eprintln!(
+        "wrote {} in {:.0} s",
+        file.display(),
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(doc) = args.update_doc {
+        report::update_doc(&doc, &markdown)?;
+        eprintln!("updated {}", doc.display());
+    }
+    Ok(())
+}

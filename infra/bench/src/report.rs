@@ -1,0 +1,264 @@
+//! The results as Markdown, from the summary alone (so BENCHMARKS.md shows what summary.json holds).
+
+use std::fmt::Write;
+use std::path::Path;
+
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+
+use crate::analysis::{Cost, CriticalPath, Latency};
+use crate::coldstart::ColdStart;
+use crate::pricing::Prices;
+use crate::scale::{Model, Row, PARTITION_WCU_LIMIT};
+use crate::workload::Workload;
+
+/// Everything one run measured.
+pub struct Figures<'a> {
+    pub mode: &'a str,
+    pub work: Workload,
+    pub prices: Prices,
+    pub cost: &'a Cost,
+    pub cost_with_events: &'a Cost,
+    pub path: &'a CriticalPath,
+    pub latency: &'a Latency,
+    pub cold: &'a ColdStart,
+    pub model: &'a Model,
+    pub rows: &'a [Row],
+    pub elapsed_s: f64,
+}
+
+/// summary.json: the headline keys first, then every figure behind them.
+pub fn summary(f: &Figures<'_>) -> Value {
+    json!({
+        "usd_per_million_steps": f.cost.coordinator_usd_per_million_steps,
+        "critical_path_calls": f.path.median_calls,
+        "hop_latency_ratio": f.latency.ratio,
+        "init_ms_max": f.cold.init_ms_max,
+        "binary_mb_max": f.cold.binary_mb_max,
+        "rss_mb_max": f.cold.rss_mb_max,
+        "mode": f.mode,
+        "workload": {
+            "executions": f.work.executions,
+            "steps": f.work.steps,
+            "payload_bytes": f.work.payload_bytes,
+            "sequential_executions": f.work.sequential,
+        },
+        "emulator": std::env::var("AWS_ENDPOINT_URL").unwrap_or_default(),
+        "prices": f.prices,
+        "cost": f.cost,
+        "cost_with_lifecycle_events": f.cost_with_events,
+        "critical_path": f.path,
+        "latency": f.latency,
+        "cold_start": f.cold,
+        "scale": {
+            "model": {
+                "index_writes_per_execution": f.model.index_writes_per_execution,
+                "recovery_fraction": f.model.recovery_fraction,
+                "claim_period_s": f.model.claim_period_s,
+                "claim_limit": f.model.claim_limit,
+                "claim_ms": f.model.claim_ms,
+                "claim_timeout_s": f.model.claim_timeout_s,
+                "simulated_seconds": f.model.seconds,
+            },
+            "partition_wcu_limit": PARTITION_WCU_LIMIT,
+            "rows": f.rows,
+        },
+        "elapsed_s": f.elapsed_s,
+    })
+}
+
+pub const START: &str = "<!-- bench:results:start -->";
+pub const END: &str = "<!-- bench:results:end -->";
+
+/// The targets, as (summary key, label, target, whether lower is better).
+pub const TARGETS: [(&str, &str, f64); 6] = [
+    (
+        "usd_per_million_steps",
+        "Coordinator cost, $ per million step transitions",
+        1.00,
+    ),
+    (
+        "critical_path_calls",
+        "Sequential AWS calls, reply to next request (median)",
+        2.0,
+    ),
+    (
+        "hop_latency_ratio",
+        "Hop latency / bare SQS round trip (medians)",
+        1.3,
+    ),
+    (
+        "init_ms_max",
+        "Init time, slowest binary (median of runs), ms",
+        15.0,
+    ),
+    ("binary_mb_max", "Largest binary, MB", 8.0),
+    ("rss_mb_max", "Peak RSS, largest, MB", 32.0),
+];
+
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+pub fn markdown(s: &Value) -> String {
+    let mut md = String::new();
+    let w = &s["workload"];
+    let _ = writeln!(
+        md,
+        "Mode `{}`: {} executions of a {}-step pipeline ({}-byte payloads) run concurrently for cost, {} one at a time for latency, on `{}`.\n",
+        s["mode"].as_str().unwrap_or("?"),
+        w["executions"], w["steps"], w["payload_bytes"], w["sequential_executions"],
+        s["emulator"].as_str().unwrap_or("?"),
+    );
+    let _ = writeln!(
+        md,
+        "| Figure | Measured | Target | Met |\n|---|---:|---:|:---:|"
+    );
+    for (key, label, target) in TARGETS {
+        let value = num(&s[key]);
+        let _ = writeln!(
+            md,
+            "| {label} (`{key}`) | {value:.3} | ≤ {target} | {} |",
+            if value <= target { "yes" } else { "**no**" }
+        );
+    }
+
+    let c = &s["cost"];
+    let e = &s["cost_with_lifecycle_events"];
+    let _ = writeln!(md, "\n### P1 cost per million step transitions\n");
+    let _ = writeln!(md, "| | $ / million steps |\n|---|---:|");
+    for (label, value) in [
+        (
+            "Stepline coordinator (lifecycle events off, the default)",
+            num(&c["coordinator_usd_per_million_steps"]),
+        ),
+        (
+            "Stepline coordinator with lifecycle events on",
+            num(&e["coordinator_usd_per_million_steps"]),
+        ),
+        (
+            "Stepline worker side (your step code's queues and Lambda)",
+            num(&c["worker_usd_per_million_steps"]),
+        ),
+        (
+            "Step Functions Standard (one transition per task state)",
+            num(&c["step_functions_usd_per_million_steps"]),
+        ),
+        (
+            "Lambda durable functions (one operation per step, before invocations)",
+            num(&c["durable_functions_usd_per_million_steps"]),
+        ),
+    ] {
+        let _ = writeln!(md, "| {label} | {value:.3} |");
+    }
+    let _ = writeln!(
+        md,
+        "\nPer step on the coordinator side: {:.2} DynamoDB writes ({:.2} write units, of which {:.2} due-index entries), {:.2} read units, {:.2} SQS requests, {:.3} Lambda invocations, {:.2} events. Execution item: median {} B, max {} B. The claim sweeper adds about ${:.4} a month (one run a minute); idle event-source polling is not per step ({} empty receives in this run).\n",
+        num(&c["dynamodb_writes_per_step"]), num(&c["write_units_per_step"]), num(&c["index_writes_per_step"]),
+        num(&c["read_units_per_step"]), num(&c["sqs_requests_per_step"]), num(&c["lambda_invocations_per_step"]),
+        num(&c["events_per_step"]), c["item_bytes_median"], c["item_bytes_max"], num(&c["claim_usd_per_month"]),
+        c["empty_receives"],
+    );
+    let _ = writeln!(md, "| Side | Service | Operation | Calls | Billed units | $ / million steps |\n|---|---|---|---:|---:|---:|");
+    for line in c["lines"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:.1} | {:.4} |",
+            line["side"].as_str().unwrap_or(""),
+            line["service"].as_str().unwrap_or(""),
+            line["operation"].as_str().unwrap_or(""),
+            line["calls"],
+            num(&line["units"]),
+            num(&line["usd_per_million_steps"]),
+        );
+    }
+
+    let p = &s["critical_path"];
+    let _ = writeln!(
+        md,
+        "\n### P2 critical path\n\nMedian {} sequential calls from a reply's arrival to the next request's send (max {}); hops by number of calls: `{}`; typical: `{}`.",
+        p["median_calls"], p["max_calls"], p["histogram"], p["typical"].as_str().unwrap_or(""),
+    );
+
+    let l = &s["latency"];
+    let _ = writeln!(
+        md,
+        "\n### P3 hop latency\n\n| | hops | median ms | p99 ms |\n|---|---:|---:|---:|\n| Through the coordinator | {} | {:.2} | {:.2} |\n| Bare SQS request/reply | {} | {:.2} | {:.2} |\n| Ratio | | {:.2} | {:.2} |",
+        l["hops"], num(&l["hop_median_ms"]), num(&l["hop_p99_ms"]),
+        l["ping_pongs"], num(&l["ping_pong_median_ms"]), num(&l["ping_pong_p99_ms"]),
+        num(&l["ratio"]), num(&l["p99_ratio"]),
+    );
+
+    let cold = &s["cold_start"];
+    let _ = writeln!(
+        md,
+        "\n### P4 cold start\n\nBinaries from `{}`.\n\n| Binary | Size MB | Init ms (median) | Init ms (runs) | Peak RSS MB | After an event |\n|---|---:|---:|---|---:|:---:|",
+        cold["profile_dir"].as_str().unwrap_or("")
+    );
+    for b in cold["binaries"].as_array().into_iter().flatten() {
+        let runs: Vec<String> = b["init_ms"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| format!("{:.1}", num(v)))
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {:.2} | {:.1} | {} | {:.1} | {} |",
+            b["binary"].as_str().unwrap_or(""),
+            num(&b["bytes"]) / 1_048_576.0,
+            num(&b["init_ms_median"]),
+            runs.join(", "),
+            num(&b["peak_rss_kib"]) / 1024.0,
+            if b["handled_event"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "init only"
+            },
+        );
+    }
+
+    let sc = &s["scale"];
+    let m = &sc["model"];
+    let _ = writeln!(
+        md,
+        "\n### P5 scale (simulation)\n\n{:.2} due-index writes per execution (measured in P1), {}% of executions needing the sweeper, a claim run every {} s taking up to {} per shard at {} ms each.\n\n| Executions/s | Shards | Hottest partition WCU/s | ≤ 1,000 | Due/s | Claims/s | Sweeper keeps up |\n|---:|---:|---:|:---:|---:|---:|:---:|",
+        num(&m["index_writes_per_execution"]), num(&m["recovery_fraction"]) * 100.0,
+        m["claim_period_s"], m["claim_limit"], m["claim_ms"],
+    );
+    for r in sc["rows"].as_array().into_iter().flatten() {
+        let yes = |v: &Value| {
+            if v.as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            }
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {} |",
+            r["executions_per_s"],
+            r["shards"],
+            num(&r["hottest_partition_wcu_per_s"]),
+            yes(&r["within_partition_limit"]),
+            num(&r["due_per_s"]),
+            num(&r["claims_per_s"]),
+            yes(&r["claim_keeps_up"]),
+        );
+    }
+    md
+}
+
+/// Replaces the text between the bench markers of `doc` with `results`.
+pub fn update_doc(doc: &Path, results: &str) -> Result<()> {
+    let text = std::fs::read_to_string(doc)?;
+    let (Some(start), Some(end)) = (text.find(START), text.find(END)) else {
+        bail!("{} has no {START} ... {END} section", doc.display());
+    };
+    if end < start {
+        bail!("{}: the bench markers are out of order", doc.display());
+    }
+    let updated = format!("{}{START}\n{results}\n{}", &text[..start], &text[end..]);
+    std::fs::write(doc, updated)?;
+    Ok(())
+}

@@ -1,0 +1,476 @@
+//! The emulator run behind P1-P3: a stage of the template provisioned on the emulator, the real
+//! handlers behind the local runner on metered clients, a K-step pipeline whose worker answers at once,
+//! and, in the same run, a bare SQS request/reply ping-pong through the same poller.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use async_trait::async_trait;
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use serde_json::{json, Value};
+use serde_yaml::Value as Yaml;
+use stepline::adapters::SqsSender;
+use stepline::contract::Contract;
+use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError, StepKind};
+use stepline::envelope::RequestHeader;
+use stepline::ports::{MessageSender, OutMessage};
+use stepline::worker::StepFunction;
+use stepline::{Coordinator, SubmitRequest};
+use stepline_local::runner::SqsHandler;
+use stepline_local::stack::SqsSource;
+use stepline_local::{
+    fresh_stage, functions, Binding, LocalStack, Runner, RunnerOptions, Template,
+};
+use uuid::Uuid;
+
+use crate::meter::{Call, Invocation, Meter, TableInfo};
+
+pub const PIPELINE_ID: &str = "bench";
+const WORKER_QUEUE: &str = "OrderRequestQueue";
+
+/// Shape of the workload.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    /// Executions run concurrently for the cost figures.
+    pub executions: usize,
+    /// Steps per execution.
+    pub steps: usize,
+    /// Bytes of each step's output (and so of the next step's input).
+    pub payload_bytes: usize,
+    /// Executions run one at a time for the latency and critical-path figures.
+    pub sequential: usize,
+    /// Publish lifecycle events (the template's LifecycleEvents parameter).
+    pub lifecycle_events: bool,
+}
+
+/// The bench pipeline: `steps` task steps on the example worker's queue.
+pub fn pipeline(queue: &str, steps: usize) -> PipelineDef {
+    PipelineDef {
+        pipeline_id: PIPELINE_ID.into(),
+        release_version: format!("k{steps}"),
+        steps: (0..steps)
+            .map(|i| StepDef {
+                id: format!("s{i}"),
+                kind: StepKind::Task,
+                input_type: "bench.Doc/1".into(),
+                output_type: "bench.Doc/1".into(),
+                queue: queue.into(),
+                timeout_secs: 60,
+                retry: RetryPolicy {
+                    max_attempts: 3,
+                    initial_delay_ms: 500,
+                    multiplier: 2.0,
+                    max_delay_ms: 10_000,
+                    non_retryable: Vec::new(),
+                },
+                interactions: Vec::new(),
+                child_pipeline: None,
+            })
+            .collect(),
+    }
+}
+
+/// When each step ran, per execution: (step index, handler entered, handler returned), in microseconds.
+type StepTimes = Arc<Mutex<HashMap<Uuid, Vec<(u32, u64, u64)>>>>;
+
+/// A worker that answers at once with a payload of the configured size, noting when it ran.
+struct EchoSteps {
+    meter: Meter,
+    payload_bytes: usize,
+    times: StepTimes,
+}
+
+#[async_trait]
+impl StepFunction for EchoSteps {
+    async fn run(&self, request: &RequestHeader, _input: Value) -> Result<Value, StepError> {
+        let entered = self.meter.now_us();
+        let output = json!({"step": request.step_index, "doc": "x".repeat(self.payload_bytes)});
+        self.times
+            .lock()
+            .unwrap()
+            .entry(request.execution_id)
+            .or_default()
+            .push((request.step_index, entered, self.meter.now_us()));
+        Ok(output)
+    }
+}
+
+/// What the run measured.
+pub struct Measured {
+    /// Calls and invocations of the concurrent run (P1).
+    pub cost_calls: Vec<Call>,
+    pub cost_invocations: Vec<Invocation>,
+    pub cost_steps: u64,
+    /// Calls and invocations of the sequential run (P2), and its step hops (P3), in microseconds.
+    pub sequential_calls: Vec<Call>,
+    pub hops_us: Vec<u64>,
+    /// Bare SQS request/reply round trips, in microseconds.
+    pub ping_pong_us: Vec<u64>,
+    /// Queue URLs consumed by coordinator functions and by workers.
+    pub coordinator_queues: Vec<String>,
+    pub worker_queues: Vec<String>,
+    /// Memory size of each function, from the template.
+    pub memory_mb: BTreeMap<String, u32>,
+}
+
+/// Template function names and the names the meter attributes their work to.
+const FUNCTION_NAMES: [(&str, &str); 4] = [
+    (functions::CLAIM, "claim"),
+    (functions::LAUNCH, "launch"),
+    (functions::COMPLETION, "completion"),
+    (functions::ORDER_WORKER, "worker"),
+];
+
+fn short_name(function: &str) -> &'static str {
+    FUNCTION_NAMES
+        .iter()
+        .find(|(f, _)| *f == function)
+        .map_or("other", |(_, n)| n)
+}
+
+/// Wraps a binding so each invocation is metered as one Lambda invocation.
+fn metered(meter: &Meter, binding: Binding) -> Binding {
+    let wrap = |name: &'static str, handler: SqsHandler| -> SqsHandler {
+        let meter = meter.clone();
+        Arc::new(move |event: SqsEvent| {
+            let meter = meter.clone();
+            let handler = handler.clone();
+            let records = event.records.len();
+            Box::pin(async move { meter.invoke(name, records, handler(event)).await })
+        })
+    };
+    match binding {
+        Binding::Sqs { function, handler } => {
+            let name = short_name(&function);
+            Binding::Sqs {
+                function,
+                handler: wrap(name, handler),
+            }
+        }
+        Binding::Queue { source, handler } => Binding::Queue {
+            source,
+            handler: wrap("ping-pong", handler),
+        },
+        Binding::Schedule { function, handler } => {
+            let meter = meter.clone();
+            let name = short_name(&function);
+            Binding::Schedule {
+                function,
+                handler: Arc::new(move |event| {
+                    let meter = meter.clone();
+                    let handler = handler.clone();
+                    Box::pin(async move { meter.invoke(name, 0, handler(event)).await })
+                }),
+            }
+        }
+    }
+}
+
+/// Key attributes of each table of the stack (and of its indexes), from the template.
+pub fn table_infos(local: &LocalStack, template: &Template) -> HashMap<String, TableInfo> {
+    let keys = |schema: Option<&Yaml>| -> Vec<String> {
+        schema
+            .and_then(Yaml::as_sequence)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| Some(k.get("AttributeName")?.as_str()?.to_string()))
+            .collect()
+    };
+    let mut tables = HashMap::new();
+    for (logical, kind, props) in template.resources() {
+        let Ok(name) = local.stack.table(&logical) else {
+            continue;
+        };
+        if kind != "AWS::DynamoDB::Table" {
+            continue;
+        }
+        let indexes = props
+            .get("GlobalSecondaryIndexes")
+            .and_then(Yaml::as_sequence)
+            .into_iter()
+            .flatten()
+            .map(|gsi| keys(gsi.get("KeySchema")))
+            .collect();
+        tables.insert(
+            name.to_string(),
+            TableInfo {
+                key: keys(props.get("KeySchema")),
+                indexes,
+            },
+        );
+    }
+    tables
+}
+
+/// Memory size of every function: its own `MemorySize`, else the template's global one.
+pub fn memory_sizes(template: &Template) -> BTreeMap<String, u32> {
+    let global = template
+        .root
+        .get("Globals")
+        .and_then(|g| g.get("Function"))
+        .and_then(|f| f.get("MemorySize"))
+        .and_then(Yaml::as_u64);
+    template
+        .resources()
+        .into_iter()
+        .filter(|(_, kind, _)| kind == "AWS::Serverless::Function")
+        .map(|(logical, _, props)| {
+            let mb = props
+                .get("MemorySize")
+                .and_then(Yaml::as_u64)
+                .or(global)
+                .unwrap_or(128);
+            (logical, mb as u32)
+        })
+        .collect()
+}
+
+/// Runs the workload on the emulator `AWS_ENDPOINT_URL` points at.
+pub async fn run(work: Workload) -> Result<Measured> {
+    anyhow::ensure!(
+        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
+        "AWS_ENDPOINT_URL is not set: start the emulator (infra/emulator.sh) or use infra/bench.sh"
+    );
+    let template = Template::load(&Template::default_path())?;
+    let params = [(
+        "LifecycleEvents".to_string(),
+        work.lifecycle_events.to_string(),
+    )]
+    .into();
+    let local = LocalStack::up_with(&fresh_stage("bench"), &params).await?;
+    let meter = Meter::new(table_infos(&local, &template));
+    let clients = meter.clients(&local.sdk);
+    let local = local.with_clients(clients);
+    // The observer polls through its own, unmetered clients.
+    let observer = stepline::aws::coordinator(
+        &local.sdk,
+        &stepline::config::CoordinatorConfig::from_lookup(local.stack.env_of(functions::REDRIVE)?)?,
+    );
+    let api = local.coordinator(functions::REDRIVE)?;
+    let (queue, _) = local.stack.queue(WORKER_QUEUE)?;
+    let mut def = pipeline(queue, work.steps);
+    // The worker function serves the release its environment names.
+    def.release_version =
+        stepline::config::WorkerConfig::from_lookup(local.stack.env_of(functions::ORDER_WORKER)?)?
+            .release_version;
+    local.release(def.clone(), Vec::new()).await?;
+
+    let times: StepTimes = Arc::default();
+    let steps = Arc::new(EchoSteps {
+        meter: meter.clone(),
+        payload_bytes: work.payload_bytes,
+        times: times.clone(),
+    });
+    let mut bindings = local.coordinator_bindings()?;
+    bindings.push(local.worker_binding(functions::ORDER_WORKER, &Contract::of(&def), steps)?);
+
+    // Bare request/reply: a "worker" queue and a "reply" queue served by the same poller.
+    let sqs = local.clients.sqs.clone();
+    let ping = plain_queue(&sqs, &format!("{}-ping", local.stack.stage)).await?;
+    let pong = plain_queue(&sqs, &format!("{}-pong", local.stack.stage)).await?;
+    let arrivals: Arc<Mutex<HashMap<u64, u64>>> = Arc::default();
+    let departures: Arc<Mutex<HashMap<u64, u64>>> = Arc::default();
+    let sender = Arc::new(SqsSender::new(sqs.clone()));
+    bindings.push(Binding::Queue {
+        source: ping.clone(),
+        handler: bouncer(
+            sender.clone(),
+            pong.queue_url.clone(),
+            meter.clone(),
+            Some((arrivals.clone(), departures.clone())),
+        ),
+    });
+    bindings.push(Binding::Queue {
+        source: pong.clone(),
+        handler: bouncer(sender.clone(), ping.queue_url.clone(), meter.clone(), None),
+    });
+    let bindings = bindings.into_iter().map(|b| metered(&meter, b)).collect();
+    let _runner = Runner::start(
+        sqs.clone(),
+        &local.stack,
+        bindings,
+        RunnerOptions {
+            tick: Duration::from_secs(1),
+            pollers: 2,
+        },
+    )?;
+
+    // P1: executions run concurrently, so batches fill as they would under load.
+    meter.take();
+    let mut ids = Vec::new();
+    for n in 0..work.executions {
+        ids.push(submit(&meter, &api, n, work.payload_bytes).await?);
+    }
+    wait_all(&observer, &ids, Duration::from_secs(120)).await?;
+    let (cost_calls, cost_invocations) = meter.take();
+
+    // P2 and P3: one execution at a time, so every completion handles exactly one reply.
+    for n in 0..work.sequential {
+        let id = submit(&meter, &api, n, work.payload_bytes).await?;
+        wait_all(&observer, &[id], Duration::from_secs(30)).await?;
+    }
+    let (sequential_calls, _) = meter.take();
+    // Only executions of the sequential run count: the concurrent ones queued behind each other.
+    let sequential_hops = hops_of(&times, &ids, true);
+
+    // P3 baseline: the same number of bare round trips, in the same run.
+    let rounds = (work.sequential * work.steps.saturating_sub(1)).max(10) as u64;
+    sender
+        .send(
+            &ping.queue_url,
+            &[OutMessage::new(
+                json!({"seq": 0, "last": rounds}).to_string(),
+            )],
+        )
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while arrivals.lock().unwrap().len() < rounds as usize + 1 {
+        if Instant::now() > deadline {
+            bail!("the ping-pong did not finish");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ping_pong_us = {
+        let arrivals = arrivals.lock().unwrap();
+        let departures = departures.lock().unwrap();
+        (0..rounds)
+            .filter_map(|seq| Some(arrivals.get(&(seq + 1))? - departures.get(&seq)?))
+            .collect()
+    };
+
+    let queues_of = |names: &[&str]| -> Vec<String> {
+        names
+            .iter()
+            .filter_map(|f| local.stack.function(f).ok())
+            .flat_map(|f| f.sqs.iter().map(|s| s.queue_url.clone()))
+            .collect()
+    };
+    Ok(Measured {
+        cost_steps: (work.executions * work.steps) as u64,
+        cost_calls,
+        cost_invocations,
+        sequential_calls,
+        hops_us: sequential_hops,
+        ping_pong_us,
+        coordinator_queues: queues_of(&[functions::LAUNCH, functions::COMPLETION]),
+        worker_queues: queues_of(&[functions::ORDER_WORKER]),
+        memory_mb: memory_sizes(&template),
+    })
+}
+
+/// Step hops (a step's handler returning to the next step's handler being entered) of the executions
+/// in `ids` (or of all others, when `exclude`).
+fn hops_of(times: &StepTimes, ids: &[Uuid], exclude: bool) -> Vec<u64> {
+    let times = times.lock().unwrap();
+    let mut hops = Vec::new();
+    for (id, runs) in times.iter() {
+        if ids.contains(id) == exclude {
+            continue;
+        }
+        let mut runs = runs.clone();
+        runs.sort();
+        for pair in runs.windows(2) {
+            if pair[1].0 == pair[0].0 + 1 {
+                hops.push(pair[1].1.saturating_sub(pair[0].2));
+            }
+        }
+    }
+    hops
+}
+
+async fn submit(meter: &Meter, api: &Coordinator, n: usize, payload_bytes: usize) -> Result<Uuid> {
+    let request = SubmitRequest {
+        pipeline_id: PIPELINE_ID.into(),
+        tenant: "bench".into(),
+        input: json!({"n": n, "doc": "x".repeat(payload_bytes)}),
+        ..Default::default()
+    };
+    Ok(meter.invoke("api", 1, api.submit(request)).await?.execution)
+}
+
+async fn wait_all(observer: &Coordinator, ids: &[Uuid], limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    let mut pending: Vec<Uuid> = ids.to_vec();
+    while !pending.is_empty() {
+        let mut still = Vec::new();
+        for id in pending {
+            let record = observer.get(id).await?;
+            if !record.status.is_terminal() {
+                still.push(id);
+            } else if record.status != stepline::domain::Status::Succeeded {
+                bail!(
+                    "execution {id} ended {:?}: {:?}",
+                    record.status,
+                    record.error
+                );
+            }
+        }
+        pending = still;
+        if pending.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("{} executions did not finish in {limit:?}", pending.len());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+async fn plain_queue(sqs: &aws_sdk_sqs::Client, name: &str) -> Result<SqsSource> {
+    let url = sqs
+        .create_queue()
+        .queue_name(name)
+        .send()
+        .await?
+        .queue_url
+        .context("queue url")?;
+    let arn = stepline_local::stack::queue_arn(sqs, &url).await?;
+    Ok(SqsSource {
+        queue: name.into(),
+        queue_url: url,
+        queue_arn: arn,
+        batch_size: 10,
+    })
+}
+
+type Marks = Arc<Mutex<HashMap<u64, u64>>>;
+
+/// A handler that passes each `{"seq": n}` message on to `to` (as `n + 1` when it notes marks, i.e. on
+/// the "worker" side), noting when each arrived and when it was passed on; it stops after `last`.
+fn bouncer(
+    sender: Arc<SqsSender>,
+    to: String,
+    meter: Meter,
+    marks: Option<(Marks, Marks)>,
+) -> SqsHandler {
+    Arc::new(move |event: SqsEvent| {
+        let (sender, to, meter, marks) = (sender.clone(), to.clone(), meter.clone(), marks.clone());
+        Box::pin(async move {
+            for record in event.records {
+                let body: Value = serde_json::from_str(record.body.as_deref().unwrap_or("{}"))
+                    .unwrap_or_default();
+                let (seq, last) = (
+                    body["seq"].as_u64().unwrap_or(0),
+                    body["last"].as_u64().unwrap_or(0),
+                );
+                let next = match &marks {
+                    Some((arrivals, departures)) => {
+                        arrivals.lock().unwrap().insert(seq, meter.now_us());
+                        if seq >= last {
+                            continue;
+                        }
+                        departures.lock().unwrap().insert(seq, meter.now_us());
+                        seq + 1
+                    }
+                    None => seq,
+                };
+                let message = OutMessage::new(json!({"seq": next, "last": last}).to_string());
+                sender.send(&to, &[message]).await;
+            }
+            SqsBatchResponse::default()
+        })
+    })
+}

@@ -1,0 +1,177 @@
+//! The benchmark program on the local emulator: the meter bills real requests by DynamoDB's and SQS's
+//! rules, and a small run yields every figure summary.json promises.
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use stepline_bench::meter::Meter;
+use stepline_bench::{analysis, coldstart, pricing, report, scale, workload};
+use stepline_local::{fresh_stage, LocalStack, Template};
+
+fn require_emulator() {
+    assert!(
+        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
+        "AWS_ENDPOINT_URL is not set: run the suite through infra/test.sh (it starts the emulator)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn meter_bills_puts_by_item_size_and_index_key_changes() -> anyhow::Result<()> {
+    require_emulator();
+    let local = LocalStack::up(&fresh_stage("bench-meter")).await?;
+    let template = Template::load(&Template::default_path())?;
+    let meter = Meter::new(workload::table_infos(&local, &template));
+    let dynamodb = meter.clients(&local.sdk).dynamodb;
+    let table = local.stack.table("ExecutionTable")?.to_string();
+    let put = |due: Option<&str>, pad: usize, condition: Option<&str>| {
+        let mut request = dynamodb
+            .put_item()
+            .table_name(&table)
+            .item("pk", AttributeValue::S("exec#meter".into()))
+            .item("pad", AttributeValue::S("x".repeat(pad)));
+        if let Some(due) = due {
+            request = request
+                .item("dueShard", AttributeValue::S("s1".into()))
+                .item("dueAt", AttributeValue::N(due.into()));
+        }
+        if let Some(condition) = condition {
+            request = request.condition_expression(condition);
+        }
+        request.send()
+    };
+    put(Some("1000"), 1500, None).await?; // new item, 2 KB units, index entry created
+    put(Some("1000"), 100, None).await?; // smaller, but the old item was 1.5 KB; index key unchanged
+    put(Some("2000"), 100, None).await?; // index key moved: delete + put
+    put(None, 100, None).await?; // leaves the index
+    let failed = put(None, 100, Some("attribute_not_exists(pk)")).await;
+    assert!(failed.is_err(), "the condition fails");
+    let (calls, _) = meter.take();
+    let puts: Vec<_> = calls.iter().filter(|c| c.operation == "PutItem").collect();
+    assert_eq!(puts.len(), 5);
+    let index: Vec<u64> = puts.iter().map(|c| c.index_writes).collect();
+    assert_eq!(index, vec![1, 0, 2, 1, 0]);
+    let base: Vec<u64> = puts
+        .iter()
+        .map(|c| c.write_units - c.index_writes)
+        .collect();
+    assert_eq!(
+        base,
+        vec![2, 2, 1, 1, 1],
+        "the larger of old and new item, also when the condition fails"
+    );
+    assert_eq!(puts[4].status, 400);
+    // "pk" + "exec#meter", "pad" + 1,500 bytes, "dueShard" + "s1", "dueAt" + the number 1000 (2 bytes).
+    assert_eq!(
+        puts[0].item_bytes,
+        (2 + 10) + (3 + 1500) + (8 + 2) + (5 + 2)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
+    require_emulator();
+    let work = workload::Workload {
+        executions: 6,
+        steps: 3,
+        payload_bytes: 50,
+        sequential: 3,
+        lifecycle_events: false,
+    };
+    let measured = workload::run(work).await?;
+    let prices = pricing::US_EAST_1;
+    let cost = analysis::cost(&measured, &prices);
+    assert_eq!(cost.steps, 18);
+    // Every step commits at least once; start and the first launch add two writes per execution.
+    assert!(
+        (1.0..=2.0).contains(&cost.dynamodb_writes_per_step),
+        "{cost:?}"
+    );
+    assert!(cost.item_bytes_max > 0 && cost.item_bytes_max < 4096);
+    assert!(cost.coordinator_usd_per_million_steps > 0.0);
+    assert!(cost
+        .lines
+        .iter()
+        .any(|l| l.side == "coordinator" && l.operation == "PutItem"));
+    assert!(cost
+        .lines
+        .iter()
+        .any(|l| l.side == "worker" && l.operation == "SendMessageBatch"));
+
+    let path = analysis::critical_path(&measured);
+    assert!(
+        (2..=3).contains(&path.median_calls),
+        "a reply commits then sends, reading first only when not cached: {path:?}"
+    );
+    assert_eq!(
+        path.histogram.values().sum::<u64>(),
+        6,
+        "two hops per execution"
+    );
+    assert!(path.typical.ends_with("SendMessageBatch"), "{path:?}");
+
+    let latency = analysis::latency(&measured);
+    assert_eq!(latency.hops, 6);
+    assert!(latency.ping_pongs >= 10);
+    assert!(latency.ratio > 0.0);
+
+    // Cold start of the debug binaries (the benchmark proper uses the release build).
+    let status =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "--bins", "--quiet"])
+            .args(coldstart::BINARIES.iter().flat_map(|(b, _)| ["-p", b]))
+            .current_dir(stepline_local::workspace_root())
+            .status()?;
+    assert!(status.success());
+    let exe = std::env::current_exe()?;
+    let debug_dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let cold = coldstart::measure(debug_dir, 1).await?;
+    assert_eq!(cold.binaries.len(), coldstart::BINARIES.len());
+    assert!(cold
+        .binaries
+        .iter()
+        .all(|b| b.bytes > 0 && b.peak_rss_kib > 0));
+    assert!(cold.init_ms_max > 0.0);
+
+    let model = scale::Model {
+        index_writes_per_execution: cost.index_writes_per_step * work.steps as f64,
+        recovery_fraction: 0.01,
+        claim_period_s: 60.0,
+        claim_limit: 100,
+        claim_ms: 10.0,
+        claim_timeout_s: 300.0,
+        seconds: 1,
+    };
+    let rows = scale::table(&model, &[1_000], &[1, 4]);
+    let summary = report::summary(&report::Figures {
+        mode: "test",
+        work,
+        prices,
+        cost: &cost,
+        cost_with_events: &cost,
+        path: &path,
+        latency: &latency,
+        cold: &cold,
+        model: &model,
+        rows: &rows,
+        elapsed_s: 0.0,
+    });
+    for (key, _, _) in report::TARGETS {
+        assert!(summary[key].is_number(), "{key} is a number in {summary}");
+    }
+    let markdown = report::markdown(&summary);
+    for (_, label, _) in report::TARGETS {
+        assert!(markdown.contains(label), "{label}");
+    }
+
+    // The doc update replaces only the marked section.
+    let doc = std::env::temp_dir().join(format!("bench-doc-{}.md", uuid::Uuid::new_v4()));
+    std::fs::write(
+        &doc,
+        format!("before\n{}\nold\n{}\nafter\n", report::START, report::END),
+    )?;
+    report::update_doc(&doc, "new figures")?;
+    let text = std::fs::read_to_string(&doc)?;
+    assert!(text.starts_with("before\n") && text.ends_with("after\n"));
+    assert!(text.contains("new figures") && !text.contains("old"));
+    let _ = std::fs::remove_file(doc);
+    Ok(())
+}
