@@ -72,7 +72,11 @@ async fn a_start_event_starts_one_execution_however_often_it_is_delivered() -> a
     let record = stack.wait_terminal(started.execution).await?;
     assert_eq!(record.status, Status::Succeeded);
     assert_eq!(record.tenant, "bistro");
-    assert_eq!(record.input.value()["orderId"], "order-1");
+    // The event's detail was the input: its order went through every step.
+    assert_eq!(
+        record.result.as_ref().unwrap().value()["orderId"],
+        "order-1"
+    );
 
     // EventBridge delivers at least once: the same event again, twice, straight into the start queue.
     let redelivered = json!({

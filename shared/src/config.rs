@@ -57,7 +57,7 @@ impl CoordinatorConfig {
             start_queue_url: get("START_QUEUE_URL").filter(|u| !u.is_empty()),
             event_bus: get("EVENT_BUS_NAME")
                 .filter(|b| !b.is_empty())
-                .filter(|_| get("LIFECYCLE_EVENTS").is_none_or(|on| on == "true")),
+                .filter(|_| get("LIFECYCLE_EVENTS").is_some_and(|on| on == "true")),
             due_shards: parsed(&get, "DUE_SHARDS", 4)?,
             due_granularity_seconds: parsed(&get, "DUE_GRANULARITY_SECONDS", 5)?,
             lease_seconds: parsed(&get, "LEASE_SECONDS", 60)?,

@@ -92,8 +92,8 @@ pub const TARGETS: [(&str, &str, f64); 6] = [
         "Init time, slowest binary (median of runs), ms",
         15.0,
     ),
-    ("binary_mb_max", "Largest binary, MB", 8.0),
-    ("rss_mb_max", "Peak RSS, largest, MB", 32.0),
+    ("binary_mb_max", "Largest binary, MB (10^6 bytes)", 8.0),
+    ("rss_mb_max", "Peak RSS, largest, MB (10^6 bytes)", 32.0),
 ];
 
 fn num(v: &Value) -> f64 {
@@ -206,10 +206,10 @@ pub fn markdown(s: &Value) -> String {
             md,
             "| {} | {:.2} | {:.1} | {} | {:.1} | {} |",
             b["binary"].as_str().unwrap_or(""),
-            num(&b["bytes"]) / 1_048_576.0,
+            num(&b["bytes"]) / 1e6,
             num(&b["init_ms_median"]),
             runs.join(", "),
-            num(&b["peak_rss_kib"]) / 1024.0,
+            num(&b["peak_rss_kib"]) * 1024.0 / 1e6,
             if b["handled_event"].as_bool() == Some(true) {
                 "yes"
             } else {

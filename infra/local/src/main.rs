@@ -512,7 +512,8 @@ async fn restaurant_demo(
     }
     println!();
     let mut as_expected = true;
-    for record in &records {
+    // Orders were placed for tables 1, 2, ... in submission order.
+    for (table, record) in (1..).zip(&records) {
         let expected = if record.id == rejected {
             Status::Failed
         } else {
@@ -526,7 +527,7 @@ async fn restaurant_demo(
         };
         println!(
             "table {:<3} {:<10} {detail}",
-            record.input.value()["table"],
+            table,
             record.status.to_string()
         );
     }

@@ -145,8 +145,9 @@ impl Function {
             .env("AWS_LAMBDA_LOG_GROUP_NAME", format!("/aws/lambda/{binary}"))
             .env("AWS_LAMBDA_LOG_STREAM_NAME", "test")
             .env("AWS_LAMBDA_LOG_FORMAT", "JSON")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            // STEPLINE_RUNTIME_LOGS=1 shows the binaries' logs (debugging a run).
+            .stdout(logs())
+            .stderr(logs())
             .spawn()
             .with_context(|| format!("starting {}", path.display()))?;
         Ok(Function {
@@ -208,5 +209,13 @@ impl Drop for Function {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+fn logs() -> Stdio {
+    if std::env::var_os("STEPLINE_RUNTIME_LOGS").is_some() {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
     }
 }

@@ -69,6 +69,18 @@ pub fn due_key(due: i64, granularity_ms: i64) -> i64 {
         }
 }
 
+/// Maps an execution item back to its record (the id comes from the key).
+fn execution_from_item(mut item: Item) -> Result<Execution, StoreError> {
+    if !item.contains_key("id") {
+        let id = match item.get(PK) {
+            Some(AttributeValue::S(pk)) => pk.strip_prefix("exec#").unwrap_or(pk).to_string(),
+            _ => return Err(StoreError::Corrupt("execution item without a key".into())),
+        };
+        item.insert("id".into(), s(id));
+    }
+    from_item(item).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
 /// The shard of the due index an execution belongs to.
 pub fn due_shard(id: Uuid, shards: u32) -> u32 {
     (id.as_u128() % u128::from(shards.max(1))) as u32
@@ -100,6 +112,8 @@ impl DynamoDbExecutionStore {
 
     fn to_item(&self, record: &Execution) -> Result<Item, StoreError> {
         let mut item: Item = to_item(record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        // The id is in the key already: not stored twice (every byte of the item is billed).
+        item.remove("id");
         item.insert(PK.into(), s(execution_key(record.id)));
         if let Some(due) = record.due_at() {
             item.insert(
@@ -124,9 +138,7 @@ impl ExecutionStore for DynamoDbExecutionStore {
             .send()
             .await
             .map_err(classify)?;
-        out.item
-            .map(|item| from_item(item).map_err(|e| StoreError::Corrupt(e.to_string())))
-            .transpose()
+        out.item.map(execution_from_item).transpose()
     }
 
     async fn create(&self, record: &Execution) -> Result<(), StoreError> {

@@ -104,20 +104,78 @@ pub struct Receipt {
 
 /// Progress of one step, indexed like the pipeline's steps (present once the step was first launched).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(
+    rename_all = "camelCase",
+    into = "StepProgressItem",
+    from = "StepProgressItem"
+)]
 pub struct StepProgress {
     pub status: StepStatus,
     pub launch_id: Uuid,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The step's output while the next step may still need it as input (dropped once consumed).
     pub output: Option<Payload>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt: Option<Receipt>,
     /// Receipts of replies applied before `receipt` (failed attempts of this step): a launch id answers
     /// once, so a later, different reply for any of them is a conflict.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub earlier_receipts: Vec<Receipt>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<StepError>,
+}
+
+/// How a step's progress is stored: the receipt's launch id is left out when it is the step's own
+/// (the usual case), since every write is billed by the item's size.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StepProgressItem {
+    status: StepStatus,
+    launch_id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    output: Option<Payload>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    receipt: Option<ReceiptItem>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    earlier_receipts: Vec<Receipt>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<StepError>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReceiptItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    launch_id: Option<Uuid>,
+    fingerprint: String,
+}
+
+impl From<StepProgress> for StepProgressItem {
+    fn from(p: StepProgress) -> Self {
+        Self {
+            status: p.status,
+            launch_id: p.launch_id,
+            output: p.output,
+            receipt: p.receipt.map(|r| ReceiptItem {
+                launch_id: (r.launch_id != p.launch_id).then_some(r.launch_id),
+                fingerprint: r.fingerprint,
+            }),
+            earlier_receipts: p.earlier_receipts,
+            error: p.error,
+        }
+    }
+}
+
+impl From<StepProgressItem> for StepProgress {
+    fn from(p: StepProgressItem) -> Self {
+        Self {
+            status: p.status,
+            launch_id: p.launch_id,
+            output: p.output,
+            receipt: p.receipt.map(|r| Receipt {
+                launch_id: r.launch_id.unwrap_or(p.launch_id),
+                fingerprint: r.fingerprint,
+            }),
+            earlier_receipts: p.earlier_receipts,
+            error: p.error,
+        }
+    }
 }
 
 /// Marks the dead-letter envelope of a failed execution: written in the same commit as the failure,
@@ -258,7 +316,7 @@ pub struct Execution {
     /// Attempt number of the current step (1-based once launched, counting every attempt ever made).
     pub attempt: u32,
     /// Attempts made before the current retry budget started (a re-drive opens a new budget).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub budget_base: u32,
     /// Incremented by every write; every write is conditional on the version read.
     pub version: u64,
@@ -273,8 +331,10 @@ pub struct Execution {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_id: Option<Uuid>,
     /// How often the current attempt's request was re-sent by the sweeper.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub resends: u32,
+    /// The execution's input, kept until the first step succeeded (null after: it travelled on).
+    #[serde(default, skip_serializing_if = "Payload::is_null")]
     pub input: Payload,
     #[serde(default)]
     pub steps: Vec<StepProgress>,
@@ -294,19 +354,24 @@ pub struct Execution {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentLink>,
     /// Whether the parent was told of this execution's end.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub parent_notified: bool,
     /// Lifecycle events committed but not yet confirmed published (the outbox).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<LifecycleEvent>,
     /// Sequence number of the next lifecycle event.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub event_seq: u64,
     /// While the outbox is not empty: when the sweeper publishes it if nobody confirmed it first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publish_by: Option<i64>,
     pub created_at: i64,
     pub updated_at: i64,
+}
+
+/// Zero-valued counters are left out of the item (they read back as their default).
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 impl Execution {
@@ -352,5 +417,50 @@ impl Execution {
     /// Attempts used in the current retry budget.
     pub fn attempts_in_budget(&self) -> u32 {
         self.attempt.saturating_sub(self.budget_base)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn progress(receipt_launch: Uuid, own: Uuid) -> StepProgress {
+        StepProgress {
+            status: StepStatus::Succeeded,
+            launch_id: own,
+            output: None,
+            receipt: Some(Receipt {
+                launch_id: receipt_launch,
+                fingerprint: "f00d".into(),
+            }),
+            earlier_receipts: Vec::new(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_receipt_of_the_steps_own_launch_is_stored_without_its_launch_id() {
+        let own = Uuid::from_u128(1);
+        let stored = serde_json::to_value(progress(own, own)).unwrap();
+        assert_eq!(stored["receipt"], json!({"fingerprint": "f00d"}));
+        assert_eq!(
+            serde_json::from_value::<StepProgress>(stored).unwrap(),
+            progress(own, own)
+        );
+        // An adopted reply of an older attempt keeps its own launch id.
+        let older = Uuid::from_u128(2);
+        let stored = serde_json::to_value(progress(older, own)).unwrap();
+        assert_eq!(stored["receipt"]["launchId"], older.to_string());
+        assert_eq!(
+            serde_json::from_value::<StepProgress>(stored).unwrap(),
+            progress(older, own)
+        );
+        // Items written with the launch id always present read the same.
+        let full = json!({"status": "SUCCEEDED", "launchId": own, "receipt": {"launchId": own, "fingerprint": "f00d"}});
+        assert_eq!(
+            serde_json::from_value::<StepProgress>(full).unwrap(),
+            progress(own, own)
+        );
     }
 }

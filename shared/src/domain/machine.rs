@@ -670,6 +670,9 @@ fn apply_outcome(
             for earlier in &mut next.steps[..step as usize] {
                 earlier.output = None;
             }
+            if step == 0 {
+                next.input = Payload::default();
+            }
             if (step as usize) + 1 == def.steps.len() {
                 next.status = Status::Succeeded;
                 next.result = Some(Payload::new(output));

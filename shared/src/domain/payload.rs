@@ -16,6 +16,10 @@ impl Payload {
         &self.0
     }
 
+    pub fn is_null(&self) -> bool {
+        self.0.is_null()
+    }
+
     /// Size of the compact JSON text in bytes.
     pub fn encoded_len(&self) -> usize {
         self.0.to_string().len()
