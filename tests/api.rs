@@ -19,8 +19,9 @@ use stepline::worker::StepFunction;
 use stepline_suite::TestStack;
 use uuid::Uuid;
 
-/// Writes per execution of the three-step pipeline without retries: create, launch, three replies.
-const HAPPY_PATH_VERSION: u64 = 5;
+/// Writes per execution of the three-step pipeline without retries: the create (which launches the
+/// first step) and three replies.
+const HAPPY_PATH_VERSION: u64 = 4;
 
 /// What the API answered.
 struct Answer {
@@ -170,11 +171,11 @@ async fn submit_is_idempotent_and_status_and_result_follow_the_execution() -> an
     assert_eq!(again.body["duplicate"], true);
     assert_eq!(again.body["executionId"], id.as_str());
 
-    // Nothing runs yet: queued on its first step.
+    // No worker runs yet: its first step is launched, the request waits on the worker's queue.
     let queued = get(&stack, &format!("/executions/{id}")).await;
     assert_eq!(queued.status, 200, "{}", queued.body);
     assert_eq!(queued.body["executionId"], id.as_str());
-    assert_eq!(queued.body["status"], "QUEUED");
+    assert_eq!(queued.body["status"], "RUNNING");
     assert_eq!(queued.body["tenant"], "acme");
     assert_eq!(
         queued.body["pipelineId"],
@@ -190,7 +191,7 @@ async fn submit_is_idempotent_and_status_and_result_follow_the_execution() -> an
     );
     assert_eq!(queued.body["step"], 0);
     assert_eq!(queued.body["stepId"], "validate");
-    assert_eq!(queued.body["attempt"], 0);
+    assert_eq!(queued.body["attempt"], 1);
     assert!(queued.body.get("error").is_none());
     assert!(queued.body["createdAt"].as_i64().unwrap() > 0);
     get(&stack, &format!("/executions/{id}/result"))

@@ -93,19 +93,24 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
     let mut operator = start("redrive", &env("RedriveFunction")?).await?;
     let mut api = start("api", &env("ApiFunction")?).await?;
 
-    // Submit, then hand its launch work to the launch binary.
-    let id = stack.submit(order_worker::sample_order(1)).await?;
-    let work = stack.take_all("LaunchQueue").await?;
-    assert_eq!(work.len(), 1);
+    // The launch binary starts an execution from a StartExecution event on the start queue, which
+    // launches its first step: the request is on the worker's queue.
+    let event = stepline_local::start_event(
+        &uuid::Uuid::new_v4().to_string(),
+        serde_json::json!({"pipelineId": "orders", "tenant": "bin", "input": order_worker::sample_order(1)}),
+    );
     let answer = launch
-        .invoke(sqs_event(&work[0], &arn_of("LaunchQueue")?))
+        .invoke(sqs_event(&event.to_string(), &arn_of("StartQueue")?))
         .await?;
     assert_eq!(answer["batchItemFailures"], serde_json::json!([]));
-    assert_eq!(stack.api.get(id).await?.status, Status::Running);
-
-    // The worker binary runs the request and replies; the completion binary applies the reply.
     let requests = stack.take_all("OrderRequestQueue").await?;
     assert_eq!(requests.len(), 1);
+    let request: Value = serde_json::from_str(&requests[0])?;
+    let id: uuid::Uuid = serde_json::from_value(request["header"]["executionId"].clone())?;
+    assert_eq!(stack.api.get(id).await?.status, Status::Running);
+    assert_eq!(stack.queue_depth("LaunchQueue").await?, 0, "no launch work");
+
+    // The worker binary runs the request and replies; the completion binary applies the reply.
     let answer = worker
         .invoke(sqs_event(&requests[0], &arn_of("OrderRequestQueue")?))
         .await?;

@@ -25,8 +25,9 @@ use stepline_local::{functions, Binding};
 use stepline_suite::{wait_until, TestStack};
 use uuid::Uuid;
 
-/// Writes per execution of the three-step pipeline without retries: create, launch, three replies.
-const HAPPY_PATH_VERSION: u64 = 5;
+/// Writes per execution of the three-step pipeline without retries: the create (which launches the
+/// first step) and three replies.
+const HAPPY_PATH_VERSION: u64 = 4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_pipeline_succeeds_with_the_result_recorded_and_consumed_outputs_dropped(
@@ -286,16 +287,16 @@ async fn redrive_runs_a_failed_execution_to_success_once_the_fault_is_gone() -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_claims_take_exactly_one_lease_per_execution() -> anyhow::Result<()> {
-    // No runner: the executions' first launch work stays on the launch queue, unconsumed.
+    // No runner, and the first requests are lost: only the sweeper can move these executions.
     let stack = TestStack::new("e2e-claim", |_| {}).await?;
     let mut ids = Vec::new();
     for n in 0..8 {
         ids.push(stack.submit(order_worker::sample_order(n)).await?);
     }
-    let submitted = stack.take_all("LaunchQueue").await?;
+    let submitted = stack.take_all("OrderRequestQueue").await?;
     assert_eq!(submitted.len(), ids.len());
 
-    // Two claim invocations whose clock is past the submit leases race for the same due executions.
+    // Two claim invocations whose clock is past the step deadlines race for the same due executions.
     let later = Duration::from_secs(600);
     let a = stack.coordinator_at(functions::CLAIM, later)?;
     let b = stack.coordinator_at(functions::CLAIM, later)?;
@@ -306,10 +307,7 @@ async fn racing_claims_take_exactly_one_lease_per_execution() -> anyhow::Result<
     assert_eq!(ra.claimed + rb.claimed, ids.len(), "{ra:?} {rb:?}");
     for id in &ids {
         let record = stack.api.get(*id).await?;
-        assert_eq!(
-            record.generation, 2,
-            "exactly one takeover after the submit lease"
-        );
+        assert_eq!(record.generation, 1, "exactly one lease taken");
         assert!(record.lease.is_some());
     }
     let work: Vec<LaunchWork> = stack
@@ -322,7 +320,7 @@ async fn racing_claims_take_exactly_one_lease_per_execution() -> anyhow::Result<
     for id in &ids {
         let mine: Vec<_> = work.iter().filter(|w| w.execution_id == *id).collect();
         assert_eq!(mine.len(), 1);
-        assert_eq!(mine[0].generation, 2);
+        assert_eq!(mine[0].generation, 1);
         let record = stack.api.get(*id).await?;
         assert_eq!(record.lease.as_ref().unwrap().token, mine[0].token);
     }
@@ -585,29 +583,41 @@ async fn bulk_replay_filters_dry_runs_and_redrives_from_the_execution_dlq() -> a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicated_launch_work_and_garbage_in_every_queue_change_nothing() -> anyhow::Result<()> {
+async fn duplicated_requests_stale_launch_work_and_garbage_in_every_queue_change_nothing(
+) -> anyhow::Result<()> {
     let mut stack = TestStack::new("e2e-garbage", |_| {}).await?;
     let mut ids = Vec::new();
     for n in 0..4 {
         ids.push(stack.submit(order_worker::sample_order(n)).await?);
     }
     let sqs = stack.sqs();
-    // Two extra copies of each execution's first launch work, and garbage in every queue.
+    // Two extra copies of each execution's first request, launch work under a lease nobody holds, and
+    // garbage in every queue.
+    let (_, request_url) = stack.local.stack.queue("OrderRequestQueue")?;
+    let requests = stack.take_all("OrderRequestQueue").await?;
+    assert_eq!(requests.len(), ids.len());
+    for request in &requests {
+        for _ in 0..3 {
+            sqs.send_message()
+                .queue_url(request_url)
+                .message_body(request)
+                .send()
+                .await?;
+        }
+    }
     let (_, launch_url) = stack.local.stack.queue("LaunchQueue")?;
     for id in &ids {
         let record = stack.api.get(*id).await?;
         let work = LaunchWork {
             execution_id: *id,
             generation: record.generation,
-            token: record.lease.as_ref().unwrap().token,
+            token: Uuid::new_v4(),
         };
-        for _ in 0..2 {
-            sqs.send_message()
-                .queue_url(launch_url)
-                .message_body(serde_json::to_string(&work)?)
-                .send()
-                .await?;
-        }
+        sqs.send_message()
+            .queue_url(launch_url)
+            .message_body(serde_json::to_string(&work)?)
+            .send()
+            .await?;
     }
     for queue in ["LaunchQueue", "ReplyQueue", "OrderRequestQueue"] {
         let (_, url) = stack.local.stack.queue(queue)?;

@@ -397,7 +397,7 @@ impl Coordinator {
             None => self.clock.token(),
         };
         let ctx = self.context("submit");
-        let (mut record, actions) = domain::start(
+        let (mut record, actions) = domain::start_launched(
             id,
             &request.tenant,
             &definition,
@@ -418,6 +418,7 @@ impl Coordinator {
             }
             Err(e) => return Err(e.into()),
         }
+        self.recent.lock().expect("recent").remember(&record);
         tracing::info!(execution_id = %id, pipeline = %record.pipeline_id, release = %release, "execution submitted");
         let mut outbox = Outbox::default();
         self.stage(&mut outbox, &record, &definition, &actions, 0);

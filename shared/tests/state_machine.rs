@@ -13,9 +13,9 @@ use serde_json::{json, Value};
 use stepline::domain::execution::{DeadLetterMark, Incident, MAX_INCIDENTS};
 use stepline::domain::machine::{MAX_DELAY_SECONDS, MAX_RESENDS};
 use stepline::domain::{
-    decide, launch_id, start, Action, Context, Decision, Event, Execution, Lease, Outcome, Payload,
-    PipelineDef, Receipt, RedriveNote, Rejection, RetryPolicy, Skip, Status, StepDef, StepError,
-    StepKind, StepProgress, StepStatus,
+    decide, launch_id, start, start_launched, Action, Context, Decision, Event, Execution, Lease,
+    Outcome, Payload, PipelineDef, Receipt, RedriveNote, Rejection, RetryPolicy, Skip, Status,
+    StepDef, StepError, StepKind, StepProgress, StepStatus,
 };
 use uuid::Uuid;
 
@@ -2912,4 +2912,68 @@ fn walk(seed: u64, seen: &mut Seen) {
         }
         seen.statuses.insert(record.status.as_str());
     }
+}
+
+#[test]
+fn submitting_launches_the_first_step_in_the_creating_write() {
+    let def = three_steps();
+    let (record, actions) = start_launched(EXEC, TENANT, &def, input(), None, &ctx(T0, 1));
+    assert_eq!(record.version, 1, "one write: the create");
+    assert_eq!(record.status, Status::Running);
+    assert_eq!((record.step, record.attempt), (0, 1));
+    assert_eq!(record.generation, 0, "no lease taken");
+    assert_eq!(record.lease, None);
+    let id = launch_id(EXEC, 0, 1);
+    assert_eq!(record.launch_id, Some(id));
+    assert_eq!(record.steps.len(), 1);
+    assert_eq!(record.steps[0].status, StepStatus::Launching);
+    // Saved as launching before the send: a crash in between is recovered at the deadline.
+    assert_eq!(record.due_at(), Some(T0 + 60_000));
+    assert_eq!(
+        actions,
+        vec![Action::SendRequest {
+            step: 0,
+            attempt: 1,
+            launch_id: id,
+            deadline: T0 + 60_000,
+        }]
+    );
+    assert_record_consistent(&record, &def);
+    // The same record the lease-and-launch-work path reaches, but for the lease.
+    let (queued, actions) = start(EXEC, TENANT, &def, input(), None, &ctx(T0, 1));
+    let Action::EnqueueLaunch {
+        generation, token, ..
+    } = actions[0]
+    else {
+        panic!("{actions:?}")
+    };
+    let Decision::Commit {
+        record: launched, ..
+    } = decide(
+        &queued,
+        &def,
+        &ctx(T0, 2),
+        &Event::LaunchWork { generation, token },
+    )
+    else {
+        panic!()
+    };
+    assert_eq!(launched.steps, record.steps);
+    assert_eq!(launched.launch_id, record.launch_id);
+    assert_eq!(launched.wake_at, record.wake_at);
+
+    // With lifecycle events, the start is announced in the same write.
+    let (record, actions) = start_launched(
+        EXEC,
+        TENANT,
+        &def,
+        input(),
+        None,
+        &Context {
+            lifecycle: true,
+            ..ctx(T0, 1)
+        },
+    );
+    assert_eq!(record.events.len(), 1);
+    assert_eq!(actions.last(), Some(&Action::PublishEvents));
 }

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use stepline_local::runtime_api::Function;
 use stepline_local::stack::Physical;
-use stepline_local::{fresh_stage, functions, workspace_root, LocalStack};
+use stepline_local::{fresh_stage, workspace_root, LocalStack};
 
 /// The example pipeline the binaries are driven with (examples/order-worker).
 const ORDERS: &str = "orders";
@@ -81,7 +81,6 @@ pub async fn measure(dir: &Path, runs: usize) -> Result<ColdStart> {
     let local = LocalStack::up(&fresh_stage("bench-cold")).await?;
     let (queue, _) = local.stack.queue("OrderRequestQueue")?;
     local.release_example(queue, "1", 60).await?;
-    let api = local.coordinator(functions::REDRIVE)?;
     let env = |function: &str| -> Result<BTreeMap<String, String>> {
         let mut env = local.stack.function(function)?.env.clone();
         for (key, value) in std::env::vars() {
@@ -112,25 +111,30 @@ pub async fn measure(dir: &Path, runs: usize) -> Result<ColdStart> {
         }
         // One execution through the binaries, as Lambda would deliver it (what the previous run left
         // behind, the next step's request and the cancel notice, is cleared first).
-        for queue in ["LaunchQueue", "OrderRequestQueue", "ReplyQueue"] {
+        for queue in ["OrderRequestQueue", "ReplyQueue"] {
             local.take_all(queue).await?;
         }
-        let id = api
-            .submit(stepline::SubmitRequest {
-                pipeline_id: ORDERS.into(),
-                tenant: "bench".into(),
-                input: serde_json::json!({"orderId": "o-1", "lines": [{"sku": "tea", "qty": 1, "unitCents": 300}]}),
-                ..Default::default()
-            })
-            .await?
-            .execution;
         let mut handled = Vec::new();
+        let event = stepline_local::start_event(
+            &uuid::Uuid::new_v4().to_string(),
+            serde_json::json!({"pipelineId": ORDERS, "tenant": "bench", "input": {"orderId": "o-1", "lines": [{"sku": "tea", "qty": 1, "unitCents": 300}]}}),
+        );
+        let mut id = None;
         for (name, queue) in [
-            ("launch", "LaunchQueue"),
+            ("launch", "StartQueue"),
             ("order-worker", "OrderRequestQueue"),
             ("completion", "ReplyQueue"),
         ] {
-            let body = take_one(&local, queue).await?;
+            let body = match queue {
+                "StartQueue" => event.to_string(),
+                _ => take_one(&local, queue).await?,
+            };
+            if queue == "OrderRequestQueue" {
+                let request: serde_json::Value = serde_json::from_str(&body)?;
+                id = request["header"]["executionId"]
+                    .as_str()
+                    .map(str::to_string);
+            }
             let answer = started
                 .get_mut(name)
                 .expect("started above")
@@ -151,7 +155,7 @@ pub async fn measure(dir: &Path, runs: usize) -> Result<ColdStart> {
             .expect("started above")
             .invoke(fixture(
                 "function-url-get-execution.json",
-                &[("EXECUTION_ID", &id.to_string())],
+                &[("EXECUTION_ID", id.as_deref().unwrap_or_default())],
             )?)
             .await?;
         started
@@ -159,7 +163,7 @@ pub async fn measure(dir: &Path, runs: usize) -> Result<ColdStart> {
             .expect("started above")
             .invoke(fixture(
                 "operator-cancel.json",
-                &[("EXECUTION_ID", &id.to_string())],
+                &[("EXECUTION_ID", id.as_deref().unwrap_or_default())],
             )?)
             .await?;
         handled.extend(["claim", "api", "redrive"]);

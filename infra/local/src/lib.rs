@@ -272,6 +272,22 @@ impl LocalStack {
     }
 }
 
+/// A StartExecution event as the bus's start rule delivers it to the start queue (`detail`:
+/// `{"pipelineId", "tenant", "input", "releaseVersion"?}`).
+pub fn start_event(event_id: &str, detail: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "version": "0",
+        "id": event_id,
+        "detail-type": stepline::handlers::START_DETAIL_TYPE,
+        "source": "stepline.local",
+        "account": "123456789012",
+        "time": "2026-12-02T00:00:00Z",
+        "region": "us-east-1",
+        "resources": [],
+        "detail": detail,
+    })
+}
+
 /// A fresh stage name (lowercase, as the template's Stage pattern requires).
 pub fn fresh_stage(prefix: &str) -> String {
     format!(

@@ -158,7 +158,8 @@ async fn parallel_claim_processes_take_each_lease_once_and_every_execution_finis
     let (local, api) = stack("proc-claim").await?;
     let stage = local.stack.stage.clone();
     // Register what the processes register (identical, so theirs is a no-op), then submit before any
-    // process runs and drop the submits' launch work: only the sweepers can start these executions.
+    // process runs and drop the first requests the submits sent: only the sweepers can recover these
+    // executions (at their step deadline).
     let (queue, _) = local.stack.queue("OrderRequestQueue")?;
     local
         .release_example(
@@ -171,7 +172,7 @@ async fn parallel_claim_processes_take_each_lease_once_and_every_execution_finis
     for n in 0..30 {
         ids.push(submit(&api, n).await?);
     }
-    assert_eq!(local.take_all("LaunchQueue").await?.len(), ids.len());
+    assert_eq!(local.take_all("OrderRequestQueue").await?.len(), ids.len());
     // One process runs launch, completion and the worker; three others only sweep.
     let mut workers = RunProcess::start(&stage, "launch,completion,worker", "work", &[])?;
     let mut sweepers: Vec<RunProcess> = (0..3)
@@ -204,8 +205,7 @@ async fn parallel_claim_processes_take_each_lease_once_and_every_execution_finis
         let taken = claims.get(&record.id.to_string()).copied().unwrap_or(0);
         assert!(taken >= 1, "{} was never claimed", record.id);
         assert_eq!(
-            record.generation as usize,
-            1 + taken,
+            record.generation as usize, taken,
             "generation of {} disagrees with the leases the sweepers report",
             record.id
         );

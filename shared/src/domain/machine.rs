@@ -290,6 +290,51 @@ pub fn start(
     (record, actions)
 }
 
+/// Creates the record of a new execution with its first step already launched: the record is saved
+/// as launching, with the step's deterministic launch id, in the same write that creates it, and the
+/// returned actions send the request (or await notice, or children). No launch work, no second write:
+/// this is how the coordinator submits. A crash before the send leaves the record due at the step's
+/// deadline, when the sweeper re-sends the same launch id.
+pub fn start_launched(
+    id: Uuid,
+    tenant: &str,
+    def: &PipelineDef,
+    input: Value,
+    idempotency_key: Option<String>,
+    ctx: &Context,
+) -> (Execution, Vec<Action>) {
+    let (mut record, _) = start(
+        id,
+        tenant,
+        def,
+        input,
+        idempotency_key,
+        &Context {
+            lifecycle: false,
+            ..ctx.clone()
+        },
+    );
+    record.lease = None;
+    record.generation = 0;
+    let queued = record.clone();
+    let mut actions = launch_attempt(&mut record, def, ctx, 1);
+    if ctx.lifecycle {
+        record.events.push(LifecycleEvent {
+            seq: 0,
+            kind: LifecycleKind::ExecutionStarted,
+            at: ctx.now,
+            step: None,
+            code: None,
+        });
+        record.event_seq = 1;
+        // What launching the first step amounts to (an await step's request, for instance).
+        record_lifecycle(&queued, &mut record, ctx);
+        record.publish_by = Some(ctx.now + ctx.lease_ms);
+        actions.push(Action::PublishEvents);
+    }
+    (record, actions)
+}
+
 /// The transition function.
 pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Event) -> Decision {
     let mut decision = transition(record, def, ctx, event);

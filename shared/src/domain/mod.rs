@@ -12,6 +12,8 @@ pub use execution::{
     StepProgress, StepStatus, Verdict,
 };
 pub use ids::launch_id;
-pub use machine::{decide, start, Action, Context, Decision, Event, Outcome, Rejection, Skip};
+pub use machine::{
+    decide, start, start_launched, Action, Context, Decision, Event, Outcome, Rejection, Skip,
+};
 pub use payload::Payload;
 pub use pipeline::{PipelineDef, RetryPolicy, StepDef, StepKind};
