@@ -2,7 +2,7 @@
 # Local AWS emulator (moto server) in a project-local virtualenv.
 #
 #   infra/emulator.sh start    install if needed, start on 127.0.0.1:$STEPLINE_EMULATOR_PORT (or reuse a running one)
-#   infra/emulator.sh stop     stop the server this script started
+#   infra/emulator.sh stop     stop the server this script started on that port
 #   infra/emulator.sh status   exit 0 when the endpoint answers
 #   infra/emulator.sh env      print the environment to export (eval "$(infra/emulator.sh env)")
 #
@@ -45,20 +45,20 @@ start() {
   fi
   install
   echo "emulator: starting moto server on 127.0.0.1:$port" >&2
-  nohup "$venv/bin/python" -m moto.server -H 127.0.0.1 -p "$port" > "$state/moto.log" 2>&1 &
-  echo $! > "$state/moto.pid"
+  nohup "$venv/bin/python" -m moto.server -H 127.0.0.1 -p "$port" > "$state/moto-$port.log" 2>&1 &
+  echo $! > "$state/moto-$port.pid"
   for _ in $(seq 1 100); do
     if answers; then echo "emulator: ready" >&2; return; fi
     sleep 0.2
   done
-  echo "emulator: moto did not answer within 20 s; see $state/moto.log" >&2
+  echo "emulator: moto did not answer within 20 s; see $state/moto-$port.log" >&2
   exit 1
 }
 
 stop() {
-  if [ -f "$state/moto.pid" ]; then
-    kill "$(cat "$state/moto.pid")" 2>/dev/null || true
-    rm -f "$state/moto.pid"
+  if [ -f "$state/moto-$port.pid" ]; then
+    kill "$(cat "$state/moto-$port.pid")" 2>/dev/null || true
+    rm -f "$state/moto-$port.pid"
   fi
 }
 

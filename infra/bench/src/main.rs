@@ -24,7 +24,7 @@ struct Args {
     /// Bytes of each step's output.
     #[arg(long, default_value_t = 200)]
     payload_bytes: usize,
-    /// Executions run one at a time for latency and the critical path (default 40 quick, 200 full).
+    /// Executions run one at a time for latency and the critical path (default 60 quick, 200 full).
     #[arg(long)]
     sequential: Option<usize>,
     /// Directory of the release binaries (default: target/release).
@@ -51,7 +51,7 @@ async fn main() -> Result<()> {
             .unwrap_or(if args.full { 1000 } else { 100 }),
         steps: args.steps,
         payload_bytes: args.payload_bytes,
-        sequential: args.sequential.unwrap_or(if args.full { 200 } else { 40 }),
+        sequential: args.sequential.unwrap_or(if args.full { 200 } else { 60 }),
         lifecycle_events: false,
     };
     let prices = pricing::US_EAST_1;
@@ -73,6 +73,17 @@ async fn main() -> Result<()> {
     })
     .await?;
     let cost_with_events = analysis::cost(&with_events, &prices);
+
+    // The same pipeline four times longer: what is paid per execution spreads over more steps.
+    let long = workload::Workload {
+        executions: work.executions / 2,
+        steps: work.steps * 4,
+        sequential: 0,
+        ..work
+    };
+    eprintln!("P1 with {} steps", long.steps);
+    let cost_long = analysis::cost(&workload::run(long).await?, &prices);
+    let split = analysis::split(&cost, work.steps, &cost_long, long.steps);
 
     let dir = args.binaries.unwrap_or_else(coldstart::release_dir);
     eprintln!("P4: binaries in {}", dir.display());
@@ -100,6 +111,9 @@ async fn main() -> Result<()> {
         prices,
         cost: &cost,
         cost_with_events: &cost_with_events,
+        cost_long: &cost_long,
+        long_steps: long.steps,
+        split: &split,
         path: &path,
         latency: &latency,
         cold: &cold,

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use crate::analysis::{Cost, CriticalPath, Latency};
+use crate::analysis::{Cost, CriticalPath, Latency, Split};
 use crate::coldstart::ColdStart;
 use crate::pricing::Prices;
 use crate::scale::{Model, Row, PARTITION_WCU_LIMIT};
@@ -19,6 +19,10 @@ pub struct Figures<'a> {
     pub prices: Prices,
     pub cost: &'a Cost,
     pub cost_with_events: &'a Cost,
+    /// The same pipeline, longer (`long_steps` steps), and the split of the cost the two runs give.
+    pub cost_long: &'a Cost,
+    pub long_steps: usize,
+    pub split: &'a Split,
     pub path: &'a CriticalPath,
     pub latency: &'a Latency,
     pub cold: &'a ColdStart,
@@ -47,6 +51,8 @@ pub fn summary(f: &Figures<'_>) -> Value {
         "prices": f.prices,
         "cost": f.cost,
         "cost_with_lifecycle_events": f.cost_with_events,
+        "cost_longer_pipeline": {"steps": f.long_steps, "cost": f.cost_long},
+        "cost_split": f.split,
         "critical_path": f.path,
         "latency": f.latency,
         "cold_start": f.cold,
@@ -127,6 +133,10 @@ pub fn markdown(s: &Value) -> String {
     let e = &s["cost_with_lifecycle_events"];
     let _ = writeln!(md, "\n### P1 cost per million step transitions\n");
     let _ = writeln!(md, "| | $ / million steps |\n|---|---:|");
+    let longer = format!(
+        "Stepline coordinator, the same pipeline with {} steps",
+        s["cost_longer_pipeline"]["steps"]
+    );
     for (label, value) in [
         (
             "Stepline coordinator (lifecycle events off, the default)",
@@ -139,6 +149,10 @@ pub fn markdown(s: &Value) -> String {
         (
             "Stepline worker side (your step code's queues and Lambda)",
             num(&c["worker_usd_per_million_steps"]),
+        ),
+        (
+            longer.as_str(),
+            num(&s["cost_longer_pipeline"]["cost"]["coordinator_usd_per_million_steps"]),
         ),
         (
             "Step Functions Standard (one transition per task state)",
@@ -158,6 +172,17 @@ pub fn markdown(s: &Value) -> String {
         num(&c["read_units_per_step"]), num(&c["sqs_requests_per_step"]), num(&c["lambda_invocations_per_step"]),
         num(&c["events_per_step"]), c["item_bytes_median"], c["item_bytes_max"], num(&c["claim_usd_per_month"]),
         c["empty_receives"],
+    );
+    let sp = &s["cost_split"];
+    let _ = writeln!(
+        md,
+        "Split from the two pipeline lengths: **${:.3} per million hops** plus **${:.2} per million executions** (the create, the due-index entry's life, the final write), so a pipeline of k steps costs {:.3} + {:.2}/k per million steps{}.\n",
+        num(&sp["usd_per_million_hops"]), num(&sp["usd_per_million_executions"]),
+        num(&sp["usd_per_million_hops"]), num(&sp["usd_per_million_executions"]),
+        match sp["steps_for_one_dollar"].as_f64() {
+            Some(k) => format!(", within $1.00 from {:.0} steps", k.ceil()),
+            None => ", never within $1.00 at this batch fill".into(),
+        },
     );
     let _ = writeln!(md, "| Side | Service | Operation | Calls | Billed units | $ / million steps |\n|---|---|---|---:|---:|---:|");
     for line in c["lines"].as_array().into_iter().flatten() {

@@ -306,36 +306,56 @@ pub async fn run(work: Workload) -> Result<Measured> {
     wait_all(&observer, &ids, Duration::from_secs(120)).await?;
     let (cost_calls, cost_invocations) = meter.take();
 
-    // P2 and P3: one execution at a time, so every completion handles exactly one reply.
+    // P2 and P3: one execution at a time, so every completion handles exactly one reply. Each is
+    // followed by as many bare round trips (P3's baseline), so both see the same conditions.
+    let hops_per_execution = work.steps.saturating_sub(1).max(1) as u64;
+    let mut chains = Vec::new();
     for n in 0..work.sequential {
         let id = submit(&meter, &api, n, work.payload_bytes).await?;
+        // Watch the worker, not the table: reading the record while it runs would load the emulator
+        // during the very hops being timed.
+        let last_step = work.steps.saturating_sub(1) as u32;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !times
+            .lock()
+            .unwrap()
+            .get(&id)
+            .is_some_and(|runs| runs.iter().any(|r| r.0 == last_step))
+        {
+            if Instant::now() > deadline {
+                bail!("execution {id} did not reach its last step");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         wait_all(&observer, &[id], Duration::from_secs(30)).await?;
+        let first = n as u64 * 1_000;
+        let last = first + hops_per_execution;
+        sender
+            .send(
+                &ping.queue_url,
+                &[OutMessage::new(
+                    json!({"seq": first, "last": last}).to_string(),
+                )],
+            )
+            .await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !arrivals.lock().unwrap().contains_key(&last) {
+            if Instant::now() > deadline {
+                bail!("the bare round trips did not finish");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        chains.push(first..last);
     }
     let (sequential_calls, _) = meter.take();
     // Only executions of the sequential run count: the concurrent ones queued behind each other.
     let sequential_hops = hops_of(&times, &ids, true);
-
-    // P3 baseline: the same number of bare round trips, in the same run.
-    let rounds = (work.sequential * work.steps.saturating_sub(1)).max(10) as u64;
-    sender
-        .send(
-            &ping.queue_url,
-            &[OutMessage::new(
-                json!({"seq": 0, "last": rounds}).to_string(),
-            )],
-        )
-        .await;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while arrivals.lock().unwrap().len() < rounds as usize + 1 {
-        if Instant::now() > deadline {
-            bail!("the ping-pong did not finish");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let ping_pong_us = {
         let arrivals = arrivals.lock().unwrap();
         let departures = departures.lock().unwrap();
-        (0..rounds)
+        chains
+            .into_iter()
+            .flatten()
             .filter_map(|seq| Some(arrivals.get(&(seq + 1))? - departures.get(&seq)?))
             .collect()
     };

@@ -69,8 +69,57 @@ pub fn due_key(due: i64, granularity_ms: i64) -> i64 {
         }
 }
 
+/// Short names of the attributes of a step's progress in the item (long ones in the record): the item
+/// holds one entry per step launched and every write is billed by its size.
+const STEP_NAMES: [(&str, &str); 7] = [
+    ("status", "s"),
+    ("launchId", "l"),
+    ("output", "o"),
+    ("receipt", "r"),
+    ("fingerprint", "f"),
+    ("earlierReceipts", "er"),
+    ("error", "e"),
+];
+
+/// Renames the keys of every step entry (and of the receipts in it), `long` to short or back.
+fn rename_steps(item: &mut Item, to_short: bool) {
+    fn rename(map: &mut HashMap<String, AttributeValue>, to_short: bool) {
+        for (long, short) in STEP_NAMES {
+            let (from, to) = if to_short {
+                (long, short)
+            } else {
+                (short, long)
+            };
+            if let Some(value) = map.remove(from) {
+                map.insert(to.to_string(), value);
+            }
+        }
+        for value in map.values_mut() {
+            match value {
+                AttributeValue::M(inner) => rename(inner, to_short),
+                AttributeValue::L(list) => {
+                    for v in list {
+                        if let AttributeValue::M(inner) = v {
+                            rename(inner, to_short);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    if let Some(AttributeValue::L(steps)) = item.get_mut("steps") {
+        for step in steps {
+            if let AttributeValue::M(map) = step {
+                rename(map, to_short);
+            }
+        }
+    }
+}
+
 /// Maps an execution item back to its record (the id comes from the key).
 fn execution_from_item(mut item: Item) -> Result<Execution, StoreError> {
+    rename_steps(&mut item, false);
     if !item.contains_key("id") {
         let id = match item.get(PK) {
             Some(AttributeValue::S(pk)) => pk.strip_prefix("exec#").unwrap_or(pk).to_string(),
@@ -114,6 +163,7 @@ impl DynamoDbExecutionStore {
         let mut item: Item = to_item(record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         // The id is in the key already: not stored twice (every byte of the item is billed).
         item.remove("id");
+        rename_steps(&mut item, true);
         item.insert(PK.into(), s(execution_key(record.id)));
         if let Some(due) = record.due_at() {
             item.insert(
@@ -392,5 +442,79 @@ mod due_key_tests {
             let key = due_key(due, 5_000);
             assert!(key >= due && key - due < 5_000, "{due} -> {key}");
         }
+    }
+}
+
+#[cfg(test)]
+mod item_tests {
+    use super::*;
+    use crate::domain::{
+        start_launched, Context, PipelineDef, Receipt, RetryPolicy, StepDef, StepKind,
+    };
+
+    fn store() -> DynamoDbExecutionStore {
+        let config = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+            .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
+            .build();
+        DynamoDbExecutionStore::new(Client::from_conf(config), "t", 4).with_due_granularity(5_000)
+    }
+
+    #[test]
+    fn an_execution_item_is_compact_and_maps_back_to_the_same_record() {
+        let step = StepDef {
+            id: "a".into(),
+            kind: StepKind::Task,
+            input_type: "x/1".into(),
+            output_type: "x/1".into(),
+            queue: "q".into(),
+            timeout_secs: 60,
+            retry: RetryPolicy {
+                max_attempts: 3,
+                initial_delay_ms: 100,
+                multiplier: 2.0,
+                max_delay_ms: 1_000,
+                non_retryable: Vec::new(),
+            },
+            interactions: Vec::new(),
+            child_pipeline: None,
+        };
+        let def = PipelineDef {
+            pipeline_id: "p".into(),
+            release_version: "1".into(),
+            steps: vec![step],
+        };
+        let ctx = Context {
+            now: 1_000_001,
+            jitter: 0.5,
+            token: Uuid::from_u128(9),
+            owner: "test".into(),
+            lease_ms: 60_000,
+            lifecycle: false,
+        };
+        let id = Uuid::from_u128(7);
+        let (mut record, _) =
+            start_launched(id, "t", &def, serde_json::json!({"n": 1}), None, &ctx);
+        record.steps[0].receipt = Some(Receipt {
+            launch_id: record.steps[0].launch_id,
+            fingerprint: "ff".into(),
+        });
+        let item = store().to_item(&record).unwrap();
+        assert!(!item.contains_key("id"), "the id is the key's");
+        let AttributeValue::L(steps) = &item["steps"] else {
+            panic!("{item:?}")
+        };
+        let AttributeValue::M(entry) = &steps[0] else {
+            panic!()
+        };
+        let mut keys: Vec<&str> = entry.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["l", "r", "s"]);
+        assert_eq!(
+            item[DUE_AT],
+            n(due_key(record.due_at().unwrap(), 5_000)),
+            "rounded up to the granule"
+        );
+        assert_eq!(execution_from_item(item).unwrap(), record);
     }
 }

@@ -121,8 +121,8 @@ pub struct StepProgress {
     pub error: Option<StepError>,
 }
 
-/// How a step's progress is stored: the receipt's launch id is left out when it is the step's own
-/// (the usual case), since every write is billed by the item's size.
+/// How a step's progress is serialized: the receipt's launch id is left out when it is the step's own
+/// (the usual case): there is one entry per step launched, and every write is billed by the item's size.
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct StepProgressItem {
