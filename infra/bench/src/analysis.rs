@@ -205,33 +205,6 @@ pub fn cost(measured: &Measured, prices: &Prices) -> Cost {
     cost
 }
 
-/// The coordinator's cost per step as a cost per hop plus a cost per execution spread over its steps,
-/// solved from two runs of different lengths: `per_step(k) = per_hop + per_execution / k`.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Split {
-    /// $ per million hops (a reply committed and the next request sent).
-    pub usd_per_million_hops: f64,
-    /// $ per million executions (create, first send, the due-index entry's life, the last write).
-    pub usd_per_million_executions: f64,
-    /// Steps per execution from which the cost per step is within $1.00 per million (none: never).
-    pub steps_for_one_dollar: Option<f64>,
-}
-
-pub fn split(short: &Cost, short_steps: usize, long: &Cost, long_steps: usize) -> Split {
-    let (a, b) = (
-        short.coordinator_usd_per_million_steps,
-        long.coordinator_usd_per_million_steps,
-    );
-    let (x, y) = (1.0 / short_steps as f64, 1.0 / long_steps as f64);
-    let per_execution = ((a - b) / (x - y)).max(0.0);
-    let per_hop = b - per_execution * y;
-    Split {
-        usd_per_million_hops: per_hop,
-        usd_per_million_executions: per_execution,
-        steps_for_one_dollar: (per_hop < 1.0).then(|| per_execution / (1.0 - per_hop)),
-    }
-}
-
 /// Average bill of one claim run in this workload, at one run a minute for 30 days.
 fn claim_per_month(measured: &Measured, prices: &Prices) -> f64 {
     let runs: Vec<&Invocation> = measured
@@ -393,19 +366,6 @@ pub fn percentile(sorted: &[u64], q: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn per_step_cost_splits_into_hop_and_execution() {
-        let cost = |usd| Cost {
-            coordinator_usd_per_million_steps: usd,
-            ..Cost::default()
-        };
-        // 0.5 per hop and 5 per execution: 1.5 at 5 steps, 0.75 at 20.
-        let s = split(&cost(1.5), 5, &cost(0.75), 20);
-        assert!((s.usd_per_million_hops - 0.5).abs() < 1e-9);
-        assert!((s.usd_per_million_executions - 5.0).abs() < 1e-9);
-        assert!((s.steps_for_one_dollar.unwrap() - 10.0).abs() < 1e-9);
-    }
 
     #[test]
     fn nearest_rank_percentiles() {

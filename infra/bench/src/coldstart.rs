@@ -181,8 +181,16 @@ pub async fn measure(dir: &Path, runs: usize) -> Result<ColdStart> {
             entry.handled_event = handled.contains(&binary);
         }
     }
+    let shown = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let root = workspace_root()
+        .canonicalize()
+        .unwrap_or_else(|_| workspace_root());
     let mut out = ColdStart {
-        profile_dir: dir.display().to_string(),
+        profile_dir: shown
+            .strip_prefix(&root)
+            .unwrap_or(&shown)
+            .display()
+            .to_string(),
         ..ColdStart::default()
     };
     for (_, mut f) in figures {

@@ -83,7 +83,6 @@ async fn main() -> Result<()> {
     };
     eprintln!("P1 with {} steps", long.steps);
     let cost_long = analysis::cost(&workload::run(long).await?, &prices);
-    let split = analysis::split(&cost, work.steps, &cost_long, long.steps);
 
     let dir = args.binaries.unwrap_or_else(coldstart::release_dir);
     eprintln!("P4: binaries in {}", dir.display());
@@ -113,7 +112,6 @@ async fn main() -> Result<()> {
         cost_with_events: &cost_with_events,
         cost_long: &cost_long,
         long_steps: long.steps,
-        split: &split,
         path: &path,
         latency: &latency,
         cold: &cold,

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use crate::analysis::{Cost, CriticalPath, Latency, Split};
+use crate::analysis::{Cost, CriticalPath, Latency};
 use crate::coldstart::ColdStart;
 use crate::pricing::Prices;
 use crate::scale::{Model, Row, PARTITION_WCU_LIMIT};
@@ -19,10 +19,9 @@ pub struct Figures<'a> {
     pub prices: Prices,
     pub cost: &'a Cost,
     pub cost_with_events: &'a Cost,
-    /// The same pipeline, longer (`long_steps` steps), and the split of the cost the two runs give.
+    /// The same pipeline, longer (`long_steps` steps).
     pub cost_long: &'a Cost,
     pub long_steps: usize,
-    pub split: &'a Split,
     pub path: &'a CriticalPath,
     pub latency: &'a Latency,
     pub cold: &'a ColdStart,
@@ -52,7 +51,6 @@ pub fn summary(f: &Figures<'_>) -> Value {
         "cost": f.cost,
         "cost_with_lifecycle_events": f.cost_with_events,
         "cost_longer_pipeline": {"steps": f.long_steps, "cost": f.cost_long},
-        "cost_split": f.split,
         "critical_path": f.path,
         "latency": f.latency,
         "cold_start": f.cold,
@@ -173,16 +171,12 @@ pub fn markdown(s: &Value) -> String {
         num(&c["events_per_step"]), c["item_bytes_median"], c["item_bytes_max"], num(&c["claim_usd_per_month"]),
         c["empty_receives"],
     );
-    let sp = &s["cost_split"];
+    let long = &s["cost_longer_pipeline"];
     let _ = writeln!(
         md,
-        "Split from the two pipeline lengths: **${:.3} per million hops** plus **${:.2} per million executions** (the create, the due-index entry's life, the final write), so a pipeline of k steps costs {:.3} + {:.2}/k per million steps{}.\n",
-        num(&sp["usd_per_million_hops"]), num(&sp["usd_per_million_executions"]),
-        num(&sp["usd_per_million_hops"]), num(&sp["usd_per_million_executions"]),
-        match sp["steps_for_one_dollar"].as_f64() {
-            Some(k) => format!(", within $1.00 from {:.0} steps", k.ceil()),
-            None => ", never within $1.00 at this batch fill".into(),
-        },
+        "With {} steps the record carries more step entries: median {} B, max {} B per write ({:.2} write units per step, of which {:.2} due-index entries).\n",
+        long["steps"], long["cost"]["item_bytes_median"], long["cost"]["item_bytes_max"],
+        num(&long["cost"]["write_units_per_step"]), num(&long["cost"]["index_writes_per_step"]),
     );
     let _ = writeln!(md, "| Side | Service | Operation | Calls | Billed units | $ / million steps |\n|---|---|---|---:|---:|---:|");
     for line in c["lines"].as_array().into_iter().flatten() {
