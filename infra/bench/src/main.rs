@@ -93,15 +93,10 @@ async fn main() -> Result<()> {
     .await?;
 
     eprintln!("P5: simulation");
-    let model = scale::Model {
-        index_writes_per_execution: cost.index_writes_per_step * work.steps as f64,
-        recovery_fraction: 0.01,
-        claim_period_s: 60.0,
-        claim_limit: 100,
-        claim_ms: 10.0,
-        claim_timeout_s: 300.0,
-        seconds: if args.full { 10 } else { 2 },
-    };
+    let model = scale::Model::deployed(
+        cost.index_writes_per_step * work.steps as f64,
+        if args.full { 10 } else { 2 },
+    );
     let rows = scale::table(&model, &scale::RATES, &scale::SHARDS);
 
     let summary = report::summary(&report::Figures {

@@ -134,15 +134,7 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
         .all(|b| b.bytes > 0 && b.peak_rss_kib > 0));
     assert!(cold.init_ms_max > 0.0);
 
-    let model = scale::Model {
-        index_writes_per_execution: cost.index_writes_per_step * work.steps as f64,
-        recovery_fraction: 0.01,
-        claim_period_s: 60.0,
-        claim_limit: 100,
-        claim_ms: 10.0,
-        claim_timeout_s: 300.0,
-        seconds: 1,
-    };
+    let model = scale::Model::deployed(cost.index_writes_per_step * work.steps as f64, 1);
     let rows = scale::table(&model, &[1_000], &[1, 4]);
     let summary = report::summary(&report::Figures {
         mode: "test",

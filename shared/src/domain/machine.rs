@@ -275,19 +275,34 @@ pub fn start(
         updated_at: ctx.now,
     };
     let mut actions = vec![take_lease(&mut record, ctx, 0)];
-    if ctx.lifecycle {
-        record.events.push(LifecycleEvent {
-            seq: 0,
-            kind: LifecycleKind::ExecutionStarted,
-            at: ctx.now,
-            step: None,
-            code: None,
-        });
-        record.event_seq = 1;
-        record.publish_by = Some(ctx.now + ctx.lease_ms);
-        actions.push(Action::PublishEvents);
-    }
+    announce_start(&mut record, None, ctx, &mut actions);
     (record, actions)
+}
+
+/// With lifecycle events on: `ExecutionStarted`, then what launching the first step amounted to (from
+/// `queued`, the record before it), in the outbox of the creating write.
+fn announce_start(
+    record: &mut Execution,
+    queued: Option<&Execution>,
+    ctx: &Context,
+    actions: &mut Vec<Action>,
+) {
+    if !ctx.lifecycle {
+        return;
+    }
+    record.events.push(LifecycleEvent {
+        seq: 0,
+        kind: LifecycleKind::ExecutionStarted,
+        at: ctx.now,
+        step: None,
+        code: None,
+    });
+    record.event_seq = 1;
+    if let Some(queued) = queued {
+        record_lifecycle(queued, record, ctx);
+    }
+    record.publish_by = Some(ctx.now + ctx.lease_ms);
+    actions.push(Action::PublishEvents);
 }
 
 /// Creates the record of a new execution with its first step already launched: the record is saved
@@ -318,20 +333,7 @@ pub fn start_launched(
     record.generation = 0;
     let queued = record.clone();
     let mut actions = launch_attempt(&mut record, def, ctx, 1);
-    if ctx.lifecycle {
-        record.events.push(LifecycleEvent {
-            seq: 0,
-            kind: LifecycleKind::ExecutionStarted,
-            at: ctx.now,
-            step: None,
-            code: None,
-        });
-        record.event_seq = 1;
-        // What launching the first step amounts to (an await step's request, for instance).
-        record_lifecycle(&queued, &mut record, ctx);
-        record.publish_by = Some(ctx.now + ctx.lease_ms);
-        actions.push(Action::PublishEvents);
-    }
+    announce_start(&mut record, Some(&queued), ctx, &mut actions);
     (record, actions)
 }
 
