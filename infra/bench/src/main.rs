@@ -12,7 +12,7 @@ use stepline_bench::{analysis, coldstart, pricing, report, scale, workload};
 #[derive(Parser, Debug)]
 #[command(about = "Benchmarks of the Stepline coordinator on the local emulator and in simulation")]
 struct Args {
-    /// The full run: more executions, steps and cold starts (minutes longer).
+    /// The full run: ten times the executions, more sequential runs and cold starts (minutes longer).
     #[arg(long)]
     full: bool,
     /// Executions run concurrently for the cost figures (default 100 quick, 1000 full).

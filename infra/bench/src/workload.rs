@@ -303,7 +303,9 @@ pub async fn run(work: Workload) -> Result<Measured> {
     for n in 0..work.executions {
         ids.push(submit(&meter, &api, n, work.payload_bytes).await?);
     }
-    wait_all(&observer, &ids, Duration::from_secs(120)).await?;
+    // The emulator runs a few hundred steps a second: leave room for the full mode's long runs.
+    let limit = Duration::from_secs(120.max((work.executions * work.steps / 20) as u64));
+    wait_all(&observer, &ids, limit).await?;
     let (cost_calls, cost_invocations) = meter.take();
 
     // P2 and P3: one execution at a time, so every completion handles exactly one reply. Each is
