@@ -11,7 +11,7 @@ use std::process::Command;
 use anyhow::{bail, Result};
 use serde_json::Value;
 use stepline::domain::Status;
-use stepline_local::runtime_api::Function;
+use stepline_local::runtime_api::{fixture, sqs_event, Function};
 use stepline_suite::TestStack;
 
 /// Starts a workspace binary under the test-served Runtime API.
@@ -44,26 +44,6 @@ fn build_binaries() -> Result<()> {
         .status()?;
     anyhow::ensure!(status.success(), "building the function binaries failed");
     Ok(())
-}
-
-fn fixture(name: &str, vars: &[(&str, &str)]) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name);
-    let mut text = std::fs::read_to_string(&path).expect("fixture exists");
-    for (key, value) in vars {
-        text = text.replace(&format!("${{{key}}}"), value);
-    }
-    text
-}
-
-/// An SQS event delivering `body` (JSON-escaped into the fixture) from queue `arn`.
-fn sqs_event(body: &str, arn: &str) -> String {
-    let escaped = serde_json::to_string(body).unwrap();
-    fixture(
-        "sqs-event.json",
-        &[("BODY", &escaped[1..escaped.len() - 1]), ("QUEUE_ARN", arn)],
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,7 +80,7 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
         serde_json::json!({"pipelineId": "orders", "tenant": "bin", "input": order_worker::sample_order(1)}),
     );
     let answer = launch
-        .invoke(sqs_event(&event.to_string(), &arn_of("StartQueue")?))
+        .invoke(sqs_event(&event.to_string(), &arn_of("StartQueue")?)?)
         .await?;
     assert_eq!(answer["batchItemFailures"], serde_json::json!([]));
     let requests = stack.take_all("OrderRequestQueue").await?;
@@ -112,20 +92,20 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
 
     // The worker binary runs the request and replies; the completion binary applies the reply.
     let answer = worker
-        .invoke(sqs_event(&requests[0], &arn_of("OrderRequestQueue")?))
+        .invoke(sqs_event(&requests[0], &arn_of("OrderRequestQueue")?)?)
         .await?;
     assert_eq!(answer["batchItemFailures"], serde_json::json!([]));
     let replies = stack.take_all("ReplyQueue").await?;
     assert_eq!(replies.len(), 1);
     let answer = completion
-        .invoke(sqs_event(&replies[0], &arn_of("ReplyQueue")?))
+        .invoke(sqs_event(&replies[0], &arn_of("ReplyQueue")?)?)
         .await?;
     assert_eq!(answer["batchItemFailures"], serde_json::json!([]));
     let record = stack.api.get(id).await?;
     assert_eq!(record.step, 1, "the reply advanced the execution");
 
     // The claim binary answers a scheduled event with its report.
-    let report = claim.invoke(fixture("scheduled-event.json", &[])).await?;
+    let report = claim.invoke(fixture("scheduled-event.json", &[])?).await?;
     assert!(report.get("claimed").is_some(), "{report}");
 
     // The HTTP API binary answers a function-URL request.
@@ -133,7 +113,7 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
         .invoke(fixture(
             "function-url-get-execution.json",
             &[("EXECUTION_ID", &id.to_string())],
-        ))
+        )?)
         .await?;
     assert_eq!(response["statusCode"], 200, "{response}");
     let body: Value = serde_json::from_str(response["body"].as_str().unwrap_or("{}"))?;
@@ -144,7 +124,7 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
         .invoke(fixture(
             "operator-cancel.json",
             &[("EXECUTION_ID", &id.to_string())],
-        ))
+        )?)
         .await?;
     assert_eq!(answer["status"], "CANCELLED");
     assert_eq!(stack.api.get(id).await?.status, Status::Cancelled);
@@ -210,7 +190,7 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
             .invoke(sqs_event(
                 &serde_json::to_string(&request)?,
                 &arn_of(queue)?,
-            ))
+            )?)
             .await?;
         assert_eq!(
             answer["batchItemFailures"],

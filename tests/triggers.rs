@@ -79,17 +79,7 @@ async fn a_start_event_starts_one_execution_however_often_it_is_delivered() -> a
     );
 
     // EventBridge delivers at least once: the same event again, twice, straight into the start queue.
-    let redelivered = json!({
-        "version": "0",
-        "id": event_id,
-        "detail-type": "StartExecution",
-        "source": "shop.orders",
-        "account": "123456789012",
-        "time": "2026-12-02T00:00:00Z",
-        "region": "us-east-1",
-        "resources": [],
-        "detail": detail,
-    });
+    let redelivered = stepline_local::start_event(&event_id, detail.clone());
     let (_, start_queue) = stack.local.stack.queue("StartQueue")?;
     for _ in 0..2 {
         stack

@@ -67,13 +67,10 @@ fn side_of(call: &Call, measured: &Measured) -> Option<&'static str> {
 }
 
 fn template_function(short: &str) -> &'static str {
-    match short {
-        "claim" => "ClaimFunction",
-        "launch" => "LaunchFunction",
-        "completion" => "CompletionFunction",
-        "worker" => "OrderWorkerFunction",
-        _ => "ApiFunction",
-    }
+    crate::workload::FUNCTION_NAMES
+        .iter()
+        .find(|(_, name)| *name == short)
+        .map_or("ApiFunction", |(function, _)| function)
 }
 
 /// Units and price of one call.

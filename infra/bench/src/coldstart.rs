@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde::Serialize;
-use stepline_local::runtime_api::Function;
+use stepline_local::runtime_api::{fixture, sqs_event, Function};
 use stepline_local::stack::Physical;
 use stepline_local::{fresh_stage, workspace_root, LocalStack};
 
@@ -48,24 +48,6 @@ pub struct ColdStart {
     pub init_ms_max: f64,
     pub binary_mb_max: f64,
     pub rss_mb_max: f64,
-}
-
-fn fixture(name: &str, vars: &[(&str, &str)]) -> Result<String> {
-    let path = workspace_root().join("tests/fixtures").join(name);
-    let mut text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    for (key, value) in vars {
-        text = text.replace(&format!("${{{key}}}"), value);
-    }
-    Ok(text)
-}
-
-fn sqs_event(body: &str, arn: &str) -> Result<String> {
-    let escaped = serde_json::to_string(body)?;
-    fixture(
-        "sqs-event.json",
-        &[("BODY", &escaped[1..escaped.len() - 1]), ("QUEUE_ARN", arn)],
-    )
 }
 
 /// Runs every binary in `dir` `runs` times.

@@ -115,11 +115,12 @@ pub struct Measured {
     pub memory_mb: BTreeMap<String, u32>,
 }
 
-/// Template function names and the names the meter attributes their work to.
-const FUNCTION_NAMES: [(&str, &str); 4] = [
+/// Template function names and the names the meter attributes their work to (`api` is the submit).
+pub const FUNCTION_NAMES: [(&str, &str); 5] = [
     (functions::CLAIM, "claim"),
     (functions::LAUNCH, "launch"),
     (functions::COMPLETION, "completion"),
+    ("ApiFunction", "api"),
     (functions::ORDER_WORKER, "worker"),
 ];
 

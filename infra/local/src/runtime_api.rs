@@ -219,3 +219,23 @@ fn logs() -> Stdio {
         Stdio::null()
     }
 }
+
+/// A Lambda event from `tests/fixtures/<name>`, with each `${KEY}` replaced by its value.
+pub fn fixture(name: &str, vars: &[(&str, &str)]) -> Result<String> {
+    let path = crate::workspace_root().join("tests/fixtures").join(name);
+    let mut text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    for (key, value) in vars {
+        text = text.replace(&format!("${{{key}}}"), value);
+    }
+    Ok(text)
+}
+
+/// An SQS event delivering `body` (JSON-escaped into the fixture) from queue `arn`.
+pub fn sqs_event(body: &str, arn: &str) -> Result<String> {
+    let escaped = serde_json::to_string(body)?;
+    fixture(
+        "sqs-event.json",
+        &[("BODY", &escaped[1..escaped.len() - 1]), ("QUEUE_ARN", arn)],
+    )
+}
