@@ -39,6 +39,8 @@ pub struct Cost {
     pub sqs_requests_per_step: f64,
     pub lambda_invocations_per_step: f64,
     pub events_per_step: f64,
+    /// Messages per batch the coordinator's SQS-triggered invocations handled, on average.
+    pub records_per_invocation: f64,
     /// Execution item sizes written (bytes).
     pub item_bytes_median: u64,
     pub item_bytes_max: u64,
@@ -139,6 +141,14 @@ pub fn cost(measured: &Measured, prices: &Prices) -> Cost {
             }
         }
     }
+    let batches: Vec<usize> = measured
+        .cost_invocations
+        .iter()
+        .filter(|i| matches!(i.function, "launch" | "completion"))
+        .map(|i| i.records)
+        .collect();
+    cost.records_per_invocation =
+        batches.iter().sum::<usize>() as f64 / batches.len().max(1) as f64;
     for invocation in &measured.cost_invocations {
         let side = match invocation.function {
             "claim" | "ping-pong" => continue,

@@ -68,7 +68,7 @@ pub struct Call {
 #[derive(Debug, Clone, Serialize)]
 pub struct Invocation {
     pub function: &'static str,
-    pub id: u64,
+    /// Messages in the batch it handled.
     pub records: usize,
     pub duration_ms: f64,
 }
@@ -152,7 +152,6 @@ impl Meter {
             .await;
         self.state.lock().unwrap().invocations.push(Invocation {
             function,
-            id: invocation,
             records,
             duration_ms: started.elapsed().as_secs_f64() * 1000.0,
         });
