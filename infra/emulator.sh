@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Local AWS emulator (moto server) in a project-local virtualenv.
+# Local AWS emulator (moto server) in a project-local virtualenv, started through infra/moto_server.py,
+# which makes moto's conditional writes and queue deletes atomic as they are on AWS.
 #
 #   infra/emulator.sh start    install if needed, start on 127.0.0.1:$STEPLINE_EMULATOR_PORT (or reuse a running one)
 #   infra/emulator.sh stop     stop the server this script started on that port
@@ -45,7 +46,7 @@ start() {
   fi
   install
   echo "emulator: starting moto server on 127.0.0.1:$port" >&2
-  nohup "$venv/bin/python" -m moto.server -H 127.0.0.1 -p "$port" > "$state/moto-$port.log" 2>&1 &
+  nohup "$venv/bin/python" "$root/infra/moto_server.py" -H 127.0.0.1 -p "$port" > "$state/moto-$port.log" 2>&1 &
   echo $! > "$state/moto-$port.pid"
   for _ in $(seq 1 100); do
     if answers; then echo "emulator: ready" >&2; return; fi

@@ -24,8 +24,11 @@ use crate::ports::{
 };
 
 /// How often a decision is re-made after losing a conditional write before giving up (the message is
-/// then retried by its queue).
-const MAX_RACES: u32 = 5;
+/// then retried by its queue, a whole visibility timeout later). Every lost race means another writer
+/// committed, so N writers racing on one record are all done within N rounds: this covers a full batch
+/// of ten messages on one execution (a parent's children ending together) with the other functions'
+/// writes beside it.
+const MAX_RACES: u32 = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CoordinatorError {

@@ -121,13 +121,21 @@ async fn watch_follows_an_execution_step_by_step_to_its_end() -> Result<()> {
         String::from_utf8_lossy(&watched.stderr)
     );
     let lines: Vec<String> = stdout(&watched).lines().map(str::to_string).collect();
-    let steps: Vec<&str> = ["validate", "price", "confirm"]
-        .into_iter()
-        .filter(|s| lines.iter().any(|l| l.contains(&format!("({s})"))))
+    // Every step is shown, in order, however fast the execution ran past the polls.
+    let shown: Vec<usize> = ["validate", "price", "confirm"]
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            let line = format!("step {} ({s}) succeeded", k + 1);
+            lines
+                .iter()
+                .position(|l| *l == line)
+                .unwrap_or_else(|| panic!("watch did not show {line:?}: {lines:?}"))
+        })
         .collect();
     assert!(
-        steps.len() >= 2,
-        "watch showed the steps as they ran: {lines:?}"
+        shown.windows(2).all(|w| w[0] < w[1]),
+        "steps shown in order: {lines:?}"
     );
     assert!(lines.last().unwrap().starts_with("SUCCEEDED"), "{lines:?}");
 

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 use stepline::adapters::SqsDeadLetterQueue;
 use stepline::dlq::{ReplayFilter, ReplayRequest};
-use stepline::domain::{Execution, Status, Verdict};
+use stepline::domain::{Execution, Status, StepStatus, Verdict};
 use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
 use stepline::handlers::{
     self, CancelRequest, DeadLetterQueues, MoveRequest, MoveSource, OperatorRequest, RedriveRequest,
@@ -361,14 +361,33 @@ fn summary(api: &Coordinator, record: &Execution) -> String {
 async fn watch(api: &Coordinator, id: Uuid, timeout: Duration, out: &Output) -> Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut last = String::new();
+    // Steps whose success was shown. They are read from the record's per-step progress, not inferred
+    // from the polls: a fast execution or a slow poll shows every step all the same.
+    let mut shown = 0;
     loop {
         let record = api.get(id).await?;
-        let step = api
+        let definition = api
             .definition(&record.pipeline_id, &record.release_version)
             .await
-            .ok()
-            .and_then(|d| d.step(record.step).map(|s| s.id.clone()))
-            .unwrap_or_default();
+            .ok();
+        let step_id = |k: u32| {
+            definition
+                .as_ref()
+                .and_then(|d| d.step(k).map(|s| s.id.clone()))
+                .unwrap_or_default()
+        };
+        while let Some(progress) = record.steps.get(shown) {
+            if progress.status != StepStatus::Succeeded {
+                break;
+            }
+            let k = shown as u32;
+            out.show(
+                &json!({"executionId": id, "step": k, "stepId": step_id(k), "stepStatus": "SUCCEEDED"}),
+                || format!("step {} ({}) succeeded", k + 1, step_id(k)),
+            );
+            shown += 1;
+        }
+        let step = step_id(record.step);
         let line = format!(
             "{} step {} ({}) attempt {}",
             record.status,
