@@ -183,6 +183,7 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
                 launch_id: stepline::domain::launch_id(execution, 0, 1),
                 reply_to: reply_to.clone(),
                 deadline: now_ms() + 60_000,
+                reply_token: format!("token-of-{execution}"),
             },
             payload: &input,
         };
@@ -201,6 +202,11 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
         assert_eq!(replies.len(), 1, "{function} replied");
         let reply: stepline::envelope::ReplyEnvelope = serde_json::from_str(&replies[0])?;
         assert_eq!(reply.execution_id, execution);
+        assert_eq!(
+            reply.reply_token,
+            format!("token-of-{execution}"),
+            "{function} returns the request's reply token"
+        );
         assert!(
             matches!(
                 reply.outcome,

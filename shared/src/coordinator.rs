@@ -738,6 +738,11 @@ impl Coordinator {
             launch_id,
             reply_to: self.settings.reply_queue.clone(),
             deadline,
+            reply_token: if record.secret.is_empty() {
+                String::new()
+            } else {
+                domain::reply_token(&record.secret, launch_id)
+            },
         }
     }
 

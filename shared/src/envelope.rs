@@ -58,6 +58,10 @@ pub struct RequestHeader {
     pub reply_to: String,
     /// Epoch milliseconds after which the coordinator stops waiting for this attempt.
     pub deadline: i64,
+    /// Proof that a reply answers this request: the worker copies it into every reply and heartbeat.
+    /// Only the coordinator can make it (an HMAC under the execution's secret, over the launch id).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reply_token: String,
 }
 
 /// A command to run one step attempt.
@@ -87,6 +91,9 @@ pub struct ReplyEnvelope {
     pub step_index: u32,
     pub attempt: u32,
     pub launch_id: Uuid,
+    /// The request's reply token, returned untouched.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reply_token: String,
     pub outcome: ReplyOutcome,
 }
 
@@ -112,6 +119,7 @@ impl ReplyEnvelope {
             step_index: header.step_index,
             attempt: header.attempt,
             launch_id: header.launch_id,
+            reply_token: header.reply_token.clone(),
             outcome,
         }
     }
@@ -229,6 +237,7 @@ mod tests {
             launch_id: Uuid::from_u128(2),
             reply_to: "http://q".into(),
             deadline: 5,
+            reply_token: "t".into(),
         }
     }
 

@@ -10,10 +10,10 @@ use uuid::Uuid;
 use crate::coordinator::{
     Applied, ClaimReport, Coordinator, CoordinatorError, Outbox, SubmitRequest,
 };
-use crate::domain::{Event, Outcome, Status};
+use crate::domain::{Event, Outcome, Sender, Status};
 use crate::envelope::{
     fingerprint, InteractionMessage, LaunchWork, ReplyEnvelope, ReplyOutcome, DETAIL_ATTRIBUTE,
-    INTERACTION_KIND, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE,
+    INTERACTION_KIND, REASON_ATTRIBUTE, REPLY_KIND, SOURCE_ATTRIBUTE,
 };
 use crate::ports::OutMessage;
 
@@ -44,6 +44,8 @@ pub enum MessageError {
     Undecodable(String),
     #[error("message of {bytes} bytes exceeds the {limit} byte limit")]
     Oversized { bytes: usize, limit: usize },
+    #[error("unknown message kind {0:?}")]
+    UnknownKind(String),
     #[error("execution {execution}: {error}")]
     Coordinator {
         execution: Uuid,
@@ -63,6 +65,7 @@ impl MessageError {
         match self {
             MessageError::Undecodable(_) => "UNDECODABLE",
             MessageError::Oversized { .. } => "OVERSIZED",
+            MessageError::UnknownKind(_) => "UNKNOWN_KIND",
             MessageError::Coordinator { error, .. } | MessageError::Event { error, .. } => {
                 error.code()
             }
@@ -80,8 +83,15 @@ impl MessageError {
         }
     }
 
+    /// The execution to note the dead letter on. None for a message that did not prove it came from
+    /// a party the coordinator addressed: anyone can name an execution, and an adversary's garbage must
+    /// not cost the execution a write.
     pub fn execution(&self) -> Option<Uuid> {
         match self {
+            MessageError::Coordinator {
+                error: CoordinatorError::Rejected(rejection),
+                ..
+            } if rejection.is_unauthenticated() => None,
             MessageError::Coordinator { execution, .. } => Some(*execution),
             _ => None,
         }
@@ -330,6 +340,9 @@ pub async fn completion(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchR
                 .await
                 .map_err(on(execution));
         }
+        if kind.kind != REPLY_KIND {
+            return Err(MessageError::UnknownKind(kind.kind));
+        }
         let reply: ReplyEnvelope =
             serde_json::from_str(text).map_err(|e| MessageError::Undecodable(e.to_string()))?;
         let applied_reply = |outcome| Event::Reply {
@@ -347,6 +360,16 @@ pub async fn completion(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchR
             },
             ReplyOutcome::Succeeded { output } => applied_reply(Outcome::Succeeded(output)),
             ReplyOutcome::Failed { error } => applied_reply(Outcome::Failed(error)),
+        };
+        // Applied only if it proves it answers a request of this execution's pinned release.
+        let event = Event::FromWorker {
+            sender: Sender {
+                token: reply.reply_token.clone(),
+                pipeline_id: reply.identity.pipeline_id.clone(),
+                contract_version: reply.identity.contract_version.clone(),
+                release_version: reply.identity.release_version.clone(),
+            },
+            event: Box::new(event),
         };
         let applied = coordinator
             .apply_hot(reply.execution_id, &event, "completion")

@@ -11,11 +11,11 @@ use std::collections::HashSet;
 
 use serde_json::{json, Value};
 use stepline::domain::execution::{DeadLetterMark, Incident, MAX_INCIDENTS};
-use stepline::domain::machine::{MAX_DELAY_SECONDS, MAX_RESENDS};
+use stepline::domain::machine::{MAX_DELAY_SECONDS, MAX_HEARTBEAT_TIMEOUTS, MAX_RESENDS};
 use stepline::domain::{
-    decide, launch_id, start, start_launched, Action, Context, Decision, Event, Execution, Lease,
-    Outcome, Payload, PipelineDef, Receipt, RedriveNote, Rejection, RetryPolicy, Skip, Status,
-    StepDef, StepError, StepKind, StepProgress, StepStatus,
+    decide, launch_id, reply_token, start, start_launched, Action, Context, Decision, Event,
+    Execution, Lease, Outcome, Payload, PipelineDef, Receipt, RedriveNote, Rejection, RetryPolicy,
+    Sender, Skip, Status, StepDef, StepError, StepKind, StepProgress, StepStatus,
 };
 use uuid::Uuid;
 
@@ -2976,4 +2976,145 @@ fn submitting_launches_the_first_step_in_the_creating_write() {
     );
     assert_eq!(record.events.len(), 1);
     assert_eq!(actions.last(), Some(&Action::PublishEvents));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Replies from workers: reply tokens, pinned identity, heartbeat bound
+// ---------------------------------------------------------------------------------------------------
+
+/// `event` as the completion handler passes it on: wrapped with what the reply says of its sender.
+fn from_worker(record: &Execution, token: String, release: &str, event: Event) -> Event {
+    Event::FromWorker {
+        sender: Sender {
+            token,
+            pipeline_id: record.pipeline_id.clone(),
+            contract_version: record.contract_version.clone(),
+            release_version: release.to_string(),
+        },
+        event: Box::new(event),
+    }
+}
+
+fn genuine(record: &Execution, step: u32, attempt: u32, event: Event) -> Event {
+    let token = reply_token(&record.secret, launch_id(EXEC, step, attempt));
+    from_worker(record, token, &record.release_version.clone(), event)
+}
+
+#[test]
+fn a_new_execution_has_a_secret_of_its_own() {
+    let def = three_steps();
+    let (a, _) = started(&def);
+    assert_eq!(a.secret.len(), 32);
+    let (b, _) = start(EXEC, TENANT, &def, input(), None, &ctx(T0, 99));
+    assert_ne!(
+        a.secret, b.secret,
+        "secrets come from the decision's random token"
+    );
+}
+
+#[test]
+fn a_reply_with_the_launchs_token_is_applied_like_the_bare_reply() {
+    let def = three_steps();
+    let record = running(&def);
+    let at = ctx(LAUNCHED_AT + 10, 3);
+    let bare = reply(0, 1, Outcome::Succeeded(output(0)));
+    let (expected, expected_actions) = commit(&record, &def, &at, &bare);
+    let (applied, actions) = commit(&record, &def, &at, &genuine(&record, 0, 1, bare));
+    assert_eq!((applied, actions), (expected, expected_actions));
+}
+
+#[test]
+fn a_reply_forged_from_the_public_launch_id_derivation_is_refused() {
+    let def = three_steps();
+    let record = running(&def);
+    let at = ctx(LAUNCHED_AT + 10, 3);
+    let forged_output = Outcome::Succeeded(json!({"forged": true}));
+    // Everything a forger can know: the launch id, and tokens of other executions or launches.
+    for token in [
+        String::new(),
+        launch_id(EXEC, 0, 1).simple().to_string(),
+        reply_token(&record.secret, launch_id(EXEC, 0, 2)),
+        reply_token("another execution's secret", launch_id(EXEC, 0, 1)),
+    ] {
+        let forged = from_worker(
+            &record,
+            token,
+            &record.release_version.clone(),
+            reply(0, 1, forged_output.clone()),
+        );
+        assert_eq!(
+            rejected(&record, &def, &at, &forged),
+            Rejection::Unauthenticated(launch_id(EXEC, 0, 1))
+        );
+        assert!(rejected(&record, &def, &at, &forged).is_unauthenticated());
+    }
+    // The genuine reply still applies afterwards (a refusal writes nothing).
+    let (advanced, _) = commit(
+        &record,
+        &def,
+        &at,
+        &genuine(&record, 0, 1, reply(0, 1, Outcome::Succeeded(output(0)))),
+    );
+    assert_eq!(advanced.step, 1);
+}
+
+#[test]
+fn a_forged_heartbeat_extends_nothing() {
+    let def = three_steps();
+    let record = running(&def);
+    let at = ctx(LAUNCHED_AT + 10, 3);
+    let forged = from_worker(
+        &record,
+        "0".repeat(32),
+        &record.release_version.clone(),
+        heartbeat(0, 1),
+    );
+    assert_eq!(
+        rejected(&record, &def, &at, &forged),
+        Rejection::Unauthenticated(launch_id(EXEC, 0, 1))
+    );
+}
+
+#[test]
+fn a_reply_naming_another_release_is_refused() {
+    let def = three_steps();
+    let record = running(&def);
+    let at = ctx(LAUNCHED_AT + 10, 3);
+    let token = reply_token(&record.secret, launch_id(EXEC, 0, 1));
+    let other = from_worker(
+        &record,
+        token,
+        "9",
+        reply(0, 1, Outcome::Succeeded(output(0))),
+    );
+    let rejection = rejected(&record, &def, &at, &other);
+    assert_eq!(rejection.code(), "IDENTITY_MISMATCH");
+    assert!(!rejection.is_unauthenticated());
+}
+
+#[test]
+fn heartbeats_extend_an_attempt_only_up_to_its_bound() {
+    let def = three_steps();
+    let mut record = running(&def);
+    let bound = LAUNCHED_AT + MAX_HEARTBEAT_TIMEOUTS * TIMEOUT_MS[0];
+    let mut now = LAUNCHED_AT;
+    let mut beats = 0;
+    loop {
+        now += TIMEOUT_MS[0] / 2;
+        let event = genuine(&record, 0, 1, heartbeat(0, 1));
+        match decide(&record, &def, &ctx(now, 10 + beats), &event) {
+            Decision::Commit { record: next, .. } => {
+                assert!(next.wake_at.unwrap() <= bound, "never past the bound");
+                record = *next;
+                beats += 1;
+            }
+            Decision::Skip(skip) => {
+                assert_eq!(skip, Skip::Capped);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(beats < 100, "heartbeats must stop extending");
+    }
+    assert_eq!(record.wake_at, Some(bound));
 }

@@ -57,6 +57,7 @@ fn header(launch: u128) -> RequestHeader {
         reply_to: REPLY_QUEUE.into(),
         // Far enough that the default heartbeat never fires in a fast test.
         deadline: now_ms() + 600_000,
+        reply_token: format!("token-{launch}"),
     }
 }
 

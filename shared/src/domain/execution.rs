@@ -365,6 +365,14 @@ pub struct Execution {
     /// While the outbox is not empty: when the sweeper publishes it if nobody confirmed it first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publish_by: Option<i64>,
+    /// The execution's reply secret (random, made at creation): each request carries a reply token
+    /// derived from it and the launch id (`ids::reply_token`), and a reply or heartbeat is applied only
+    /// with the token of the launch it names. Never shown outside the coordinator.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub secret: String,
+    /// When the current attempt was launched: heartbeats extend its deadline only up to a bound from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launched_at: Option<i64>,
     pub created_at: i64,
     pub updated_at: i64,
 }

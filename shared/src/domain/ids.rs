@@ -1,5 +1,6 @@
 //! Deterministic identifiers.
 
+use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 /// Namespace of launch ids (a fixed, project-specific UUID).
@@ -14,6 +15,39 @@ pub fn launch_id(execution: Uuid, step: u32, attempt: u32) -> Uuid {
     )
 }
 
+/// A new execution's reply secret: 128 random bits (from the decision's fresh token) as hex.
+pub fn new_secret(random: Uuid) -> String {
+    Uuid::new_v5(&random, b"reply-secret").simple().to_string()
+}
+
+/// The token a reply (or heartbeat) for `launch` must carry: HMAC-SHA256 under the execution's secret,
+/// over the launch id, truncated to 128 bits (hex). A worker learns the token of the launches it was
+/// sent and nothing else: a launch id anyone can derive, its token only the coordinator can.
+pub fn reply_token(secret: &str, launch: Uuid) -> String {
+    hex::encode(&hmac_sha256(secret.as_bytes(), launch.as_bytes())[..16])
+}
+
+/// HMAC-SHA256 (RFC 2104).
+fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    const BLOCK: usize = 64;
+    let mut block = [0u8; BLOCK];
+    if key.len() > BLOCK {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| block.map(|b| b ^ byte);
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(message)
+        .finalize();
+    Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -25,5 +59,29 @@ mod tests {
         assert_ne!(launch_id(e, 1, 2), launch_id(e, 1, 3));
         assert_ne!(launch_id(e, 1, 2), launch_id(e, 2, 1));
         assert_eq!(launch_id(e, 0, 1).get_version_num(), 5);
+    }
+
+    #[test]
+    fn hmac_matches_rfc_4231_test_case_2() {
+        assert_eq!(
+            hex::encode(hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn reply_tokens_depend_on_the_secret_and_the_launch() {
+        let secret = new_secret(Uuid::from_u128(1));
+        let launch = launch_id(Uuid::from_u128(7), 0, 1);
+        assert_eq!(reply_token(&secret, launch), reply_token(&secret, launch));
+        assert_eq!(reply_token(&secret, launch).len(), 32);
+        assert_ne!(
+            reply_token(&secret, launch),
+            reply_token(&new_secret(Uuid::from_u128(2)), launch)
+        );
+        assert_ne!(
+            reply_token(&secret, launch),
+            reply_token(&secret, launch_id(Uuid::from_u128(7), 0, 2))
+        );
     }
 }

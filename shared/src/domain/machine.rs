@@ -37,7 +37,7 @@ use super::execution::{
     LifecycleEvent, LifecycleKind, Receipt, RedriveNote, Status, StepError, StepProgress,
     StepStatus, Verdict, MAX_INCIDENTS,
 };
-use super::ids::launch_id;
+use super::ids::{launch_id, new_secret, reply_token};
 use super::payload::Payload;
 use super::pipeline::{PipelineDef, StepKind};
 
@@ -120,6 +120,13 @@ pub enum Event {
     },
     /// The parent (of a fan-out child) was told of this execution's end.
     ParentNotified,
+    /// A reply or heartbeat as a worker sent it: applied only if `sender` proves it answers a request
+    /// the coordinator issued for this execution (the launch's reply token) and names the execution's
+    /// pinned release. Everything read off the reply queue arrives wrapped so.
+    FromWorker {
+        sender: Sender,
+        event: Box<Event>,
+    },
     /// Someone completed an interaction of the current await unit.
     CompleteInteraction {
         interaction: String,
@@ -130,6 +137,19 @@ pub enum Event {
         fingerprint: String,
     },
 }
+
+/// What a worker's reply says of who sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sender {
+    /// The reply token of the launch (copied from the request).
+    pub token: String,
+    pub pipeline_id: String,
+    pub contract_version: String,
+    pub release_version: String,
+}
+
+/// A heartbeat extends an attempt's deadline to at most this many step timeouts after its launch.
+pub const MAX_HEARTBEAT_TIMEOUTS: i64 = 12;
 
 /// Effects to carry out after the commit.
 #[derive(Debug, Clone, PartialEq)]
@@ -171,6 +191,8 @@ pub enum Skip {
     Stale,
     /// The same reply, byte for byte, was already applied.
     Duplicate,
+    /// A heartbeat for an attempt that already ran as long as heartbeats may extend it.
+    Capped,
 }
 
 /// A decision that refuses the event: reported, never applied.
@@ -202,6 +224,10 @@ pub enum Rejection {
     InteractionConflict(String),
     #[error("the await unit's deadline has passed")]
     AwaitExpired,
+    #[error("the reply token does not match launch {0}")]
+    Unauthenticated(Uuid),
+    #[error("the reply names {claimed}, the execution is pinned to {pinned}")]
+    IdentityMismatch { claimed: String, pinned: String },
 }
 
 impl Rejection {
@@ -218,7 +244,18 @@ impl Rejection {
             Rejection::InvalidToken => "INVALID_TOKEN",
             Rejection::InteractionConflict(_) => "INTERACTION_CONFLICT",
             Rejection::AwaitExpired => "AWAIT_EXPIRED",
+            Rejection::Unauthenticated(_) => "UNAUTHENTICATED",
+            Rejection::IdentityMismatch { .. } => "IDENTITY_MISMATCH",
         }
+    }
+
+    /// Whether the message failed to prove it came from a party the coordinator addressed (wrong
+    /// reply token or resume token): such a message writes nothing to the execution it names.
+    pub fn is_unauthenticated(&self) -> bool {
+        matches!(
+            self,
+            Rejection::Unauthenticated(_) | Rejection::InvalidToken
+        )
     }
 }
 
@@ -271,6 +308,8 @@ pub fn start(
         events: Vec::new(),
         event_seq: 0,
         publish_by: None,
+        secret: new_secret(ctx.token),
+        launched_at: None,
         created_at: ctx.now,
         updated_at: ctx.now,
     };
@@ -456,6 +495,10 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             step,
             attempt,
         } => heartbeat(record, def, ctx, *launch_id, *step, *attempt),
+        Event::FromWorker { sender, event } => match authenticate(record, sender, event) {
+            Ok(()) => transition(record, def, ctx, event),
+            Err(rejection) => Decision::Reject(rejection),
+        },
         Event::DeadLetterSent { id } => dead_letter_sent(record, ctx, *id),
         Event::AwaitNoticeSent { unit } => await_notice_sent(record, ctx, *unit),
         Event::ParentNotified => {
@@ -508,6 +551,40 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             commit(next, Vec::new())
         }
     }
+}
+
+/// Checks a worker's message against the record: the reply token of the launch it names (when the
+/// record has a secret: records created before reply tokens have none) and the pinned release.
+fn authenticate(record: &Execution, sender: &Sender, event: &Event) -> Result<(), Rejection> {
+    let launch = match event {
+        Event::Reply { launch_id, .. } | Event::Heartbeat { launch_id, .. } => *launch_id,
+        _ => return Err(Rejection::Unauthenticated(Uuid::nil())),
+    };
+    if !record.secret.is_empty()
+        && !constant_time_eq(
+            reply_token(&record.secret, launch).as_bytes(),
+            sender.token.as_bytes(),
+        )
+    {
+        return Err(Rejection::Unauthenticated(launch));
+    }
+    let pinned = (record.pipeline_id.as_str(), record.release_version.as_str());
+    let contract_matches =
+        record.contract_version.is_empty() || record.contract_version == sender.contract_version;
+    if pinned != (sender.pipeline_id.as_str(), sender.release_version.as_str()) || !contract_matches
+    {
+        return Err(Rejection::IdentityMismatch {
+            claimed: format!(
+                "{} release {} ({})",
+                sender.pipeline_id, sender.release_version, sender.contract_version
+            ),
+            pinned: format!(
+                "{} release {} ({})",
+                record.pipeline_id, record.release_version, record.contract_version
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn claim(record: &Execution, ctx: &Context) -> Decision {
@@ -760,8 +837,17 @@ fn heartbeat(
             Skip::Stale
         });
     }
+    let timeout = step_timeout_ms(def, step);
+    let extended = ctx.now + timeout;
+    let wake = match record.launched_at {
+        Some(launched) => extended.min(launched + MAX_HEARTBEAT_TIMEOUTS * timeout),
+        None => extended,
+    };
+    if record.wake_at.is_some_and(|w| wake <= w) {
+        return Decision::Skip(Skip::Capped);
+    }
     let mut next = bump(record, ctx);
-    next.wake_at = Some(ctx.now + step_timeout_ms(def, step));
+    next.wake_at = Some(wake);
     commit(next, Vec::new())
 }
 
@@ -948,6 +1034,7 @@ fn launch_attempt(
     next.launch_id = Some(id);
     next.resends = 0;
     next.wake_at = Some(deadline);
+    next.launched_at = Some(ctx.now);
     let progress = StepProgress {
         status: StepStatus::Launching,
         launch_id: id,

@@ -11,9 +11,10 @@ pub use execution::{
     LifecycleEvent, LifecycleKind, ParentLink, Receipt, RedriveNote, Status, StepError,
     StepProgress, StepStatus, Verdict,
 };
-pub use ids::launch_id;
+pub use ids::{launch_id, new_secret, reply_token};
 pub use machine::{
-    decide, start, start_launched, Action, Context, Decision, Event, Outcome, Rejection, Skip,
+    decide, start, start_launched, Action, Context, Decision, Event, Outcome, Rejection, Sender,
+    Skip,
 };
 pub use payload::Payload;
 pub use pipeline::{PipelineDef, RetryPolicy, StepDef, StepKind};

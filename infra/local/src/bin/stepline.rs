@@ -217,7 +217,12 @@ async fn main() -> Result<()> {
         }
         Command::Status { execution } => {
             let record = api.get(execution).await?;
-            out.show(&serde_json::to_value(&record)?, || summary(&api, &record));
+            let mut shown = serde_json::to_value(&record)?;
+            // The reply secret stays in the coordinator (with it, anyone could forge replies).
+            if let Some(fields) = shown.as_object_mut() {
+                fields.remove("secret");
+            }
+            out.show(&shown, || summary(&api, &record));
         }
         Command::Watch {
             execution,

@@ -1,0 +1,182 @@
+//! Replies are trusted only when they prove it, on the emulator: anyone allowed to send to the reply
+//! queue can derive a launch id, but only the coordinator can make the reply token a request carries.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use order_worker::OrderSteps;
+use serde_json::{json, Value};
+use stepline::domain::{launch_id, Status, StepError};
+use stepline::envelope::{
+    Identity, RawRequest, ReplyEnvelope, ReplyOutcome, RequestHeader, REASON_ATTRIBUTE, REPLY_KIND,
+};
+use stepline::worker::StepFunction;
+use stepline_suite::{wait_until, TestStack};
+
+/// The reasons of every message in the reply DLQ, once it holds `count`.
+async fn dead_letter_reasons(stack: &TestStack, count: u64) -> anyhow::Result<Vec<String>> {
+    wait_until(Duration::from_secs(30), || async {
+        Ok(stack.queue_depth("ReplyDeadLetterQueue").await? == count)
+    })
+    .await?;
+    let (_, dlq) = stack.local.stack.queue("ReplyDeadLetterQueue")?;
+    let mut reasons = Vec::new();
+    while reasons.len() < count as usize {
+        let out = stack
+            .sqs()
+            .receive_message()
+            .queue_url(dlq)
+            .max_number_of_messages(10)
+            .message_attribute_names("All")
+            .wait_time_seconds(1)
+            .send()
+            .await?;
+        for m in out.messages.unwrap_or_default() {
+            let attrs = m.message_attributes.unwrap_or_default();
+            reasons.push(
+                attrs
+                    .get(REASON_ATTRIBUTE)
+                    .and_then(|a| a.string_value.clone())
+                    .unwrap_or_default(),
+            );
+        }
+    }
+    reasons.sort();
+    Ok(reasons)
+}
+
+async fn send_reply(stack: &TestStack, reply: &Value) -> anyhow::Result<()> {
+    let (_, url) = stack.local.stack.queue("ReplyQueue")?;
+    stack
+        .sqs()
+        .send_message()
+        .queue_url(url)
+        .message_body(reply.to_string())
+        .send()
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_forged_from_the_public_derivation_is_refused_and_the_genuine_reply_applied(
+) -> anyhow::Result<()> {
+    let mut stack = TestStack::new("trust-forge", |_| {}).await?;
+    let gate = Arc::new(AtomicBool::new(false));
+    stack.start(Arc::new(Gated(gate.clone())))?;
+    let id = stack.submit(order_worker::sample_order(1)).await?;
+    let before = stack.api.get(id).await?;
+    // The forger knows the execution id, the pipeline's public identity and how launch ids derive;
+    // it sends before the real worker has even started.
+    let launch = launch_id(id, 0, 1);
+    let forged = |outcome: ReplyOutcome, token: &str| ReplyEnvelope {
+        kind: REPLY_KIND.into(),
+        identity: stack.identity(),
+        execution_id: id,
+        step_index: 0,
+        attempt: 1,
+        launch_id: launch,
+        reply_token: token.into(),
+        outcome,
+    };
+    let forged_output = json!({"orderId": "order-1", "totalCents": 1, "forged": true});
+    for reply in [
+        forged(
+            ReplyOutcome::Succeeded {
+                output: forged_output.clone(),
+            },
+            "",
+        ),
+        forged(
+            ReplyOutcome::Succeeded {
+                output: forged_output,
+            },
+            &launch.simple().to_string(),
+        ),
+        forged(ReplyOutcome::Running, &"0".repeat(32)),
+    ] {
+        send_reply(&stack, &serde_json::to_value(&reply)?).await?;
+    }
+    assert_eq!(
+        dead_letter_reasons(&stack, 3).await?,
+        vec!["UNAUTHENTICATED"; 3]
+    );
+    let after_forgeries = stack.api.get(id).await?;
+    assert_eq!(
+        after_forgeries, before,
+        "refused messages write nothing: no outcome, no deadline moved, no incident"
+    );
+
+    // Now the real worker answers.
+    gate.store(true, Ordering::SeqCst);
+    let record = stack.wait_terminal(id).await?;
+    assert_eq!(record.status, Status::Succeeded);
+    let result = record.result.expect("a result");
+    assert_eq!(result.value()["totalCents"], 820, "the genuine output");
+    assert!(result.value().get("forged").is_none());
+    assert!(record.incidents.is_empty(), "{:?}", record.incidents);
+    Ok(())
+}
+
+/// The order steps, held until the gate opens (the real worker, slower than the forger).
+struct Gated(Arc<AtomicBool>);
+
+#[async_trait]
+impl StepFunction for Gated {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !self.0.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        OrderSteps.run(request, input).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_of_an_unknown_kind_or_another_release_are_refused() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("trust-kind", |_| {}).await?;
+    let id = stack.submit(order_worker::sample_order(2)).await?;
+    // A worker that saw the request knows its token: still, the reply must be a reply, for the
+    // release the execution is pinned to.
+    let requests = stack.take_all("OrderRequestQueue").await?;
+    assert_eq!(requests.len(), 1);
+    let request: RawRequest = serde_json::from_str(&requests[0])?;
+    assert_eq!(request.header.reply_token.len(), 32);
+    let genuine = ReplyEnvelope::for_request(
+        &request.header,
+        ReplyOutcome::Succeeded {
+            output: json!({"forged": true}),
+        },
+    );
+    let mut bogus = serde_json::to_value(&genuine)?;
+    bogus["kind"] = json!("stepline.bogus.v9");
+    let mut other_release = serde_json::to_value(&genuine)?;
+    other_release["identity"] = serde_json::to_value(Identity {
+        release_version: "9".into(),
+        ..stack.identity()
+    })?;
+    for reply in [&bogus, &other_release] {
+        send_reply(&stack, reply).await?;
+    }
+    // The real worker then answers the same request.
+    let (_, url) = stack.local.stack.queue("OrderRequestQueue")?;
+    stack
+        .sqs()
+        .send_message()
+        .queue_url(url)
+        .message_body(&requests[0])
+        .send()
+        .await?;
+    stack.start(Arc::new(OrderSteps))?;
+    assert_eq!(
+        dead_letter_reasons(&stack, 2).await?,
+        vec!["IDENTITY_MISMATCH", "UNKNOWN_KIND"]
+    );
+    let record = stack.wait_terminal(id).await?;
+    assert_eq!(record.status, Status::Succeeded);
+    let result = record.result.expect("a result");
+    assert_eq!(result.value()["orderId"], "order-2", "the genuine output");
+    assert!(result.value().get("forged").is_none());
+    Ok(())
+}
