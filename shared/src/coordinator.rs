@@ -299,8 +299,22 @@ impl Coordinator {
         event: &Event,
         role: &str,
     ) -> Result<Applied, CoordinatorError> {
+        self.apply_from(id, None, event, role).await
+    }
+
+    /// `apply`, starting from `fresh` when the caller just read it.
+    async fn apply_from(
+        &self,
+        id: Uuid,
+        mut fresh: Option<Execution>,
+        event: &Event,
+        role: &str,
+    ) -> Result<Applied, CoordinatorError> {
         for _ in 0..MAX_RACES {
-            let record = self.get(id).await?;
+            let record = match fresh.take() {
+                Some(record) => record,
+                None => self.get(id).await?,
+            };
             let definition = self
                 .definition(&record.pipeline_id, &record.release_version)
                 .await?;
@@ -309,8 +323,8 @@ impl Coordinator {
                 Decision::Commit {
                     record: next,
                     actions,
-                } => match self.store.replace(&next, record.version).await {
-                    Ok(()) => {
+                } => match self.commit(&next, record.version).await? {
+                    Written::Committed => {
                         observe(&record, &next, &actions);
                         self.recent.lock().expect("recent").remember(&next);
                         return Ok(Applied::Committed {
@@ -319,14 +333,32 @@ impl Coordinator {
                             definition,
                         });
                     }
-                    Err(StoreError::Conflict) => continue,
-                    Err(e) => return Err(e.into()),
+                    Written::Lost(current) => fresh = Some(current),
                 },
                 Decision::Skip(skip) => return Ok(Applied::Skipped { skip, record }),
                 Decision::Reject(rejection) => return Err(rejection.into()),
             }
         }
         Err(CoordinatorError::Contention(MAX_RACES))
+    }
+
+    /// A conditional write of `next` over version `expected`. A failed condition is read back: a record
+    /// carrying this write's id is this write, applied although its response was lost (the SDK's retry
+    /// then met its own version); anything else lost the race to another writer.
+    async fn commit(&self, next: &Execution, expected: u64) -> Result<Written, CoordinatorError> {
+        match self.store.replace(next, expected).await {
+            Ok(()) => Ok(Written::Committed),
+            Err(StoreError::Conflict) => {
+                let current = self.get(next.id).await?;
+                if current.version == next.version && current.write_id == next.write_id {
+                    tracing::info!(execution_id = %next.id, version = next.version, "own write recognised after a lost response");
+                    Ok(Written::Committed)
+                } else {
+                    Ok(Written::Lost(current))
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// `apply` for the hot path (a worker's reply): when this process committed the record last, decide
@@ -356,8 +388,8 @@ impl Coordinator {
                 actions,
             } = domain::decide(&record, &definition, &ctx, event)
             {
-                match self.store.replace(&next, record.version).await {
-                    Ok(()) => {
+                match self.commit(&next, record.version).await? {
+                    Written::Committed => {
                         observe(&record, &next, &actions);
                         self.recent.lock().expect("recent").remember(&next);
                         return Ok(Applied::Committed {
@@ -366,8 +398,9 @@ impl Coordinator {
                             definition,
                         });
                     }
-                    Err(StoreError::Conflict) => {}
-                    Err(e) => return Err(e.into()),
+                    Written::Lost(current) => {
+                        return self.apply_from(id, Some(current), event, role).await
+                    }
                 }
             }
         }
@@ -413,11 +446,26 @@ impl Coordinator {
             Ok(()) => {}
             Err(StoreError::Conflict) => {
                 let existing = self.get(id).await?;
-                return Ok(Submitted {
-                    execution: id,
-                    duplicate: true,
-                    version: existing.version,
-                });
+                if existing.version != record.version || existing.write_id != record.write_id {
+                    // Submitted before. If nothing happened since, its first request may not have
+                    // gone out (the first submitter may have died before sending): send it again,
+                    // under the same launch id.
+                    let again = domain::creation_actions(&existing);
+                    if !again.is_empty() {
+                        let definition = self
+                            .definition(&existing.pipeline_id, &existing.release_version)
+                            .await?;
+                        let mut outbox = Outbox::default();
+                        self.stage(&mut outbox, &existing, &definition, &again, 0);
+                        self.flush(outbox).await;
+                    }
+                    return Ok(Submitted {
+                        execution: id,
+                        duplicate: true,
+                        version: existing.version,
+                    });
+                }
+                // Our own create, whose response was lost: carry on as if it had answered.
             }
             Err(e) => return Err(e.into()),
         }
@@ -891,6 +939,13 @@ fn observe(before: &Execution, after: &Execution, actions: &[Action]) {
     if dead > 0 {
         emit(Metric::DeadLetters, dead as f64, pipeline, at);
     }
+}
+
+/// How a conditional write ended.
+enum Written {
+    Committed,
+    /// Another writer got there first: the record as it is now.
+    Lost(Execution),
 }
 
 /// What a claim run did.

@@ -373,6 +373,11 @@ pub struct Execution {
     /// When the current attempt was launched: heartbeats extend its deadline only up to a bound from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launched_at: Option<i64>,
+    /// Identifies the write that produced this version (random per decision). When a write's response
+    /// is lost and the SDK's retry then fails the version condition, the writer reads the record back
+    /// and knows its own write by this id, so it goes on to send what it decided.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub write_id: String,
     pub created_at: i64,
     pub updated_at: i64,
 }

@@ -310,6 +310,7 @@ pub fn start(
         publish_by: None,
         secret: new_secret(ctx.token),
         launched_at: None,
+        write_id: write_id(ctx),
         created_at: ctx.now,
         updated_at: ctx.now,
     };
@@ -1186,7 +1187,32 @@ fn bump(record: &Execution, ctx: &Context) -> Execution {
     let mut next = record.clone();
     next.version += 1;
     next.updated_at = ctx.now;
+    next.write_id = write_id(ctx);
     next
+}
+
+/// The id of the write a decision makes: 64 of the decision's random bits.
+fn write_id(ctx: &Context) -> String {
+    ctx.token.simple().to_string()[..16].to_string()
+}
+
+/// What the creating write of `record` launched, to send again while nothing has happened since (the
+/// record is at its first version): a duplicate submit cannot tell whether the first submitter's send
+/// went out, and the worker deduplicates on the launch id.
+pub fn creation_actions(record: &Execution) -> Vec<Action> {
+    if record.version != 1 {
+        return Vec::new();
+    }
+    match (record.status, &record.await_unit, record.launch_id) {
+        (Status::WaitingExternal, Some(unit), _) => vec![Action::SendAwaitNotice { unit: unit.id }],
+        (Status::Running, _, Some(launch_id)) => vec![Action::SendRequest {
+            step: record.step,
+            attempt: record.attempt,
+            launch_id,
+            deadline: record.wake_at.unwrap_or(record.created_at),
+        }],
+        _ => Vec::new(),
+    }
 }
 
 fn step_timeout_ms(def: &PipelineDef, step: u32) -> i64 {

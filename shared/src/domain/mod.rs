@@ -13,8 +13,8 @@ pub use execution::{
 };
 pub use ids::{launch_id, new_secret, reply_token};
 pub use machine::{
-    decide, start, start_launched, Action, Context, Decision, Event, Outcome, Rejection, Sender,
-    Skip,
+    creation_actions, decide, start, start_launched, Action, Context, Decision, Event, Outcome,
+    Rejection, Sender, Skip,
 };
 pub use payload::Payload;
 pub use pipeline::{PipelineDef, RetryPolicy, StepDef, StepKind};

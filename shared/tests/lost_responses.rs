@@ -1,0 +1,232 @@
+//! Writes whose response was lost. The SDK retries a request whose response never came; when the
+//! first attempt was applied, the retry meets the version the write itself set and fails its
+//! condition. The writer must know its own write (by the record's write id) and go on to send what it
+//! decided, instead of taking it for someone else's and acknowledging the message as a duplicate.
+//! And a duplicate submit must re-send a first request that may never have gone out.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::json;
+use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
+use stepline::aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use stepline::domain::{launch_id, Execution, PipelineDef, RetryPolicy, StepDef, StepKind};
+use stepline::envelope::{ReplyEnvelope, ReplyOutcome, RequestHeader};
+use stepline::ports::{
+    ExecutionStore, MessageSender, OutMessage, ReleaseRegistry, SendError, StoreError, SystemClock,
+};
+use stepline::release::Release;
+use stepline::{handlers, Coordinator, Settings, SubmitRequest};
+use uuid::Uuid;
+
+/// Applies a write, then answers as the SDK's retry would after the response was lost: the condition
+/// failed (the first attempt had already moved the version on).
+#[derive(Default)]
+struct LosesResponses {
+    inner: InMemoryExecutionStore,
+    lose_next: AtomicBool,
+}
+
+#[async_trait]
+impl ExecutionStore for LosesResponses {
+    async fn get(&self, id: Uuid) -> Result<Option<Execution>, StoreError> {
+        self.inner.get(id).await
+    }
+    async fn create(&self, record: &Execution) -> Result<(), StoreError> {
+        self.inner.create(record).await?;
+        match self.lose_next.swap(false, Ordering::SeqCst) {
+            true => Err(StoreError::Conflict),
+            false => Ok(()),
+        }
+    }
+    async fn replace(&self, record: &Execution, expected: u64) -> Result<(), StoreError> {
+        self.inner.replace(record, expected).await?;
+        match self.lose_next.swap(false, Ordering::SeqCst) {
+            true => Err(StoreError::Conflict),
+            false => Ok(()),
+        }
+    }
+    async fn due(&self, shard: u32, now: i64, limit: i32) -> Result<Vec<Uuid>, StoreError> {
+        self.inner.due(shard, now, limit).await
+    }
+    fn shards(&self) -> u32 {
+        1
+    }
+}
+
+/// Records what is sent; fails every send while `down` is set.
+#[derive(Default)]
+struct FlakySender {
+    inner: RecordingSender,
+    down: AtomicBool,
+}
+
+#[async_trait]
+impl MessageSender for FlakySender {
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
+        if self.down.load(Ordering::SeqCst) {
+            return messages
+                .iter()
+                .map(|_| {
+                    Err(SendError {
+                        queue: queue.into(),
+                        reason: "down".into(),
+                    })
+                })
+                .collect();
+        }
+        self.inner.send(queue, messages).await
+    }
+}
+
+fn def() -> PipelineDef {
+    let step = |id: &str| StepDef {
+        id: id.into(),
+        kind: StepKind::Task,
+        input_type: "json".into(),
+        output_type: "json".into(),
+        queue: "requests".into(),
+        timeout_secs: 60,
+        retry: RetryPolicy::default(),
+        interactions: Vec::new(),
+        child_pipeline: None,
+    };
+    PipelineDef {
+        pipeline_id: "lossy".into(),
+        release_version: "1".into(),
+        steps: vec![step("a"), step("b")],
+    }
+}
+
+async fn coordinator(store: Arc<LosesResponses>, sender: Arc<FlakySender>) -> Coordinator {
+    let registry = Arc::new(InMemoryReleaseRegistry::default());
+    registry
+        .register(&Release::new(def(), Vec::new()))
+        .await
+        .unwrap();
+    registry.activate("lossy", "1", 0, "test").await.unwrap();
+    Coordinator::new(
+        store,
+        registry,
+        sender,
+        Arc::new(SystemClock),
+        Settings {
+            launch_queue: "launch".into(),
+            reply_queue: "replies".into(),
+            execution_dlq: "execution-dlq".into(),
+            launch_dlq: "launch-dlq".into(),
+            reply_dlq: "reply-dlq".into(),
+            await_queue: "replies".into(),
+            start_queue: None,
+            lease_ms: 30_000,
+            claim_limit: 10,
+            instance: "test".into(),
+        },
+    )
+}
+
+fn submit_request() -> SubmitRequest {
+    SubmitRequest {
+        pipeline_id: "lossy".into(),
+        tenant: "t".into(),
+        input: json!({}),
+        idempotency_key: Some("order-7".into()),
+        ..Default::default()
+    }
+}
+
+/// The headers of the requests sent so far.
+fn requests(sender: &FlakySender) -> Vec<RequestHeader> {
+    sender
+        .inner
+        .drain()
+        .into_iter()
+        .filter(|(q, _)| q == "requests")
+        .map(|(_, m)| {
+            let body: serde_json::Value = serde_json::from_str(&m.body).unwrap();
+            serde_json::from_value(body["header"].clone()).unwrap()
+        })
+        .collect()
+}
+
+fn sqs(body: String) -> SqsEvent {
+    let mut message = SqsMessage::default();
+    message.message_id = Some("m1".into());
+    message.body = Some(body);
+    let mut event = SqsEvent::default();
+    event.records.push(message);
+    event
+}
+
+#[tokio::test]
+async fn a_reply_whose_commit_response_was_lost_still_sends_the_next_request() {
+    let store = Arc::new(LosesResponses::default());
+    let sender = Arc::new(FlakySender::default());
+    let coordinator = coordinator(store.clone(), sender.clone()).await;
+    let id = coordinator
+        .submit(submit_request())
+        .await
+        .unwrap()
+        .execution;
+    let first = requests(&sender).pop().expect("the first request");
+    let reply = ReplyEnvelope::for_request(&first, ReplyOutcome::Succeeded { output: json!({}) });
+
+    store.lose_next.store(true, Ordering::SeqCst);
+    let response =
+        handlers::completion(&coordinator, sqs(serde_json::to_string(&reply).unwrap())).await;
+
+    assert!(response.batch_item_failures.is_empty());
+    let record = store.inner.snapshot(id).unwrap();
+    assert_eq!((record.step, record.version), (1, 2), "applied once");
+    let sent = requests(&sender);
+    assert_eq!(sent.len(), 1, "the next request went out: {sent:?}");
+    assert_eq!(sent[0].launch_id, launch_id(id, 1, 1));
+}
+
+#[tokio::test]
+async fn a_submit_whose_create_response_was_lost_sends_its_first_request() {
+    let store = Arc::new(LosesResponses::default());
+    let sender = Arc::new(FlakySender::default());
+    let coordinator = coordinator(store.clone(), sender.clone()).await;
+    store.lose_next.store(true, Ordering::SeqCst);
+
+    let submitted = coordinator.submit(submit_request()).await.unwrap();
+
+    assert!(!submitted.duplicate, "its own create, not someone else's");
+    let sent = requests(&sender);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].launch_id, launch_id(submitted.execution, 0, 1));
+}
+
+#[tokio::test]
+async fn a_duplicate_submit_re_sends_a_first_request_that_may_not_have_gone_out() {
+    let store = Arc::new(LosesResponses::default());
+    let sender = Arc::new(FlakySender::default());
+    let coordinator = coordinator(store.clone(), sender.clone()).await;
+    // The first submitter commits, then its send fails (as if it died before sending).
+    sender.down.store(true, Ordering::SeqCst);
+    let first = coordinator.submit(submit_request()).await.unwrap();
+    sender.down.store(false, Ordering::SeqCst);
+    assert!(requests(&sender).is_empty());
+
+    let again = coordinator.submit(submit_request()).await.unwrap();
+
+    assert!(again.duplicate);
+    assert_eq!(again.execution, first.execution);
+    let sent = requests(&sender);
+    assert_eq!(sent.len(), 1, "re-sent at once");
+    assert_eq!(sent[0].launch_id, launch_id(first.execution, 0, 1));
+    assert_eq!(
+        store.inner.snapshot(first.execution).unwrap().version,
+        1,
+        "re-sending writes nothing"
+    );
+
+    // Once the execution moved on, a duplicate submit sends nothing.
+    let reply = ReplyEnvelope::for_request(&sent[0], ReplyOutcome::Succeeded { output: json!({}) });
+    handlers::completion(&coordinator, sqs(serde_json::to_string(&reply).unwrap())).await;
+    requests(&sender);
+    coordinator.submit(submit_request()).await.unwrap();
+    assert!(requests(&sender).is_empty());
+}
