@@ -333,7 +333,7 @@ impl Coordinator {
                             definition,
                         });
                     }
-                    Written::Lost(current) => fresh = Some(current),
+                    Written::Lost(current) => fresh = Some(*current),
                 },
                 Decision::Skip(skip) => return Ok(Applied::Skipped { skip, record }),
                 Decision::Reject(rejection) => return Err(rejection.into()),
@@ -354,7 +354,7 @@ impl Coordinator {
                     tracing::info!(execution_id = %next.id, version = next.version, "own write recognised after a lost response");
                     Ok(Written::Committed)
                 } else {
-                    Ok(Written::Lost(current))
+                    Ok(Written::Lost(Box::new(current)))
                 }
             }
             Err(e) => Err(e.into()),
@@ -399,7 +399,7 @@ impl Coordinator {
                         });
                     }
                     Written::Lost(current) => {
-                        return self.apply_from(id, Some(current), event, role).await
+                        return self.apply_from(id, Some(*current), event, role).await
                     }
                 }
             }
@@ -945,7 +945,7 @@ fn observe(before: &Execution, after: &Execution, actions: &[Action]) {
 enum Written {
     Committed,
     /// Another writer got there first: the record as it is now.
-    Lost(Execution),
+    Lost(Box<Execution>),
 }
 
 /// What a claim run did.
