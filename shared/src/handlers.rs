@@ -20,14 +20,28 @@ use crate::ports::OutMessage;
 /// Claim (EventBridge schedule): one sweep of the due-time index.
 pub async fn claim(
     coordinator: &Coordinator,
-    _event: EventBridgeEvent<Value>,
+    event: EventBridgeEvent<Value>,
 ) -> Result<ClaimReport, CoordinatorError> {
-    let report = coordinator.claim_due().await?;
+    claim_within(coordinator, event, None).await
+}
+
+/// A sweep that stops in time before `deadline` (epoch milliseconds: the Lambda invocation's).
+pub async fn claim_within(
+    coordinator: &Coordinator,
+    _event: EventBridgeEvent<Value>,
+    deadline: Option<i64>,
+) -> Result<ClaimReport, CoordinatorError> {
+    let report = coordinator.claim_due(deadline).await?;
     tracing::info!(
         due = report.due,
         claimed = report.claimed,
         skipped = report.skipped,
         failed = report.failed,
+        deferred = report.deferred,
+        stray = report.stray,
+        pages = report.pages,
+        failed_queries = report.failed_queries,
+        stopped_early = report.stopped_early,
         "claim run"
     );
     Ok(report)

@@ -19,6 +19,8 @@ pub enum Metric {
     Retries,
     /// An execution's dead-letter envelope, or a poison message, went to a DLQ.
     DeadLetters,
+    /// Due executions whose claim failed for good were pushed back in the due index.
+    ClaimsDeferred,
 }
 
 impl Metric {
@@ -28,6 +30,7 @@ impl Metric {
             Metric::StepLatency => "StepLatency",
             Metric::Retries => "Retries",
             Metric::DeadLetters => "DeadLetters",
+            Metric::ClaimsDeferred => "ClaimsDeferred",
         }
     }
 

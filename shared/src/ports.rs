@@ -39,10 +39,50 @@ pub trait ExecutionStore: Send + Sync {
     async fn create(&self, record: &Execution) -> Result<(), StoreError>;
     /// Replaces the record if its stored version is still `expected_version`; `Conflict` otherwise.
     async fn replace(&self, record: &Execution, expected_version: u64) -> Result<(), StoreError>;
-    /// Ids of executions due at `now` in one shard of the due-time index (a Query, never a Scan).
-    async fn due(&self, shard: u32, now: i64, limit: i32) -> Result<Vec<Uuid>, StoreError>;
-    /// Number of due-index shards.
+    /// One page (at most `limit`) of the executions due at `now` in one shard of the due-time index,
+    /// earliest first, starting after `after` (a Query, never a Scan).
+    async fn due(
+        &self,
+        shard: u32,
+        now: i64,
+        limit: i32,
+        after: Option<DueCursor>,
+    ) -> Result<DuePage, StoreError>;
+    /// Pushes an execution's due-index entry back (never forward), after a claim that cannot succeed:
+    /// it counts the execution's failed claims and moves the entry to `backoff.until(now, failures)`,
+    /// so one bad item never holds the head of its shard. A later write of the record replaces the
+    /// entry (and forgets the count). Returns the new due time; `None` if the entry is gone.
+    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError>;
+    /// Number of due-index shards entries are written to now.
     fn shards(&self) -> u32;
+}
+
+/// Where a page of the due index ended: the last entry's due time and execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DueCursor {
+    pub due_at: i64,
+    pub id: Uuid,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DuePage {
+    pub ids: Vec<Uuid>,
+    /// Set when the shard may hold more due entries after this page.
+    pub next: Option<DueCursor>,
+}
+
+/// How far a failing claim is pushed back: doubling from `base_ms` per failure, up to `max_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub base_ms: i64,
+    pub max_ms: i64,
+}
+
+impl Backoff {
+    pub fn until(&self, now: i64, failures: u32) -> i64 {
+        let doublings = failures.saturating_sub(1).min(30);
+        now + self.base_ms.saturating_mul(1 << doublings).min(self.max_ms)
+    }
 }
 
 /// Result of registering a pipeline release.

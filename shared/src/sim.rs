@@ -34,8 +34,8 @@ use crate::coordinator::{Coordinator, Settings, SubmitRequest};
 use crate::domain::{Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError, StepStatus};
 use crate::envelope::{DeadLetterEnvelope, Identity, RequestHeader};
 use crate::ports::{
-    BusEvent, Clock, EventPublisher, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry,
-    SendError, StoreError,
+    Backoff, BusEvent, Clock, DueCursor, DuePage, EventPublisher, ExecutionStore, MessageSender,
+    OutMessage, ReleaseRegistry, SendError, StoreError,
 };
 use crate::worker::{StepFunction, Worker};
 
@@ -196,6 +196,7 @@ struct World {
     faults: bool,
     config: SimConfig,
     records: BTreeMap<Uuid, Execution>,
+    deferrals: crate::adapters::memory::Deferrals,
     queues: BTreeMap<&'static str, Queue>,
     next_id: u64,
     current: Option<u64>,
@@ -345,6 +346,7 @@ impl World {
             }
         }
         self.records.insert(record.id, record.clone());
+        self.deferrals.written(record.id);
         Ok(())
     }
 }
@@ -413,23 +415,41 @@ impl ExecutionStore for SimStore {
         }
     }
 
-    async fn due(&self, shard: u32, now: i64, limit: i32) -> Result<Vec<Uuid>, StoreError> {
+    async fn due(
+        &self,
+        shard: u32,
+        now: i64,
+        limit: i32,
+        after: Option<DueCursor>,
+    ) -> Result<DuePage, StoreError> {
         YieldOnce(false).await;
         let mut w = self.0.lock().expect("world");
         match w.fate() {
             Fate::Proceed => {
-                let mut due: Vec<(i64, Uuid)> = w
+                let entries = w
                     .records
                     .values()
                     .filter(|r| due_shard(r.id, 2) == shard)
-                    .filter_map(|r| r.due_at().filter(|d| *d <= now).map(|d| (d, r.id)))
-                    .collect();
-                due.sort();
-                Ok(due
-                    .into_iter()
-                    .take(limit as usize)
-                    .map(|(_, id)| id)
-                    .collect())
+                    .filter_map(|r| w.deferrals.due_at(r).map(|d| (d, r.id)));
+                Ok(crate::adapters::memory::due_page(
+                    entries, now, limit, after,
+                ))
+            }
+            _ => Err(crashed()),
+        }
+    }
+
+    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.0.lock().expect("world");
+        match w.fate() {
+            Fate::Proceed => {
+                let World {
+                    records, deferrals, ..
+                } = &mut *w;
+                Ok(records
+                    .get(&id)
+                    .and_then(|r| deferrals.defer(r, now, backoff)))
             }
             _ => Err(crashed()),
         }
@@ -617,6 +637,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         faults: false,
         config: config.clone(),
         records: BTreeMap::new(),
+        deferrals: Default::default(),
         queues,
         next_id: 1,
         current: None,

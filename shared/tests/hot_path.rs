@@ -11,7 +11,9 @@ use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, Record
 use stepline::aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use stepline::domain::{launch_id, Execution, PipelineDef, RetryPolicy, Status, StepDef, StepKind};
 use stepline::envelope::{ReplyEnvelope, ReplyOutcome};
-use stepline::ports::{ExecutionStore, ReleaseRegistry, StoreError, SystemClock};
+use stepline::ports::{
+    Backoff, DueCursor, DuePage, ExecutionStore, ReleaseRegistry, StoreError, SystemClock,
+};
 use stepline::release::Release;
 use stepline::{handlers, Coordinator, Settings, SubmitRequest};
 use uuid::Uuid;
@@ -38,8 +40,17 @@ impl ExecutionStore for Counting {
         self.writes.fetch_add(1, Ordering::SeqCst);
         self.inner.replace(record, expected).await
     }
-    async fn due(&self, shard: u32, now: i64, limit: i32) -> Result<Vec<Uuid>, StoreError> {
-        self.inner.due(shard, now, limit).await
+    async fn due(
+        &self,
+        shard: u32,
+        now: i64,
+        limit: i32,
+        after: Option<DueCursor>,
+    ) -> Result<DuePage, StoreError> {
+        self.inner.due(shard, now, limit, after).await
+    }
+    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
+        self.inner.defer(id, now, backoff).await
     }
     fn shards(&self) -> u32 {
         1

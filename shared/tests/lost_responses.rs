@@ -14,7 +14,8 @@ use stepline::aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use stepline::domain::{launch_id, Execution, PipelineDef, RetryPolicy, StepDef, StepKind};
 use stepline::envelope::{ReplyEnvelope, ReplyOutcome, RequestHeader};
 use stepline::ports::{
-    ExecutionStore, MessageSender, OutMessage, ReleaseRegistry, SendError, StoreError, SystemClock,
+    Backoff, DueCursor, DuePage, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry,
+    SendError, StoreError, SystemClock,
 };
 use stepline::release::Release;
 use stepline::{handlers, Coordinator, Settings, SubmitRequest};
@@ -47,8 +48,17 @@ impl ExecutionStore for LosesResponses {
             false => Ok(()),
         }
     }
-    async fn due(&self, shard: u32, now: i64, limit: i32) -> Result<Vec<Uuid>, StoreError> {
-        self.inner.due(shard, now, limit).await
+    async fn due(
+        &self,
+        shard: u32,
+        now: i64,
+        limit: i32,
+        after: Option<DueCursor>,
+    ) -> Result<DuePage, StoreError> {
+        self.inner.due(shard, now, limit, after).await
+    }
+    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
+        self.inner.defer(id, now, backoff).await
     }
     fn shards(&self) -> u32 {
         1

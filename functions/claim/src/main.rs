@@ -15,7 +15,9 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     ));
     lambda_runtime::run(service_fn(|event: LambdaEvent<EventBridgeEvent>| {
         let coordinator = coordinator.clone();
-        async move { stepline::handlers::claim(&coordinator, event.payload).await }
+        // The sweep stops in time to send what it claimed before the invocation's deadline.
+        let deadline = i64::try_from(event.context.deadline).ok();
+        async move { stepline::handlers::claim_within(&coordinator, event.payload, deadline).await }
     }))
     .await
 }

@@ -21,7 +21,9 @@ use serde_dynamo::aws_sdk_dynamodb_1::{from_item, to_item};
 use uuid::Uuid;
 
 use crate::domain::Execution;
-use crate::ports::{ExecutionStore, Registration, ReleaseRegistry, StoreError};
+use crate::ports::{
+    Backoff, DueCursor, DuePage, ExecutionStore, Registration, ReleaseRegistry, StoreError,
+};
 use crate::release::{Activation, Release};
 
 /// Name of the due-time GSI (see template.yaml).
@@ -30,6 +32,8 @@ const PK: &str = "pk";
 const SK: &str = "sk";
 const DUE_SHARD: &str = "dueShard";
 const DUE_AT: &str = "dueAt";
+/// Claims of the item that failed since its last write (see `defer`).
+const CLAIM_FAILURES: &str = "claimFailures";
 
 type Item = HashMap<String, AttributeValue>;
 
@@ -218,7 +222,22 @@ impl ExecutionStore for DynamoDbExecutionStore {
         Ok(())
     }
 
-    async fn due(&self, shard: u32, now: i64, limit: i32) -> Result<Vec<Uuid>, StoreError> {
+    async fn due(
+        &self,
+        shard: u32,
+        now: i64,
+        limit: i32,
+        after: Option<DueCursor>,
+    ) -> Result<DuePage, StoreError> {
+        let shard_key = format!("s{shard}");
+        // A GSI's start key holds the index keys and the table key of the last item read.
+        let start = after.map(|c| {
+            Item::from([
+                (PK.to_string(), s(execution_key(c.id))),
+                (DUE_SHARD.to_string(), s(shard_key.clone())),
+                (DUE_AT.to_string(), n(c.due_at)),
+            ])
+        });
         let out = self
             .client
             .query()
@@ -227,20 +246,78 @@ impl ExecutionStore for DynamoDbExecutionStore {
             .key_condition_expression("#shard = :shard AND #due <= :now")
             .expression_attribute_names("#shard", DUE_SHARD)
             .expression_attribute_names("#due", DUE_AT)
-            .expression_attribute_values(":shard", s(format!("s{shard}")))
+            .expression_attribute_values(":shard", s(shard_key))
             .expression_attribute_values(":now", n(now))
             .limit(limit)
+            .set_exclusive_start_key(start)
             .send()
             .await
             .map_err(classify)?;
-        Ok(out
-            .items()
-            .iter()
-            .filter_map(|item| match item.get(PK) {
-                Some(AttributeValue::S(key)) => key.strip_prefix("exec#")?.parse().ok(),
-                _ => None,
+        let id_of = |item: &Item| match item.get(PK) {
+            Some(AttributeValue::S(key)) => key.strip_prefix("exec#")?.parse::<Uuid>().ok(),
+            _ => None,
+        };
+        let next = out.last_evaluated_key.as_ref().and_then(|key| {
+            let due_at = match key.get(DUE_AT) {
+                Some(AttributeValue::N(v)) => v.parse().ok()?,
+                _ => return None,
+            };
+            Some(DueCursor {
+                due_at,
+                id: id_of(key)?,
             })
-            .collect())
+        });
+        Ok(DuePage {
+            ids: out.items().iter().filter_map(id_of).collect(),
+            next,
+        })
+    }
+
+    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
+        // Counted first (the count decides the delay), then moved; both only while the item is in the
+        // index. A full write of the record drops both attributes.
+        let counted = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(PK, s(execution_key(id)))
+            .update_expression("ADD #failures :one")
+            .condition_expression("attribute_exists(#due)")
+            .expression_attribute_names("#failures", CLAIM_FAILURES)
+            .expression_attribute_names("#due", DUE_AT)
+            .expression_attribute_values(":one", n(1))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedNew)
+            .send()
+            .await;
+        let failures = match counted {
+            Ok(out) => match out.attributes.as_ref().and_then(|a| a.get(CLAIM_FAILURES)) {
+                Some(AttributeValue::N(v)) => v.parse::<u32>().unwrap_or(1),
+                _ => 1,
+            },
+            Err(e) => {
+                return match classify(e) {
+                    StoreError::Conflict => Ok(None),
+                    other => Err(other),
+                }
+            }
+        };
+        let until = due_key(backoff.until(now, failures), self.granularity_ms);
+        let moved = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(PK, s(execution_key(id)))
+            .update_expression("SET #due = :until")
+            .condition_expression("attribute_exists(#due) AND #due < :until")
+            .expression_attribute_names("#due", DUE_AT)
+            .expression_attribute_values(":until", n(until))
+            .send()
+            .await;
+        match moved.map_err(classify) {
+            Ok(_) => Ok(Some(until)),
+            Err(StoreError::Conflict) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     fn shards(&self) -> u32 {

@@ -10,20 +10,75 @@ use uuid::Uuid;
 use crate::adapters::dynamodb::due_shard;
 use crate::domain::Execution;
 use crate::ports::{
-    ExecutionStore, MessageSender, OutMessage, Registration, ReleaseRegistry, SendError, StoreError,
+    Backoff, DueCursor, DuePage, ExecutionStore, MessageSender, OutMessage, Registration,
+    ReleaseRegistry, SendError, StoreError,
 };
 use crate::release::{Activation, Release};
 
 #[derive(Default)]
 pub struct InMemoryExecutionStore {
     records: Mutex<HashMap<Uuid, Execution>>,
+    deferrals: Mutex<Deferrals>,
     shards: u32,
+}
+
+/// Due-index entries pushed back by `defer`, as the DynamoDB adapter moves an item's `dueAt`: a
+/// write of the record replaces its entry, and with it the deferral.
+#[derive(Debug, Default)]
+pub(crate) struct Deferrals(BTreeMap<Uuid, (i64, u32)>);
+
+impl Deferrals {
+    pub(crate) fn defer(&mut self, record: &Execution, now: i64, backoff: Backoff) -> Option<i64> {
+        record.due_at()?;
+        let entry = self.0.entry(record.id).or_insert((0, 0));
+        entry.1 += 1;
+        entry.0 = backoff.until(now, entry.1);
+        Some(entry.0)
+    }
+
+    pub(crate) fn written(&mut self, id: Uuid) {
+        self.0.remove(&id);
+    }
+
+    /// The record's due-index entry, deferrals applied.
+    pub(crate) fn due_at(&self, record: &Execution) -> Option<i64> {
+        let due = record.due_at()?;
+        Some(
+            self.0
+                .get(&record.id)
+                .map_or(due, |(until, _)| due.max(*until)),
+        )
+    }
+}
+
+/// One page of due entries, as a Query of one shard returns it: due by `now`, earliest first, after
+/// the cursor, at most `limit`.
+pub(crate) fn due_page(
+    entries: impl Iterator<Item = (i64, Uuid)>,
+    now: i64,
+    limit: i32,
+    after: Option<DueCursor>,
+) -> DuePage {
+    let mut due: Vec<DueCursor> = entries
+        .filter(|(d, _)| *d <= now)
+        .map(|(due_at, id)| DueCursor { due_at, id })
+        .filter(|c| after.is_none_or(|a| *c > a))
+        .collect();
+    due.sort();
+    let limit = limit.max(1) as usize;
+    let more = due.len() > limit;
+    due.truncate(limit);
+    DuePage {
+        next: if more { due.last().copied() } else { None },
+        ids: due.into_iter().map(|c| c.id).collect(),
+    }
 }
 
 impl InMemoryExecutionStore {
     pub fn new(shards: u32) -> Self {
         Self {
             records: Mutex::default(),
+            deferrals: Mutex::default(),
             shards: shards.max(1),
         }
     }
@@ -45,6 +100,7 @@ impl ExecutionStore for InMemoryExecutionStore {
             return Err(StoreError::Conflict);
         }
         records.insert(record.id, record.clone());
+        self.deferrals.lock().expect("store").written(record.id);
         Ok(())
     }
 
@@ -53,25 +109,39 @@ impl ExecutionStore for InMemoryExecutionStore {
         match records.get(&record.id) {
             Some(current) if current.version == expected_version => {
                 records.insert(record.id, record.clone());
+                self.deferrals.lock().expect("store").written(record.id);
                 Ok(())
             }
             _ => Err(StoreError::Conflict),
         }
     }
 
-    async fn due(&self, shard: u32, now: i64, limit: i32) -> Result<Vec<Uuid>, StoreError> {
+    async fn due(
+        &self,
+        shard: u32,
+        now: i64,
+        limit: i32,
+        after: Option<DueCursor>,
+    ) -> Result<DuePage, StoreError> {
         let records = self.records.lock().expect("store");
-        let mut due: Vec<(i64, Uuid)> = records
+        let deferrals = self.deferrals.lock().expect("store");
+        let entries = records
             .values()
             .filter(|r| due_shard(r.id, self.shards) == shard)
-            .filter_map(|r| r.due_at().filter(|d| *d <= now).map(|d| (d, r.id)))
-            .collect();
-        due.sort();
-        Ok(due
-            .into_iter()
-            .take(limit.max(0) as usize)
-            .map(|(_, id)| id)
-            .collect())
+            .filter_map(|r| deferrals.due_at(r).map(|d| (d, r.id)));
+        Ok(due_page(entries, now, limit, after))
+    }
+
+    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
+        let records = self.records.lock().expect("store");
+        let Some(record) = records.get(&id) else {
+            return Ok(None);
+        };
+        Ok(self
+            .deferrals
+            .lock()
+            .expect("store")
+            .defer(record, now, backoff))
     }
 
     fn shards(&self) -> u32 {
