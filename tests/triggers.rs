@@ -106,3 +106,87 @@ async fn a_start_event_starts_one_execution_however_often_it_is_delivered() -> a
     assert_eq!(stack.queue_depth("LaunchDeadLetterQueue").await?, 0);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_queue_poison_goes_to_the_start_dlq_and_moves_back_to_the_start_queue(
+) -> anyhow::Result<()> {
+    let mut stack = TestStack::new("e2e-start-poison", |_| {}).await?;
+    stack.start(Arc::new(OrderSteps))?;
+    let (_, start_queue) = stack.local.stack.queue("StartQueue")?;
+    let unknown_pipeline = stepline_local::start_event(
+        "evt-unknown",
+        json!({"pipelineId": "no-such-pipeline", "tenant": "bistro", "input": {}}),
+    );
+    let mut wrong_type = stepline_local::start_event(
+        "evt-type",
+        json!({"pipelineId": "orders", "tenant": "bistro", "input": {}}),
+    );
+    wrong_type["detail-type"] = json!("SomethingElse");
+    let poison = [
+        "not json".to_string(),
+        r#"{"id": "evt-cut", "detail-type": "StartExecution", "deta"#.to_string(),
+        unknown_pipeline.to_string(),
+        wrong_type.to_string(),
+    ];
+    for body in &poison {
+        stack
+            .sqs()
+            .send_message()
+            .queue_url(start_queue)
+            .message_body(body)
+            .send()
+            .await?;
+    }
+    wait_until(Duration::from_secs(30), || async {
+        Ok(stack.queue_depth("StartDeadLetterQueue").await? == poison.len() as u64)
+    })
+    .await?;
+    assert_eq!(stack.queue_depth("LaunchDeadLetterQueue").await?, 0);
+    let dlqs = stack.dead_letter_queues()?;
+    let held = dlqs.refs().start.expect("a start DLQ").receive(10).await?;
+    assert_eq!(held.len(), poison.len());
+    for message in &held {
+        let source = message
+            .attributes
+            .get(stepline::envelope::SOURCE_ATTRIBUTE)
+            .cloned()
+            .unwrap_or_default();
+        assert!(source.starts_with("start/"), "{source}");
+        assert!(
+            poison.contains(&message.body),
+            "kept as sent: {}",
+            message.body
+        );
+        dlqs.refs().start.unwrap().release(&message.handle).await?;
+    }
+
+    // An operator moves them back to the start queue (where they are dead-lettered again).
+    let moved = stepline::handlers::operator(
+        &stack.api,
+        &dlqs.refs(),
+        stepline::handlers::OperatorRequest::Move(stepline::handlers::MoveRequest {
+            queue: stepline::handlers::MoveSource::Start,
+            replay: stepline::dlq::ReplayRequest {
+                filter: Default::default(),
+                dry_run: false,
+                max_messages: 10,
+                rate_per_second: None,
+                reason: "test".into(),
+            },
+        }),
+    )
+    .await?;
+    let stepline::handlers::OperatorResponse::Replay(report) = moved else {
+        panic!("a move reports like a replay: {moved:?}");
+    };
+    assert_eq!(report.replayed, poison.len(), "{report:?}");
+    wait_until(Duration::from_secs(30), || async {
+        Ok(
+            stack.queue_depth("StartDeadLetterQueue").await? == poison.len() as u64
+                && stack.queue_depth("StartQueue").await? == 0,
+        )
+    })
+    .await?;
+    assert_eq!(stack.queue_depth("LaunchDeadLetterQueue").await?, 0);
+    Ok(())
+}

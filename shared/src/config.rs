@@ -27,6 +27,8 @@ pub struct CoordinatorConfig {
     pub await_queue_url: String,
     /// Where fan-out steps start their children (the start queue).
     pub start_queue_url: Option<String>,
+    /// The start queue's DLQ: start messages the launch function cannot process go there.
+    pub start_dlq_url: Option<String>,
     /// The bus lifecycle events are published to (none: lifecycle events off).
     pub event_bus: Option<String>,
     /// Shards of the due-time index.
@@ -55,6 +57,7 @@ impl CoordinatorConfig {
             reply_dlq_url: required("REPLY_DLQ_URL")?,
             await_queue_url: required("AWAIT_QUEUE_URL")?,
             start_queue_url: get("START_QUEUE_URL").filter(|u| !u.is_empty()),
+            start_dlq_url: get("START_DLQ_URL").filter(|u| !u.is_empty()),
             event_bus: get("EVENT_BUS_NAME")
                 .filter(|b| !b.is_empty())
                 .filter(|_| get("LIFECYCLE_EVENTS").is_some_and(|on| on == "true")),

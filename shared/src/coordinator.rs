@@ -97,6 +97,8 @@ pub struct Settings {
     pub await_queue: String,
     /// Where fan-out children are started (none: fan-out steps cannot start children).
     pub start_queue: Option<String>,
+    /// The start queue's DLQ.
+    pub start_dlq: Option<String>,
     pub lease_ms: i64,
     pub claim_limit: i32,
     /// Identifies this process in lease owners.
@@ -113,6 +115,7 @@ impl Settings {
             reply_dlq: config.reply_dlq_url.clone(),
             await_queue: config.await_queue_url.clone(),
             start_queue: config.start_queue_url.clone(),
+            start_dlq: config.start_dlq_url.clone(),
             lease_ms: i64::from(config.lease_seconds) * 1000,
             claim_limit: config.claim_limit,
             instance: Uuid::new_v4().simple().to_string()[..12].to_string(),

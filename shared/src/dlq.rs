@@ -143,6 +143,7 @@ enum Outcome {
 async fn walk<M, A, Fut>(
     queue: &dyn DeadLetterQueue,
     request: &ReplayRequest,
+    began: i64,
     mut matches: M,
     mut act: A,
 ) -> Result<ReplayReport, CoordinatorError>
@@ -165,6 +166,13 @@ where
             break;
         }
         for message in batch {
+            // Only what was in the DLQ when the walk began: a message dead-lettered again while it runs
+            // (moved back, and refused again by its consumer) is left for the next walk, or one walk
+            // would go round in circles.
+            if message.sent_at.is_some_and(|sent| sent > began) {
+                held.push(message.handle);
+                continue;
+            }
             report.examined += 1;
             let Some(execution) = matches(&message) else {
                 report.kept += 1;
@@ -218,6 +226,7 @@ pub async fn replay(
     walk(
         queue,
         request,
+        coordinator.now(),
         |message| {
             let e = envelope(message)?;
             request
@@ -287,6 +296,7 @@ pub async fn move_messages(
     walk(
         queue,
         request,
+        coordinator.now(),
         |message| {
             let body: serde_json::Value = serde_json::from_str(&message.body).unwrap_or_default();
             let header = body.get("header").unwrap_or(&body);

@@ -235,6 +235,20 @@ fn body(message: &SqsMessage) -> Result<&str, MessageError> {
 /// request to the step's worker; a StartExecution event starts an execution, idempotent on its id.
 pub async fn launch(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchResponse {
     let settings = coordinator.settings();
+    // Lambda delivers one queue's messages per batch: the start queue's poison goes to its own DLQ.
+    if let (Some(start_dlq), true) = (&settings.start_dlq, from_start_queue(settings, &event)) {
+        let source = Source {
+            queue: "start",
+            dlq: start_dlq,
+        };
+        return each_message(coordinator, event, source, |message| async move {
+            let start: StartEvent = serde_json::from_str(body(&message)?).map_err(|e| {
+                MessageError::Undecodable(format!("not a StartExecution event: {e}"))
+            })?;
+            start_from_event(coordinator, start).await
+        })
+        .await;
+    }
     let source = Source {
         queue: "launch",
         dlq: &settings.launch_dlq,
@@ -260,6 +274,21 @@ pub async fn launch(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchRespo
         Ok(applied)
     })
     .await
+}
+
+/// Whether a batch came from the start queue (its source ARN names the queue the start URL names).
+fn from_start_queue(settings: &crate::coordinator::Settings, event: &SqsEvent) -> bool {
+    let (Some(url), Some(arn)) = (
+        &settings.start_queue,
+        event
+            .records
+            .first()
+            .and_then(|m| m.event_source_arn.as_deref()),
+    ) else {
+        return false;
+    };
+    let last = |s: &str| s.rsplit([':', '/']).next().unwrap_or_default().to_string();
+    !url.is_empty() && last(url) == last(arn)
 }
 
 /// An EventBridge event asking for an execution (as the bus's StartExecution rule delivers it).
@@ -423,6 +452,7 @@ pub enum OperatorRequest {
 pub enum MoveSource {
     Launch,
     Reply,
+    Start,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -438,6 +468,8 @@ pub struct DeadLetterQueues<'a> {
     pub execution: &'a dyn crate::dlq::DeadLetterQueue,
     pub launch: &'a dyn crate::dlq::DeadLetterQueue,
     pub reply: &'a dyn crate::dlq::DeadLetterQueue,
+    /// The start queue's DLQ (none where the stack has no start queue).
+    pub start: Option<&'a dyn crate::dlq::DeadLetterQueue>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -465,6 +497,14 @@ pub async fn operator(
             let (dlq, target) = match m.queue {
                 MoveSource::Launch => (dlqs.launch, settings.launch_queue.clone()),
                 MoveSource::Reply => (dlqs.reply, settings.reply_queue.clone()),
+                MoveSource::Start => match (dlqs.start, &settings.start_queue) {
+                    (Some(dlq), Some(queue)) => (dlq, queue.clone()),
+                    _ => {
+                        return Err(CoordinatorError::Invalid(
+                            "this stack has no start queue".into(),
+                        ))
+                    }
+                },
             };
             OperatorResponse::Replay(
                 crate::dlq::move_messages(coordinator, dlq, &target, &m.replay).await?,

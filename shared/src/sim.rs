@@ -667,6 +667,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
                     reply_dlq: "reply-dlq".into(),
                     await_queue: REPLY.into(),
                     start_queue: None,
+                    start_dlq: None,
                     lease_ms: i64::from(config.lease_secs) * 1000,
                     claim_limit: 25,
                     instance: role.into(),

@@ -85,6 +85,7 @@ fn settings() -> Settings {
         reply_dlq: "reply-dlq".into(),
         await_queue: "replies".into(),
         start_queue: None,
+        start_dlq: None,
         lease_ms: 30_000,
         claim_limit: 10,
         instance: "test".into(),

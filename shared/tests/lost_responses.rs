@@ -129,6 +129,7 @@ async fn coordinator(store: Arc<LosesResponses>, sender: Arc<FlakySender>) -> Co
             reply_dlq: "reply-dlq".into(),
             await_queue: "replies".into(),
             start_queue: None,
+            start_dlq: None,
             lease_ms: 30_000,
             claim_limit: 10,
             instance: "test".into(),

@@ -251,8 +251,8 @@ impl TestStack {
     }
 }
 
-/// The three DLQs the operator function reads, owned.
-pub struct OwnedDeadLetterQueues([SqsDeadLetterQueue; 3]);
+/// The DLQs the operator function reads, owned.
+pub struct OwnedDeadLetterQueues([SqsDeadLetterQueue; 4]);
 
 impl OwnedDeadLetterQueues {
     pub fn refs(&self) -> DeadLetterQueues<'_> {
@@ -260,6 +260,7 @@ impl OwnedDeadLetterQueues {
             execution: &self.0[0],
             launch: &self.0[1],
             reply: &self.0[2],
+            start: Some(&self.0[3]),
         }
     }
 }
@@ -276,6 +277,7 @@ impl TestStack {
             queue("ExecutionDeadLetterQueue")?,
             queue("LaunchDeadLetterQueue")?,
             queue("ReplyDeadLetterQueue")?,
+            queue("StartDeadLetterQueue")?,
         ]))
     }
 }

@@ -16,18 +16,23 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let config = CoordinatorConfig::from_env()?;
     let coordinator = Arc::new(stepline::aws::coordinator(&sdk, &config));
     let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let start = config
+        .start_dlq_url
+        .as_ref()
+        .map(|url| Arc::new(SqsDeadLetterQueue::new(sqs.clone(), url)));
     let queues = Arc::new([
         SqsDeadLetterQueue::new(sqs.clone(), &config.execution_dlq_url),
         SqsDeadLetterQueue::new(sqs.clone(), &config.launch_dlq_url),
         SqsDeadLetterQueue::new(sqs, &config.reply_dlq_url),
     ]);
     lambda_runtime::run(service_fn(|event: LambdaEvent<OperatorRequest>| {
-        let (coordinator, queues) = (coordinator.clone(), queues.clone());
+        let (coordinator, queues, start) = (coordinator.clone(), queues.clone(), start.clone());
         async move {
             let dlqs = DeadLetterQueues {
                 execution: &queues[0],
                 launch: &queues[1],
                 reply: &queues[2],
+                start: start.as_deref().map(|q| q as _),
             };
             stepline::handlers::operator(&coordinator, &dlqs, event.payload).await
         }

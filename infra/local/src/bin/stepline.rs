@@ -121,7 +121,7 @@ enum DlqAction {
         #[command(flatten)]
         filter: FilterArgs,
     },
-    /// Move matching dead letters of the launch or reply queue back to it.
+    /// Move matching dead letters of the launch, reply or start queue back to it.
     Move {
         #[arg(long)]
         queue: String,
@@ -492,11 +492,13 @@ async fn dlq(local: &LocalStack, api: &Coordinator, action: DlqAction, out: &Out
         queue("ExecutionDeadLetterQueue")?,
         queue("LaunchDeadLetterQueue")?,
         queue("ReplyDeadLetterQueue")?,
+        queue("StartDeadLetterQueue")?,
     ];
     let dlqs = DeadLetterQueues {
         execution: &queues[0],
         launch: &queues[1],
         reply: &queues[2],
+        start: Some(&queues[3]),
     };
     match action {
         DlqAction::Inspect { queue: name, max } => {
@@ -504,7 +506,8 @@ async fn dlq(local: &LocalStack, api: &Coordinator, action: DlqAction, out: &Out
                 "execution" => dlqs.execution,
                 "launch" => dlqs.launch,
                 "reply" => dlqs.reply,
-                other => bail!("unknown DLQ {other:?} (execution, launch, reply)"),
+                "start" => &queues[3],
+                other => bail!("unknown DLQ {other:?} (execution, launch, reply, start)"),
             };
             let mut seen = Vec::new();
             while seen.len() < max {
@@ -543,7 +546,8 @@ async fn dlq(local: &LocalStack, api: &Coordinator, action: DlqAction, out: &Out
             let source = match name.as_str() {
                 "launch" => MoveSource::Launch,
                 "reply" => MoveSource::Reply,
-                other => bail!("unknown queue {other:?} (launch, reply)"),
+                "start" => MoveSource::Start,
+                other => bail!("unknown queue {other:?} (launch, reply, start)"),
             };
             let request = OperatorRequest::Move(MoveRequest {
                 queue: source,
