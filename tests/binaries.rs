@@ -4,20 +4,11 @@
 //! operator function and the HTTP API, on the local emulator. It records each binary's init time (process
 //! start to its first `next`).
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
-
 use anyhow::{bail, Result};
 use serde_json::Value;
 use stepline::domain::Status;
-use stepline_local::runtime_api::{fixture, sqs_event, Function};
-use stepline_suite::TestStack;
-
-/// Starts a workspace binary under the test-served Runtime API.
-async fn start(binary: &str, env: &BTreeMap<String, String>) -> Result<Function> {
-    Function::start(&binaries_dir().join(binary), env).await
-}
+use stepline_local::runtime_api::{fixture, sqs_event};
+use stepline_suite::{binaries, TestStack};
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -26,52 +17,23 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
-/// Where cargo puts the workspace's binaries (next to the test executables' directory).
-fn binaries_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir")
-        .to_path_buf()
-}
-
-/// Builds every function binary (the test suite itself only builds libraries and tests).
-fn build_binaries() -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "--workspace", "--bins", "--quiet"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()?;
-    anyhow::ensure!(status.success(), "building the function binaries failed");
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Result<()> {
-    tokio::task::spawn_blocking(build_binaries).await??;
+    tokio::task::spawn_blocking(binaries::build).await??;
     let stack = TestStack::new("e2e-bin", |_| {}).await?;
-    let env = |function: &str| -> Result<BTreeMap<String, String>> {
-        let mut env = stack.local.stack.function(function)?.env.clone();
-        for (key, value) in std::env::vars() {
-            if key.starts_with("AWS_") {
-                env.insert(key, value);
-            }
-        }
-        env.insert("RUST_LOG".into(), "warn".into());
-        Ok(env)
-    };
+    let env = |function: &str| stack.function_env(function);
     let arn_of = |logical: &str| -> Result<String> {
         match stack.local.stack.resources.get(logical) {
             Some(stepline_local::stack::Physical::Queue { arn, .. }) => Ok(arn.clone()),
             _ => bail!("no queue {logical}"),
         }
     };
-    let mut launch = start("launch", &env("LaunchFunction")?).await?;
-    let mut worker = start("order-worker", &env("OrderWorkerFunction")?).await?;
-    let mut completion = start("completion", &env("CompletionFunction")?).await?;
-    let mut claim = start("claim", &env("ClaimFunction")?).await?;
-    let mut operator = start("redrive", &env("RedriveFunction")?).await?;
-    let mut api = start("api", &env("ApiFunction")?).await?;
+    let mut launch = binaries::start("launch", &env("LaunchFunction")?).await?;
+    let mut worker = binaries::start("order-worker", &env("OrderWorkerFunction")?).await?;
+    let mut completion = binaries::start("completion", &env("CompletionFunction")?).await?;
+    let mut claim = binaries::start("claim", &env("ClaimFunction")?).await?;
+    let mut operator = binaries::start("redrive", &env("RedriveFunction")?).await?;
+    let mut api = binaries::start("api", &env("ApiFunction")?).await?;
 
     // The launch binary starts an execution from a StartExecution event on the start queue, which
     // launches its first step: the request is on the worker's queue.
@@ -165,7 +127,7 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
         if let Some(pipeline) = pipeline_env {
             env.insert("WORKER_PIPELINE".into(), pipeline.into());
         }
-        let mut f = start(binary, &env).await?;
+        let mut f = binaries::start(binary, &env).await?;
         let execution = uuid::Uuid::new_v4();
         let request = stepline::envelope::RequestEnvelope {
             header: stepline::envelope::RequestHeader {

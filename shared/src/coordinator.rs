@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::cache::{byte_budget, json_size, BoundedCache};
 use crate::config::CoordinatorConfig;
 use crate::domain::{
     self, Action, Context, Decision, Event, Execution, ParentLink, PipelineDef, Rejection, Skip,
@@ -181,26 +182,26 @@ pub struct Coordinator {
     recent: Mutex<RecentRecords>,
 }
 
-/// Records a process committed, oldest evicted first.
-#[derive(Default)]
-struct RecentRecords {
-    records: HashMap<Uuid, Execution>,
-    order: std::collections::VecDeque<Uuid>,
-}
+/// Records a process committed, oldest evicted first, bounded by count and by bytes (a share of the
+/// function's memory: records carry step outputs until the next step consumed them).
+struct RecentRecords(BoundedCache<Uuid, Execution>);
 
-/// How many committed records a process keeps for the hot path.
+/// How many committed records a process keeps for the hot path, at most.
 const RECENT_CAPACITY: usize = 1024;
+
+impl Default for RecentRecords {
+    fn default() -> Self {
+        Self(BoundedCache::new(RECENT_CAPACITY, byte_budget()))
+    }
+}
 
 impl RecentRecords {
     fn remember(&mut self, record: &Execution) {
-        if self.records.insert(record.id, record.clone()).is_none() {
-            self.order.push_back(record.id);
-            while self.order.len() > RECENT_CAPACITY {
-                if let Some(old) = self.order.pop_front() {
-                    self.records.remove(&old);
-                }
-            }
-        }
+        self.0.insert(record.id, record.clone(), json_size(record));
+    }
+
+    fn get(&self, id: &Uuid) -> Option<&Execution> {
+        self.0.get(id)
     }
 }
 
@@ -374,13 +375,7 @@ impl Coordinator {
         event: &Event,
         role: &str,
     ) -> Result<Applied, CoordinatorError> {
-        let cached = self
-            .recent
-            .lock()
-            .expect("recent")
-            .records
-            .get(&id)
-            .cloned();
+        let cached = self.recent.lock().expect("recent").get(&id).cloned();
         if let Some(record) = cached {
             let definition = self
                 .definition(&record.pipeline_id, &record.release_version)

@@ -7,6 +7,7 @@
 
 pub mod adapters;
 pub mod aws;
+pub mod cache;
 pub mod config;
 pub mod contract;
 pub mod coordinator;

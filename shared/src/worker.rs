@@ -29,7 +29,7 @@
 //! [`Worker::with_concurrency`]). Replies are still sent batched per reply queue once every step of the
 //! batch has finished, so a reply waits for the batch's slowest step: give long steps a small batch size.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -43,6 +43,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::cache::{byte_budget, BoundedCache};
 use crate::domain::StepError;
 use crate::envelope::{
     Identity, RawRequest, ReplyEnvelope, ReplyOutcome, RequestHeader, CANCEL_KIND,
@@ -202,13 +203,13 @@ impl Worker {
 
     /// How many completed launches keep their reply for redeliveries (0 turns deduplication off).
     pub fn with_dedup_capacity(self, launches: usize) -> Self {
-        self.core.memory().completed.set_capacity(launches);
+        self.core.memory().completed.set_max_entries(launches);
         self
     }
 
     /// How many cancelled launch ids are remembered (0 ignores cancel notices).
     pub fn with_cancel_capacity(self, launches: usize) -> Self {
-        self.core.memory().cancelled.set_capacity(launches);
+        self.core.memory().cancelled.set_max_entries(launches);
         self
     }
 
@@ -485,7 +486,7 @@ impl Core {
             message_id = %id, execution_id = %header.execution_id, launch_id = %header.launch_id,
             "cancel notice recorded"
         );
-        self.memory().cancelled.insert(header.launch_id, ());
+        self.memory().cancelled.insert(header.launch_id, (), 16);
         Disposition::Ack
     }
 
@@ -675,58 +676,18 @@ fn truncate(text: &str, max: usize) -> String {
 /// What this process knows of launches: cancelled ones, completed ones (with their reply) and the ones
 /// running now.
 struct LaunchMemory {
-    cancelled: BoundedMap<()>,
-    completed: BoundedMap<String>,
+    cancelled: BoundedCache<Uuid, ()>,
+    /// Reply bodies, bounded by bytes too: a function's memory is fixed, and outputs can be large.
+    completed: BoundedCache<Uuid, String>,
     in_flight: HashSet<Uuid>,
 }
 
 impl LaunchMemory {
     fn new(cancel_capacity: usize, dedup_capacity: usize) -> Self {
         Self {
-            cancelled: BoundedMap::new(cancel_capacity),
-            completed: BoundedMap::new(dedup_capacity),
+            cancelled: BoundedCache::new(cancel_capacity, byte_budget()),
+            completed: BoundedCache::new(dedup_capacity, byte_budget()),
             in_flight: HashSet::new(),
-        }
-    }
-}
-
-/// A map of launch ids that forgets the oldest insertion beyond its capacity.
-struct BoundedMap<V> {
-    capacity: usize,
-    entries: HashMap<Uuid, V>,
-    order: VecDeque<Uuid>,
-}
-
-impl<V> BoundedMap<V> {
-    fn new(capacity: usize) -> Self {
-        Self {
-            capacity,
-            entries: HashMap::new(),
-            order: VecDeque::new(),
-        }
-    }
-
-    fn get(&self, key: &Uuid) -> Option<&V> {
-        self.entries.get(key)
-    }
-
-    fn insert(&mut self, key: Uuid, value: V) {
-        if self.entries.insert(key, value).is_none() {
-            self.order.push_back(key);
-        }
-        self.trim();
-    }
-
-    fn set_capacity(&mut self, capacity: usize) {
-        self.capacity = capacity;
-        self.trim();
-    }
-
-    fn trim(&mut self) {
-        while self.order.len() > self.capacity {
-            if let Some(oldest) = self.order.pop_front() {
-                self.entries.remove(&oldest);
-            }
         }
     }
 }
@@ -742,7 +703,8 @@ impl InFlight {
     /// sees it either running or completed.
     fn complete(self, body: String) {
         let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
-        memory.completed.insert(self.launch_id, body);
+        let bytes = body.len();
+        memory.completed.insert(self.launch_id, body, bytes);
         memory.in_flight.remove(&self.launch_id);
     }
 }

@@ -22,6 +22,41 @@ use uuid::Uuid;
 
 pub use stepline_local;
 
+/// The workspace's function binaries, run under the test-served Lambda Runtime API.
+pub mod binaries {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+    use std::process::Command;
+
+    use anyhow::Result;
+    use stepline_local::runtime_api::Function;
+
+    /// Builds every function binary (the test suite itself only builds libraries and tests).
+    pub fn build() -> Result<()> {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--workspace", "--bins", "--quiet"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()?;
+        anyhow::ensure!(status.success(), "building the function binaries failed");
+        Ok(())
+    }
+
+    /// Where cargo puts the workspace's binaries (next to the test executables' directory).
+    fn dir() -> PathBuf {
+        let exe = std::env::current_exe().expect("test executable");
+        exe.parent()
+            .and_then(|deps| deps.parent())
+            .expect("target dir")
+            .to_path_buf()
+    }
+
+    /// Starts a workspace binary under the test-served Runtime API.
+    pub async fn start(binary: &str, env: &BTreeMap<String, String>) -> Result<Function> {
+        Function::start(&dir().join(binary), env).await
+    }
+}
+
 /// Refuses to run against real AWS by accident: the suite needs `AWS_ENDPOINT_URL` (infra/test.sh sets it).
 fn require_emulator() {
     assert!(
@@ -137,6 +172,22 @@ impl TestStack {
             })
             .await?
             .execution)
+    }
+
+    /// The environment a function of the template runs with here: its own variables and the
+    /// emulator's endpoint and credentials.
+    pub fn function_env(
+        &self,
+        function: &str,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        let mut env = self.local.stack.function(function)?.env.clone();
+        for (key, value) in std::env::vars() {
+            if key.starts_with("AWS_") {
+                env.insert(key, value);
+            }
+        }
+        env.insert("RUST_LOG".into(), "warn".into());
+        Ok(env)
     }
 
     /// A coordinator of `function` whose clock runs `offset` ahead (to make leases and deadlines expire).
