@@ -44,7 +44,7 @@ pub struct LocalStack {
 }
 
 impl LocalStack {
-    /// Provisions the project's template under `stage`.
+    /// Provisions the project's template under `stage` (reusing what exists of it as it is).
     pub async fn up(stage: &str) -> Result<Self> {
         Self::up_with(stage, &BTreeMap::new()).await
     }
@@ -147,14 +147,15 @@ impl LocalStack {
         })
     }
 
-    /// Registers `def` as a release (a no-op if identical) and activates it unless it is active.
+    /// Registers `def` as a release (a no-op if identical) and activates it if its pipeline has no
+    /// active release. Which release is active is the operator's choice once there is one: a
+    /// restarted runner must not roll it back.
     pub async fn release(&self, def: PipelineDef, artifacts: Vec<Artifact>) -> Result<Release> {
         let release = Release::new(def, artifacts);
         let api = self.coordinator(functions::REDRIVE)?;
         let registry = api.registry();
         registry.register(&release).await?;
-        let active = registry.active(&release.pipeline_id).await?;
-        if active.map(|a| a.release_version) != Some(release.release_version.clone()) {
+        if registry.active(&release.pipeline_id).await?.is_none() {
             registry
                 .activate(
                     &release.pipeline_id,
@@ -168,7 +169,7 @@ impl LocalStack {
     }
 
     /// Releases the example pipeline on `queue` (its worker's request queue) as `release_version`,
-    /// with the committed contract file as its artifact, and activates it.
+    /// with the committed contract file as its artifact, as [`LocalStack::release`] does.
     pub async fn release_example(
         &self,
         queue: &str,

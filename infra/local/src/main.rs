@@ -5,6 +5,7 @@
 //! - `provision`: provision a stage and print its resources and function wiring as JSON.
 //! - `run`: provision a stage and run its handlers (and the example worker) until interrupted; several
 //!   `run` processes may share a stage (e.g. parallel claim loops with `--functions claim`).
+//! - `releases`: the release registry of a stage that exists (creating and changing nothing else).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -57,7 +58,7 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// Release registry of a stage: list, active, history, activate, rollback, drift.
+    /// Release registry of an existing stage: list, active, history, activate, rollback, drift.
     Releases {
         #[arg(long, default_value = "local")]
         stage: String,
@@ -158,7 +159,9 @@ async fn main() -> Result<()> {
             pipeline,
             action,
         } => {
-            let local = LocalStack::up(&stage).await?;
+            let local = LocalStack::find(&stage).await.with_context(|| {
+                format!("finding stage {stage} (`stepline-local run --stage {stage}` creates it)")
+            })?;
             stepline_local::releases::run(&local, &pipeline, action).await
         }
         Command::Provision { stage } => {
@@ -186,7 +189,8 @@ async fn main() -> Result<()> {
     }
 }
 
-/// Provisions `stage` and registers and activates the example pipeline on its request queue.
+/// Provisions `stage` and registers the example pipeline on its request queue, activating it only on
+/// a stage where it has no active release yet.
 async fn up_with_pipeline(
     stage: &str,
     params: &BTreeMap<String, String>,

@@ -1,6 +1,7 @@
 //! Provisions the template's tables, queues (DLQs first) and event bus on whatever `AWS_ENDPOINT_URL`
 //! points at, under a stage name, and resolves each function's environment and event sources from the
-//! same template. Provisioning is idempotent: existing resources are reused.
+//! same template. Provisioning is idempotent: existing tables and queues are reused as they are, even
+//! when the parameters differ from those they were created with.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -459,17 +460,65 @@ async fn create_queue(
             }
         }
     }
-    let url = client
+    let created = client
         .create_queue()
         .queue_name(&name)
-        .set_attributes(Some(attributes))
+        .set_attributes(Some(attributes.clone()))
+        .send()
+        .await;
+    let url = match created {
+        Ok(out) => out
+            .queue_url
+            .ok_or_else(|| anyhow!("CreateQueue returned no URL"))?,
+        // CreateQueue only refuses a name whose queue has other attributes. The stage keeps what it
+        // was created with: changing a live queue's redrive policy or visibility under the
+        // processes and operators using it is not a local tool's call.
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_queue_name_exists()) =>
+        {
+            existing_queue(client, &name, &attributes).await?
+        }
+        Err(e) => return Err(anyhow!(aws_sdk_sqs::error::DisplayErrorContext(e))),
+    };
+    let arn = queue_arn(client, &url).await?;
+    Ok(Physical::Queue { name, url, arn })
+}
+
+/// The URL of an existing queue, left as it is (with a warning showing what it has and was asked).
+async fn existing_queue(
+    client: &aws_sdk_sqs::Client,
+    name: &str,
+    asked: &HashMap<QueueAttributeName, String>,
+) -> Result<String> {
+    let url = client
+        .get_queue_url()
+        .queue_name(name)
         .send()
         .await
         .map_err(|e| anyhow!(aws_sdk_sqs::error::DisplayErrorContext(e)))?
         .queue_url
-        .ok_or_else(|| anyhow!("CreateQueue returned no URL"))?;
-    let arn = queue_arn(client, &url).await?;
-    Ok(Physical::Queue { name, url, arn })
+        .ok_or_else(|| anyhow!("GetQueueUrl returned no URL"))?;
+    let has: BTreeMap<String, String> = client
+        .get_queue_attributes()
+        .queue_url(&url)
+        .set_attribute_names(Some(asked.keys().cloned().collect()))
+        .send()
+        .await
+        .map_err(|e| anyhow!(aws_sdk_sqs::error::DisplayErrorContext(e)))?
+        .attributes
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    let asked: BTreeMap<String, &String> = asked.iter().map(|(k, v)| (k.to_string(), v)).collect();
+    tracing::warn!(
+        queue = name,
+        has = ?has,
+        asked = ?asked,
+        "queue exists with other attributes than these parameters give it; left unchanged"
+    );
+    Ok(url)
 }
 
 /// The ARN of a queue, by URL.

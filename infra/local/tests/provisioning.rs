@@ -156,3 +156,45 @@ async fn provisioning_creates_every_resource_of_the_template_as_declared() -> Re
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisioning_an_existing_stage_with_other_parameters_reuses_its_queues_unchanged(
+) -> Result<()> {
+    assert!(
+        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
+        "run through infra/test.sh"
+    );
+    let stage = fresh_stage("reprov");
+    let params: BTreeMap<String, String> =
+        [("QueueVisibilitySeconds".to_string(), "30".to_string())].into();
+    let first = LocalStack::up_with(&stage, &params).await?;
+    let again = LocalStack::up(&stage).await?;
+    let sqs = aws_sdk_sqs::Client::new(&again.sdk);
+    for (logical, physical) in &first.stack.resources {
+        let Physical::Queue { url, arn, .. } = physical else {
+            continue;
+        };
+        let (_, reused) = again.stack.queue(logical)?;
+        assert_eq!(reused, url, "{logical} is the same queue");
+        assert!(
+            matches!(&again.stack.resources[logical], Physical::Queue { arn: a, .. } if a == arn)
+        );
+    }
+    let (_, url) = again.stack.queue("OrderRequestQueue")?;
+    let attrs = sqs
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::VisibilityTimeout)
+        .send()
+        .await?
+        .attributes
+        .unwrap_or_default();
+    assert_eq!(
+        attrs
+            .get(&QueueAttributeName::VisibilityTimeout)
+            .map(String::as_str),
+        Some("30"),
+        "the existing queue keeps the visibility it was created with"
+    );
+    Ok(())
+}

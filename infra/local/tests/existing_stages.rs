@@ -1,0 +1,217 @@
+//! The local tools on a stage that already exists, driven as processes on the local emulator: what an
+//! operator set (the active release, the parameters the stage was created with) survives a runner
+//! restart and commands that only read the stage.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Result};
+use aws_sdk_sqs::types::QueueAttributeName;
+use serde_json::Value;
+use stepline::SubmitRequest;
+use stepline_local::{fresh_stage, functions, LocalStack};
+
+fn require_emulator() {
+    assert!(
+        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
+        "AWS_ENDPOINT_URL is not set: run the suite through infra/test.sh (it starts the emulator)"
+    );
+}
+
+/// A `stepline-local run` process; killed (SIGKILL) when dropped.
+struct RunProcess {
+    child: Child,
+    log: PathBuf,
+}
+
+impl RunProcess {
+    fn start(stage: &str, tag: &str, extra: &[&str]) -> Result<Self> {
+        let log = std::env::temp_dir().join(format!("{stage}-{tag}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_stepline-local"))
+            .args(["run", "--stage", stage])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        Ok(Self { child, log })
+    }
+
+    /// Starts a runner and waits until it has provisioned the stage, registered its releases and
+    /// started its functions.
+    fn started(stage: &str, tag: &str, extra: &[&str]) -> Result<Self> {
+        let mut process = Self::start(stage, tag, extra)?;
+        let timeout = Duration::from_secs(60);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = std::fs::read_to_string(&process.log).unwrap_or_default();
+            if log.contains("running stage") {
+                return Ok(process);
+            }
+            if let Some(status) = process.child.try_wait()? {
+                bail!("the runner exited ({status}):\n{log}");
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the runner did not start within {timeout:?}:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RunProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn run(binary: &str, args: &[&str]) -> Output {
+    Command::new(binary)
+        .args(args)
+        .output()
+        .expect("the CLI runs")
+}
+
+/// Runs `stepline --stage <stage> <args>`, which must succeed.
+fn stepline(stage: &str, args: &[&str]) -> String {
+    let out = run(
+        env!("CARGO_BIN_EXE_stepline"),
+        &[&["--stage", stage], args].concat(),
+    );
+    assert!(
+        out.status.success(),
+        "stepline {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn active_release(local: &LocalStack) -> Result<Option<String>> {
+    let api = local.coordinator(functions::REDRIVE)?;
+    Ok(api
+        .registry()
+        .active(order_worker::PIPELINE_ID)
+        .await?
+        .map(|a| a.release_version))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_runner_keeps_the_release_an_operator_activated() -> Result<()> {
+    require_emulator();
+    let stage = fresh_stage("restart-release");
+    let mut first = RunProcess::started(&stage, "first", &[])?;
+    let local = LocalStack::find(&stage).await?;
+    assert_eq!(
+        active_release(&local).await?.as_deref(),
+        Some(order_worker::RELEASE_VERSION),
+        "a runner activates its release on a pipeline without an active one"
+    );
+
+    let pipeline = ["releases", "--pipeline", order_worker::PIPELINE_ID];
+    stepline(&stage, &[&pipeline[..], &["register", "2"]].concat());
+    stepline(&stage, &[&pipeline[..], &["activate", "2"]].concat());
+    first.kill();
+    let _second = RunProcess::started(&stage, "second", &[])?;
+
+    assert_eq!(active_release(&local).await?.as_deref(), Some("2"));
+    let api = local.coordinator(functions::REDRIVE)?;
+    let history = api.registry().history(order_worker::PIPELINE_ID).await?;
+    assert_eq!(
+        history
+            .iter()
+            .map(|a| a.release_version.as_str())
+            .collect::<Vec<_>>(),
+        [order_worker::RELEASE_VERSION, "2"],
+        "the restart appended an activation"
+    );
+    let submitted = api
+        .submit(SubmitRequest {
+            pipeline_id: order_worker::PIPELINE_ID.into(),
+            tenant: "restart".into(),
+            input: order_worker::sample_order(1),
+            ..Default::default()
+        })
+        .await?;
+    // Pinned at submission; the example worker of release 1 running here would refuse its requests,
+    // which is the release identity check working, not this test's concern.
+    let record = api.get(submitted.execution).await?;
+    assert_eq!(
+        record.release_version, "2",
+        "new executions pin the active release"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_commands_attach_to_a_stage_run_with_other_parameters() -> Result<()> {
+    require_emulator();
+    let stage = fresh_stage("attach");
+    let _runner = RunProcess::started(&stage, "run", &["--param", "QueueVisibilitySeconds=30"])?;
+
+    let out = run(
+        env!("CARGO_BIN_EXE_stepline-local"),
+        &["releases", "--stage", &stage, "list"],
+    );
+    assert!(
+        out.status.success(),
+        "releases list: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(
+        listed[0]["releaseVersion"],
+        order_worker::RELEASE_VERSION,
+        "{listed}"
+    );
+
+    let local = LocalStack::find(&stage).await?;
+    let (_, url) = local.stack.queue("OrderRequestQueue")?;
+    let visibility = aws_sdk_sqs::Client::new(&local.sdk)
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::VisibilityTimeout)
+        .send()
+        .await?
+        .attributes
+        .unwrap_or_default()
+        .remove(&QueueAttributeName::VisibilityTimeout);
+    assert_eq!(visibility.as_deref(), Some("30"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_commands_on_a_missing_stage_fail_and_create_nothing() -> Result<()> {
+    require_emulator();
+    let stage = fresh_stage("missing");
+    let out = run(
+        env!("CARGO_BIN_EXE_stepline-local"),
+        &["releases", "--stage", &stage, "list"],
+    );
+    assert!(!out.status.success(), "listed releases of a missing stage");
+    let sdk = stepline::aws::sdk_config().await;
+    let queues = aws_sdk_sqs::Client::new(&sdk)
+        .list_queues()
+        .queue_name_prefix(format!("stepline-{stage}-"))
+        .send()
+        .await?;
+    assert!(queues.queue_urls().is_empty(), "{queues:?}");
+    let dynamodb = aws_sdk_dynamodb::Client::new(&sdk);
+    for table in ["executions", "releases"] {
+        let found = dynamodb
+            .describe_table()
+            .table_name(format!("stepline-{stage}-{table}"))
+            .send()
+            .await;
+        let missing = matches!(&found, Err(e) if e
+            .as_service_error()
+            .is_some_and(|s| s.is_resource_not_found_exception()));
+        assert!(missing, "table {table}: {found:?}");
+    }
+    Ok(())
+}
