@@ -1063,6 +1063,16 @@ fn observe(before: &Execution, after: &Execution, actions: &[Action]) {
     if dead > 0 {
         emit(Metric::DeadLetters, dead as f64, pipeline, at);
     }
+    // The sweeper gave up on an outbox (its decision noted the drop in this very write).
+    let dropped_now = after
+        .incidents
+        .last()
+        .is_some_and(|i| i.code == domain::machine::EVENTS_DROPPED && i.at == after.updated_at);
+    if dropped_now && !before.events.is_empty() && after.events.is_empty() {
+        let dropped = before.events.len() as f64;
+        emit(Metric::EventsDropped, dropped, pipeline, at);
+        emit(Metric::EventsDropped, dropped, "", at);
+    }
 }
 
 /// How a conditional write ended.

@@ -19,8 +19,11 @@ pub enum Metric {
     Retries,
     /// An execution's dead-letter envelope, or a poison message, went to a DLQ.
     DeadLetters,
-    /// Due executions whose claim failed for good were pushed back in the due index.
+    /// Due executions whose claim failed for good were pushed back in the due index (not per
+    /// pipeline: the item may not even decode).
     ClaimsDeferred,
+    /// Lifecycle events dropped from an outbox that could not be published.
+    EventsDropped,
 }
 
 impl Metric {
@@ -31,6 +34,7 @@ impl Metric {
             Metric::Retries => "Retries",
             Metric::DeadLetters => "DeadLetters",
             Metric::ClaimsDeferred => "ClaimsDeferred",
+            Metric::EventsDropped => "EventsDropped",
         }
     }
 
@@ -42,20 +46,29 @@ impl Metric {
     }
 }
 
-/// The EMF document of one metric value for a pipeline.
+/// The EMF document of one metric value for a pipeline; with no pipeline, the metric has no
+/// dimension (what the template's alarms watch).
 pub fn document(metric: Metric, value: f64, pipeline: &str, timestamp_ms: i64) -> Value {
-    json!({
+    let dimensions = if pipeline.is_empty() {
+        json!([[]])
+    } else {
+        json!([["Pipeline"]])
+    };
+    let mut doc = json!({
         "_aws": {
             "Timestamp": timestamp_ms,
             "CloudWatchMetrics": [{
                 "Namespace": NAMESPACE,
-                "Dimensions": [["Pipeline"]],
+                "Dimensions": dimensions,
                 "Metrics": [{"Name": metric.name(), "Unit": metric.unit()}],
             }],
         },
-        "Pipeline": pipeline,
         metric.name(): value,
-    })
+    });
+    if !pipeline.is_empty() {
+        doc["Pipeline"] = json!(pipeline);
+    }
+    doc
 }
 
 /// Emits a metric (inside Lambda only).
@@ -85,5 +98,16 @@ mod tests {
         // Every dimension and metric the directive names is a member of the document.
         assert_eq!(doc["Pipeline"], "orders");
         assert_eq!(doc["StepLatency"], 42.0);
+    }
+
+    #[test]
+    fn a_metric_without_pipeline_has_no_dimension() {
+        let doc = document(Metric::EventsDropped, 3.0, "", 1);
+        assert_eq!(
+            doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            json!([[]])
+        );
+        assert!(doc.get("Pipeline").is_none());
+        assert_eq!(doc["EventsDropped"], 3.0);
     }
 }

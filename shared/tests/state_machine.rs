@@ -11,7 +11,9 @@ use std::collections::HashSet;
 
 use serde_json::{json, Value};
 use stepline::domain::execution::{DeadLetterMark, Incident, MAX_INCIDENTS};
-use stepline::domain::machine::{MAX_DELAY_SECONDS, MAX_HEARTBEAT_TIMEOUTS, MAX_RESENDS};
+use stepline::domain::machine::{
+    EVENTS_DROPPED, MAX_DELAY_SECONDS, MAX_HEARTBEAT_TIMEOUTS, MAX_PUBLISH_ATTEMPTS, MAX_RESENDS,
+};
 use stepline::domain::{
     decide, launch_id, reply_token, start, start_launched, Action, Context, Decision, Event,
     Execution, Lease, Outcome, Payload, PipelineDef, Receipt, RedriveNote, Rejection, RetryPolicy,
@@ -297,11 +299,14 @@ fn assert_commit_invariants(
         more => panic!("a decision enqueues at most one launch, got {more:?}"),
     }
     if after.status.is_terminal() {
-        let unsent = after.dead_letter.as_ref().is_some_and(|d| !d.sent);
+        let unsent = after.dead_letter.as_ref().is_some_and(|d| !d.sent)
+            || !after.events.is_empty()
+            || (after.parent.is_some() && !after.parent_notified);
         assert_eq!(
             after.due_at().is_some(),
             unsent,
-            "a terminal execution is due only while its dead-letter envelope is unsent: {after:?}"
+            "a terminal execution is due only while its dead-letter envelope, lifecycle events or \
+             parent notice are unsent: {after:?}"
         );
     } else {
         assert!(
@@ -3117,4 +3122,95 @@ fn heartbeats_extend_an_attempt_only_up_to_its_bound() {
         assert!(beats < 100, "heartbeats must stop extending");
     }
     assert_eq!(record.wake_at, Some(bound));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// An outbox that cannot be published
+// ---------------------------------------------------------------------------------------------------
+
+/// A finished execution whose lifecycle events were never confirmed published.
+fn unpublished(def: &PipelineDef) -> Execution {
+    let mut record = succeeded(def);
+    record.events = vec![stepline::domain::LifecycleEvent {
+        seq: 0,
+        kind: stepline::domain::LifecycleKind::ExecutionSucceeded,
+        at: record.updated_at,
+        step: Some(2),
+        code: None,
+    }];
+    record.event_seq = 1;
+    record.publish_by = Some(record.updated_at + LEASE_MS);
+    record
+}
+
+#[test]
+fn an_outbox_that_is_never_confirmed_is_retried_less_often_then_dropped_and_noted() {
+    let def = three_steps();
+    let mut record = unpublished(&def);
+    let mut writes = 0;
+    let mut last_gap = 0;
+    loop {
+        let now = record.publish_by.expect("still due");
+        let at = Context {
+            lifecycle: true,
+            ..ctx(now, 100 + writes)
+        };
+        let (next, actions) = commit(&record, &def, &at, &Event::Claim);
+        writes += 1;
+        if next.events.is_empty() {
+            assert!(actions.is_empty());
+            break;
+        }
+        assert_eq!(actions, vec![Action::PublishEvents]);
+        let gap = next.publish_by.unwrap() - now;
+        assert!(
+            gap >= last_gap && gap > 0,
+            "backs off: {gap} after {last_gap}"
+        );
+        last_gap = gap;
+        record = next;
+        assert!(
+            writes < 100,
+            "an unpublishable outbox must not be rewritten forever"
+        );
+    }
+    assert_eq!(writes, u128::from(MAX_PUBLISH_ATTEMPTS));
+    let done = record_after_drop(&record, &def);
+    assert!(done.events.is_empty());
+    assert_eq!(done.publish_by, None);
+    assert_eq!(done.due_at(), None, "leaves the due index");
+    let incident = done.incidents.last().expect("the drop is noted");
+    assert_eq!(incident.code, EVENTS_DROPPED);
+}
+
+/// The claim that drops `record`'s outbox (its last publication attempt is used up).
+fn record_after_drop(record: &Execution, def: &PipelineDef) -> Execution {
+    let mut exhausted = record.clone();
+    exhausted.publish_attempts = MAX_PUBLISH_ATTEMPTS - 1;
+    let at = Context {
+        lifecycle: true,
+        ..ctx(record.publish_by.unwrap(), 999)
+    };
+    commit(&exhausted, def, &at, &Event::Claim).0
+}
+
+#[test]
+fn an_outbox_is_dropped_at_once_when_lifecycle_events_are_switched_off() {
+    let def = three_steps();
+    let record = unpublished(&def);
+    let (next, actions) = commit(
+        &record,
+        &def,
+        &ctx(record.publish_by.unwrap(), 5),
+        &Event::Claim,
+    );
+    assert!(actions.is_empty());
+    assert!(next.events.is_empty());
+    assert_eq!(next.due_at(), None);
+    assert!(next
+        .incidents
+        .last()
+        .unwrap()
+        .detail
+        .contains("switched off"));
 }

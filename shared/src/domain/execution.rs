@@ -365,6 +365,9 @@ pub struct Execution {
     /// While the outbox is not empty: when the sweeper publishes it if nobody confirmed it first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publish_by: Option<i64>,
+    /// Times the sweeper re-published the outbox without a confirmation (reset when it empties).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub publish_attempts: u32,
     /// The execution's reply secret (random, made at creation): each request carries a reply token
     /// derived from it and the launch id (`ids::reply_token`), and a reply or heartbeat is applied only
     /// with the token of the launch it names. Never shown outside the coordinator.

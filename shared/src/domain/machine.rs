@@ -148,6 +148,11 @@ pub struct Sender {
     pub release_version: String,
 }
 
+/// The sweeper re-publishes an unconfirmed outbox this many times (backing off) before dropping it.
+pub const MAX_PUBLISH_ATTEMPTS: u32 = 8;
+/// The incident code of a dropped outbox.
+pub const EVENTS_DROPPED: &str = "EVENTS_DROPPED";
+
 /// A heartbeat extends an attempt's deadline to at most this many step timeouts after its launch.
 pub const MAX_HEARTBEAT_TIMEOUTS: i64 = 12;
 
@@ -308,6 +313,7 @@ pub fn start(
         events: Vec::new(),
         event_seq: 0,
         publish_by: None,
+        publish_attempts: 0,
         secret: new_secret(ctx.token),
         launched_at: None,
         write_id: write_id(ctx),
@@ -401,7 +407,10 @@ pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             mut actions,
         } => {
             record_lifecycle(record, &mut next, ctx);
-            if !next.events.is_empty() && !matches!(event, Event::EventsPublished { .. }) {
+            if !next.events.is_empty()
+                && !matches!(event, Event::EventsPublished { .. })
+                && !actions.contains(&Action::PublishEvents)
+            {
                 actions.push(Action::PublishEvents);
             }
             Decision::Commit {
@@ -521,6 +530,7 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             next.events.retain(|e| e.seq > *through);
             if next.events.is_empty() {
                 next.publish_by = None;
+                next.publish_attempts = 0;
             }
             commit(next, Vec::new())
         }
@@ -589,11 +599,32 @@ fn authenticate(record: &Execution, sender: &Sender, event: &Event) -> Result<()
 }
 
 fn claim(record: &Execution, ctx: &Context) -> Decision {
-    // Only the outbox is due: publish it (again) and look back later.
+    // Only the outbox is due: publish it (again) and look back later, less often each time. An
+    // outbox that cannot be published (events switched off, or a bus that keeps failing) is not
+    // rewritten forever: it is dropped, and the drop noted on the record and counted.
     let outbox_due = record.publish_by.is_some_and(|p| p <= ctx.now) && !record.events.is_empty();
     if outbox_due && record.work_due_at().is_none_or(|w| w > ctx.now) {
         let mut next = bump(record, ctx);
-        next.publish_by = Some(ctx.now + ctx.lease_ms);
+        if !ctx.lifecycle || record.publish_attempts + 1 >= MAX_PUBLISH_ATTEMPTS {
+            let reason = if ctx.lifecycle {
+                format!("not confirmed after {MAX_PUBLISH_ATTEMPTS} attempts")
+            } else {
+                "lifecycle events are switched off".to_string()
+            };
+            next.incidents.push(Incident {
+                at: ctx.now,
+                code: EVENTS_DROPPED.into(),
+                detail: format!("{} lifecycle events dropped: {reason}", next.events.len()),
+            });
+            let excess = next.incidents.len().saturating_sub(MAX_INCIDENTS);
+            next.incidents.drain(..excess);
+            next.events.clear();
+            next.publish_by = None;
+            next.publish_attempts = 0;
+            return commit(next, Vec::new());
+        }
+        next.publish_attempts += 1;
+        next.publish_by = Some(ctx.now + ctx.lease_ms * (1_i64 << next.publish_attempts.min(6)));
         return commit(next, vec![Action::PublishEvents]);
     }
     match record.work_due_at() {
