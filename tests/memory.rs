@@ -5,10 +5,8 @@
 //! test-served Runtime API; its peak resident set (`VmHWM`) is read from /proc.
 
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
-use futures_util::future::join_all;
 use serde_json::json;
 use stepline::envelope::{RawRequest, ReplyEnvelope, ReplyOutcome};
-use stepline::SubmitRequest;
 use stepline_suite::{binaries, TestStack};
 
 const EXECUTIONS: usize = 1_100;
@@ -21,19 +19,7 @@ async fn the_completion_function_stays_within_its_memory_under_large_outputs() -
 {
     tokio::task::spawn_blocking(binaries::build).await??;
     let stack = TestStack::new("mem-completion", |_| {}).await?;
-    for chunk in (0..EXECUTIONS).collect::<Vec<_>>().chunks(25) {
-        let submits = chunk.iter().map(|n| {
-            stack.api.submit(SubmitRequest {
-                pipeline_id: order_worker::PIPELINE_ID.into(),
-                tenant: "acme".into(),
-                input: order_worker::sample_order(*n),
-                ..Default::default()
-            })
-        });
-        for submitted in join_all(submits).await {
-            submitted?;
-        }
-    }
+    stack.submit_orders(EXECUTIONS).await?;
     let requests = stack.take_all("OrderRequestQueue").await?;
     assert_eq!(requests.len(), EXECUTIONS);
 

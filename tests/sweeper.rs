@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use futures_util::future::join_all;
 use stepline::adapters::dynamodb::due_shard;
 use stepline::config::CoordinatorConfig;
 use stepline::handlers;
@@ -67,24 +66,6 @@ fn claim_coordinator(
     ))
 }
 
-async fn submit_many(stack: &TestStack, count: usize) -> anyhow::Result<Vec<Uuid>> {
-    let mut ids = Vec::new();
-    for chunk in (0..count).collect::<Vec<_>>().chunks(25) {
-        let submits = chunk.iter().map(|n| {
-            stack.api.submit(SubmitRequest {
-                pipeline_id: order_worker::PIPELINE_ID.into(),
-                tenant: "acme".into(),
-                input: order_worker::sample_order(*n),
-                ..Default::default()
-            })
-        });
-        for submitted in join_all(submits).await {
-            ids.push(submitted?.execution);
-        }
-    }
-    Ok(ids)
-}
-
 async fn leased(stack: &TestStack, ids: &[Uuid]) -> anyhow::Result<usize> {
     let mut count = 0;
     for id in ids {
@@ -101,7 +82,7 @@ async fn a_backlog_is_recovered_page_by_page_each_sweep_stopping_before_its_dead
     const BACKLOG: usize = 240;
     // The workers are down: every first step timed out.
     let stack = TestStack::new("sweep-backlog", |_| {}).await?;
-    let ids = submit_many(&stack, BACKLOG).await?;
+    let ids = stack.submit_orders(BACKLOG).await?;
     assert_eq!(stack.take_all("OrderRequestQueue").await?.len(), BACKLOG);
 
     let clock = TickingClock::new(20);
@@ -143,7 +124,8 @@ async fn poison_items_are_pushed_back_and_the_rest_of_their_shard_is_still_claim
     let claim = claim_coordinator(&stack, clock.clone(), |c| c.claim_limit = 25)?;
     let shards = claim.store().shards();
     // Good executions that share shard 0 with the poison.
-    let good: Vec<Uuid> = submit_many(&stack, 40)
+    let good: Vec<Uuid> = stack
+        .submit_orders(40)
         .await?
         .into_iter()
         .filter(|id| due_shard(*id, shards) == 0)

@@ -2,20 +2,22 @@
 //! conditional write, one send) when the completing process committed the execution last, and falls
 //! back to a read when its copy is stale, never deciding on it otherwise.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use common::{settings, sqs, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
-use stepline::aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
-use stepline::domain::{launch_id, Execution, PipelineDef, RetryPolicy, Status, StepDef, StepKind};
+use stepline::domain::{launch_id, Execution, PipelineDef, Status};
 use stepline::envelope::{ReplyEnvelope, ReplyOutcome};
 use stepline::ports::{
     Backoff, DueCursor, DuePage, ExecutionStore, ReleaseRegistry, StoreError, SystemClock,
 };
 use stepline::release::Release;
-use stepline::{handlers, Coordinator, Settings, SubmitRequest};
+use stepline::{handlers, Coordinator, SubmitRequest};
 use uuid::Uuid;
 
 /// Counts the calls that reach the store.
@@ -58,47 +60,7 @@ impl ExecutionStore for Counting {
 }
 
 fn def() -> PipelineDef {
-    let step = |id: &str| StepDef {
-        id: id.into(),
-        kind: StepKind::Task,
-        input_type: "json".into(),
-        output_type: "json".into(),
-        queue: "requests".into(),
-        timeout_secs: 60,
-        retry: RetryPolicy::default(),
-        interactions: Vec::new(),
-        child_pipeline: None,
-    };
-    PipelineDef {
-        pipeline_id: "hot".into(),
-        release_version: "1".into(),
-        steps: vec![step("a"), step("b"), step("c")],
-    }
-}
-
-fn settings() -> Settings {
-    Settings {
-        launch_queue: "launch".into(),
-        reply_queue: "replies".into(),
-        execution_dlq: "execution-dlq".into(),
-        launch_dlq: "launch-dlq".into(),
-        reply_dlq: "reply-dlq".into(),
-        await_queue: "replies".into(),
-        start_queue: None,
-        start_dlq: None,
-        lease_ms: 30_000,
-        claim_limit: 10,
-        instance: "test".into(),
-    }
-}
-
-fn sqs(body: String) -> SqsEvent {
-    let mut message = SqsMessage::default();
-    message.message_id = Some("m1".into());
-    message.body = Some(body);
-    let mut event = SqsEvent::default();
-    event.records.push(message);
-    event
+    task_pipeline("hot", &["a", "b", "c"])
 }
 
 /// A reply for the request last sent to `requests`.

@@ -4,21 +4,23 @@
 //! decided, instead of taking it for someone else's and acknowledging the message as a duplicate.
 //! And a duplicate submit must re-send a first request that may never have gone out.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use common::{settings, sqs, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
-use stepline::aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
-use stepline::domain::{launch_id, Execution, PipelineDef, RetryPolicy, StepDef, StepKind};
+use stepline::domain::{launch_id, Execution, PipelineDef};
 use stepline::envelope::{ReplyEnvelope, ReplyOutcome, RequestHeader};
 use stepline::ports::{
     Backoff, DueCursor, DuePage, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry,
     SendError, StoreError, SystemClock,
 };
 use stepline::release::Release;
-use stepline::{handlers, Coordinator, Settings, SubmitRequest};
+use stepline::{handlers, Coordinator, SubmitRequest};
 use uuid::Uuid;
 
 /// Applies a write, then answers as the SDK's retry would after the response was lost: the condition
@@ -91,22 +93,7 @@ impl MessageSender for FlakySender {
 }
 
 fn def() -> PipelineDef {
-    let step = |id: &str| StepDef {
-        id: id.into(),
-        kind: StepKind::Task,
-        input_type: "json".into(),
-        output_type: "json".into(),
-        queue: "requests".into(),
-        timeout_secs: 60,
-        retry: RetryPolicy::default(),
-        interactions: Vec::new(),
-        child_pipeline: None,
-    };
-    PipelineDef {
-        pipeline_id: "lossy".into(),
-        release_version: "1".into(),
-        steps: vec![step("a"), step("b")],
-    }
+    task_pipeline("lossy", &["a", "b"])
 }
 
 async fn coordinator(store: Arc<LosesResponses>, sender: Arc<FlakySender>) -> Coordinator {
@@ -116,25 +103,7 @@ async fn coordinator(store: Arc<LosesResponses>, sender: Arc<FlakySender>) -> Co
         .await
         .unwrap();
     registry.activate("lossy", "1", 0, "test").await.unwrap();
-    Coordinator::new(
-        store,
-        registry,
-        sender,
-        Arc::new(SystemClock),
-        Settings {
-            launch_queue: "launch".into(),
-            reply_queue: "replies".into(),
-            execution_dlq: "execution-dlq".into(),
-            launch_dlq: "launch-dlq".into(),
-            reply_dlq: "reply-dlq".into(),
-            await_queue: "replies".into(),
-            start_queue: None,
-            start_dlq: None,
-            lease_ms: 30_000,
-            claim_limit: 10,
-            instance: "test".into(),
-        },
-    )
+    Coordinator::new(store, registry, sender, Arc::new(SystemClock), settings())
 }
 
 fn submit_request() -> SubmitRequest {
@@ -159,15 +128,6 @@ fn requests(sender: &FlakySender) -> Vec<RequestHeader> {
             serde_json::from_value(body["header"].clone()).unwrap()
         })
         .collect()
-}
-
-fn sqs(body: String) -> SqsEvent {
-    let mut message = SqsMessage::default();
-    message.message_id = Some("m1".into());
-    message.body = Some(body);
-    let mut event = SqsEvent::default();
-    event.records.push(message);
-    event
 }
 
 #[tokio::test]

@@ -174,6 +174,20 @@ impl TestStack {
             .execution)
     }
 
+    /// Submits `count` sample orders, 25 at a time.
+    pub async fn submit_orders(&self, count: usize) -> Result<Vec<Uuid>> {
+        let mut ids = Vec::with_capacity(count);
+        for chunk in (0..count).collect::<Vec<_>>().chunks(25) {
+            let submits = chunk
+                .iter()
+                .map(|n| self.submit(order_worker::sample_order(*n)));
+            for id in futures_util::future::join_all(submits).await {
+                ids.push(id?);
+            }
+        }
+        Ok(ids)
+    }
+
     /// The environment a function of the template runs with here: its own variables and the
     /// emulator's endpoint and credentials.
     pub fn function_env(

@@ -1,0 +1,52 @@
+//! Fixtures shared by the coordinator tests over in-memory ports.
+
+use stepline::aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepKind};
+use stepline::Settings;
+
+/// A pipeline of task steps named `steps`, every one on the `requests` queue.
+pub fn task_pipeline(pipeline_id: &str, steps: &[&str]) -> PipelineDef {
+    let step = |id: &&str| StepDef {
+        id: id.to_string(),
+        kind: StepKind::Task,
+        input_type: "json".into(),
+        output_type: "json".into(),
+        queue: "requests".into(),
+        timeout_secs: 60,
+        retry: RetryPolicy::default(),
+        interactions: Vec::new(),
+        child_pipeline: None,
+    };
+    PipelineDef {
+        pipeline_id: pipeline_id.into(),
+        release_version: "1".into(),
+        steps: steps.iter().map(step).collect(),
+    }
+}
+
+/// Settings whose queues are plain names (what the recording sender records).
+pub fn settings() -> Settings {
+    Settings {
+        launch_queue: "launch".into(),
+        reply_queue: "replies".into(),
+        execution_dlq: "execution-dlq".into(),
+        launch_dlq: "launch-dlq".into(),
+        reply_dlq: "reply-dlq".into(),
+        await_queue: "replies".into(),
+        start_queue: None,
+        start_dlq: None,
+        lease_ms: 30_000,
+        claim_limit: 10,
+        instance: "test".into(),
+    }
+}
+
+/// An SQS event of one message.
+pub fn sqs(body: String) -> SqsEvent {
+    let mut message = SqsMessage::default();
+    message.message_id = Some("m1".into());
+    message.body = Some(body);
+    let mut event = SqsEvent::default();
+    event.records.push(message);
+    event
+}
