@@ -883,10 +883,14 @@ impl Coordinator {
             .map(|k| (first + k) % shards)
             .chain(stray_shards(shards, now));
         let mut report = ClaimReport::default();
+        // The longest page so far: a page is not started unless twice that much time is left.
+        let mut longest_page = 0;
         'shards: for shard in order {
             let mut after = None;
             loop {
-                if deadline.is_some_and(|d| self.clock.now_ms() + SWEEP_MARGIN_MS >= d) {
+                let started = self.clock.now_ms();
+                let needed = SWEEP_MARGIN_MS.max(2 * longest_page);
+                if deadline.is_some_and(|d| started + needed >= d) {
                     report.stopped_early = true;
                     break 'shards;
                 }
@@ -908,6 +912,7 @@ impl Coordinator {
                     report.stray += page.ids.len();
                 }
                 self.claim_page(&page.ids, now, &mut report).await;
+                longest_page = longest_page.max(self.clock.now_ms() - started);
                 match page.next {
                     Some(cursor) => after = Some(cursor),
                     None => break,
@@ -974,7 +979,8 @@ impl Coordinator {
 /// Claims of one page made at once: enough to hide the store's latency, few enough to stay far from
 /// a partition's write limit and the function's memory.
 const CLAIM_CONCURRENCY: usize = 16;
-/// A sweep stops this long before its invocation's deadline, to send what it claimed.
+/// A sweep starts no page with less than this (or twice its longest page so far) left before its
+/// invocation's deadline: every page it starts is claimed and sent in time.
 const SWEEP_MARGIN_MS: i64 = 1_500;
 /// Failing claims are pushed back 30 s, doubling per failure, up to an hour.
 const CLAIM_BACKOFF: Backoff = Backoff {

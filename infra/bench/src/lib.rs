@@ -4,6 +4,7 @@ pub mod analysis;
 pub mod coldstart;
 pub mod meter;
 pub mod pricing;
+pub mod recovery;
 pub mod report;
 pub mod scale;
 pub mod workload;

@@ -1,13 +1,15 @@
 //! `stepline-bench`: cost per step (P1), critical path (P2), hop latency (P3), cold start (P4) and scale
 //! (P5), measured on the local emulator and in simulation. Writes `target/bench/summary.json` and, with
-//! `--update-doc`, the results section of BENCHMARKS.md.
+//! `--update-doc`, the results section of BENCHMARKS.md. With `--recovery`, only how the sweeper recovers
+//! a backlog: `target/bench/recovery.json` and the recovery section.
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Parser;
 
-use stepline_bench::{analysis, coldstart, pricing, report, scale, workload};
+use stepline_bench::{analysis, coldstart, pricing, recovery, report, scale, workload};
+use stepline_local::Template;
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmarks of the Stepline coordinator on the local emulator and in simulation")]
@@ -39,11 +41,24 @@ struct Args {
     /// Rewrites the results section of this Markdown file (between its bench markers).
     #[arg(long)]
     update_doc: Option<PathBuf>,
+    /// Only the sweeper's recovery of a backlog and of a shard headed by poison items: writes
+    /// recovery.json and, with `--update-doc`, the recovery section instead of the results section.
+    #[arg(long)]
+    recovery: bool,
+    /// Executions in the backlog the sweeper recovers (with `--recovery`).
+    #[arg(long, default_value_t = 2000)]
+    backlog: usize,
+    /// Undecodable items at the head of one shard (with `--recovery`).
+    #[arg(long, default_value_t = 100)]
+    poison: usize,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    if args.recovery {
+        return recover(&args).await;
+    }
     let started = std::time::Instant::now();
     let work = workload::Workload {
         executions: args
@@ -126,6 +141,42 @@ async fn main() -> Result<()> {
     );
     if let Some(doc) = args.update_doc {
         report::update_doc(&doc, &markdown)?;
+        eprintln!("updated {}", doc.display());
+    }
+    Ok(())
+}
+
+async fn recover(args: &Args) -> Result<()> {
+    let started = std::time::Instant::now();
+    let budget_ms = recovery::claim_timeout_ms(&Template::load(&Template::default_path())?)?;
+    eprintln!(
+        "recovery: a backlog of {} executions, sweeps of {budget_ms} ms, on {}",
+        args.backlog,
+        std::env::var("AWS_ENDPOINT_URL").unwrap_or_default()
+    );
+    let backlog = recovery::backlog(args.backlog, budget_ms).await?;
+    anyhow::ensure!(
+        backlog.leased == backlog.executions,
+        "{} of {} executions leased after the sweeps",
+        backlog.leased,
+        backlog.executions
+    );
+    eprintln!("recovery: {} poison items in one shard", args.poison);
+    let poison = recovery::poison(args.poison, 20, budget_ms).await?;
+
+    let summary = report::recovery_summary(&backlog, &poison, started.elapsed().as_secs_f64());
+    std::fs::create_dir_all(&args.out)?;
+    let file = args.out.join("recovery.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&summary)?)?;
+    let markdown = report::recovery_markdown(&summary);
+    println!("{markdown}");
+    eprintln!(
+        "wrote {} in {:.0} s",
+        file.display(),
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(doc) = &args.update_doc {
+        report::update_section(doc, report::RECOVERY_START, report::RECOVERY_END, &markdown)?;
         eprintln!("updated {}", doc.display());
     }
     Ok(())

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use crate::analysis::{Cost, CriticalPath, Latency};
 use crate::coldstart::ColdStart;
 use crate::pricing::Prices;
+use crate::recovery::{Backlog, Poison, CLAIM_PERIOD_S};
 use crate::scale::{Model, Row, PARTITION_WCU_LIMIT};
 use crate::workload::Workload;
 
@@ -271,14 +272,134 @@ pub fn markdown(s: &Value) -> String {
 
 /// Replaces the text between the bench markers of `doc` with `results`.
 pub fn update_doc(doc: &Path, results: &str) -> Result<()> {
-    let text = std::fs::read_to_string(doc)?;
-    let (Some(start), Some(end)) = (text.find(START), text.find(END)) else {
-        bail!("{} has no {START} ... {END} section", doc.display());
+    update_section(doc, START, END, results)
+}
+
+/// Replaces the text between the markers `open` and `close` of `doc` with `text`.
+pub fn update_section(doc: &Path, open: &str, close: &str, text: &str) -> Result<()> {
+    let old = std::fs::read_to_string(doc)?;
+    let (Some(start), Some(end)) = (old.find(open), old.find(close)) else {
+        bail!("{} has no {open} ... {close} section", doc.display());
     };
     if end < start {
         bail!("{}: the bench markers are out of order", doc.display());
     }
-    let updated = format!("{}{START}\n{results}\n{}", &text[..start], &text[end..]);
+    let updated = format!("{}{open}\n{text}\n{}", &old[..start], &old[end..]);
     std::fs::write(doc, updated)?;
     Ok(())
+}
+
+pub const RECOVERY_START: &str = "<!-- bench:recovery:start -->";
+pub const RECOVERY_END: &str = "<!-- bench:recovery:end -->";
+
+/// recovery.json: the backlog's and the poison shard's figures.
+pub fn recovery_summary(backlog: &Backlog, poison: &Poison, elapsed_s: f64) -> Value {
+    json!({
+        "emulator": std::env::var("AWS_ENDPOINT_URL").unwrap_or_default(),
+        "claim_period_s": CLAIM_PERIOD_S,
+        "backlog": backlog,
+        "poison": poison,
+        "elapsed_s": elapsed_s,
+    })
+}
+
+fn yes_no(v: &Value) -> &'static str {
+    if v.as_bool() == Some(true) {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+/// The recovery figures as Markdown, from recovery.json alone.
+pub fn recovery_markdown(s: &Value) -> String {
+    let mut md = String::new();
+    let b = &s["backlog"];
+    let sweeps = b["sweeps"].as_array().map_or(&[][..], Vec::as_slice);
+    let _ = writeln!(
+        md,
+        "{} executions whose first step timed out, on `{}`: {} due-index shards, pages of {} (`CLAIM_LIMIT`), each sweep's deadline {} ms after its start (the claim function's timeout).\n",
+        b["executions"], s["emulator"].as_str().unwrap_or("?"), b["shards"], b["claim_limit"], b["budget_ms"],
+    );
+    let _ = writeln!(md, "| Figure | Measured |\n|---|---:|");
+    for (label, value) in [
+        ("Sweeps needed", sweeps.len().to_string()),
+        (
+            "Executions recovered per sweep (mean)",
+            format!("{:.0}", num(&b["claimed_per_sweep_mean"])),
+        ),
+        (
+            "Time to recover all, sweeps back to back, s",
+            format!("{:.1}", num(&b["sweeping_s"])),
+        ),
+        (
+            "Time to recover all on the schedule (one sweep every 60 s), s",
+            format!("{:.1}", num(&b["scheduled_s"])),
+        ),
+        (
+            "Every sweep returned before its deadline",
+            yes_no(&b["all_before_deadline"]).to_string(),
+        ),
+        (
+            "Closest return to a deadline, ms before it",
+            b["min_margin_ms"].to_string(),
+        ),
+        (
+            "Executions leased once the sweeps were done",
+            format!("{} of {}", b["leased"], b["executions"]),
+        ),
+        (
+            "Submitting the backlog (for scale), s",
+            format!("{:.1}", num(&b["submit_s"])),
+        ),
+    ] {
+        let _ = writeln!(md, "| {label} | {value} |");
+    }
+    let _ = writeln!(
+        md,
+        "\n| Sweep | Due read | Claimed | Pages | Stopped early | Wall ms | Returned ms before deadline |\n|---:|---:|---:|---:|:---:|---:|---:|"
+    );
+    for (i, sweep) in sweeps.iter().enumerate() {
+        let r = &sweep["report"];
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {:.0} | {} |",
+            i + 1,
+            r["due"],
+            r["claimed"],
+            r["pages"],
+            yes_no(&r["stopped_early"]),
+            num(&sweep["wall_ms"]),
+            sweep["margin_ms"],
+        );
+    }
+
+    let p = &s["poison"];
+    let _ = writeln!(
+        md,
+        "\nPoison: {} undecodable items due long ago at the head of shard `{}`, behind them {} good due executions of that shard ({} good ones due in all). The first sweep claimed {} executions, and {} of the {} behind the poison were leased after it; it deferred {} poison items ({} found pushed back in the index); the second sweep met {} of them again.\n",
+        p["poison"], p["shard"].as_str().unwrap_or("?"), p["good_in_shard"], p["good"],
+        p["first"]["report"]["claimed"], p["good_in_shard_leased"], p["good_in_shard"],
+        p["first"]["report"]["deferred"], p["pushed_back"],
+        num(&p["second"]["report"]["failed"]) + num(&p["second"]["report"]["deferred"]),
+    );
+    let _ = writeln!(
+        md,
+        "| Sweep | Due read | Claimed | Failed | Deferred | Pages | Wall ms | Returned ms before deadline |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for (label, sweep) in [("first", &p["first"]), ("second", &p["second"])] {
+        let r = &sweep["report"];
+        let _ = writeln!(
+            md,
+            "| {label} | {} | {} | {} | {} | {} | {:.0} | {} |",
+            r["due"],
+            r["claimed"],
+            r["failed"],
+            r["deferred"],
+            r["pages"],
+            num(&sweep["wall_ms"]),
+            sweep["margin_ms"],
+        );
+    }
+    md
 }

@@ -1,9 +1,11 @@
 //! The benchmark program on the local emulator: the meter bills real requests by DynamoDB's and SQS's
-//! rules, and a small run yields every figure summary.json promises.
+//! rules, a small run yields every figure summary.json promises, and a small backlog is recovered
+//! (whether each sweep returned before its deadline is a figure of the report, measured on this
+//! machine: the deadline logic itself is tested on a clock that does not depend on it).
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use stepline_bench::meter::Meter;
-use stepline_bench::{analysis, coldstart, pricing, report, scale, workload};
+use stepline_bench::{analysis, coldstart, pricing, recovery, report, scale, workload};
 use stepline_local::{fresh_stage, LocalStack, Template};
 
 fn require_emulator() {
@@ -169,6 +171,57 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&doc)?;
     assert!(text.starts_with("before\n") && text.ends_with("after\n"));
     assert!(text.contains("new figures") && !text.contains("old"));
+    let _ = std::fs::remove_file(doc);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_backlog_is_recovered_and_poison_is_pushed_back() -> anyhow::Result<()> {
+    require_emulator();
+    let budget_ms = recovery::claim_timeout_ms(&Template::load(&Template::default_path())?)?;
+    let backlog = recovery::backlog(200, budget_ms).await?;
+    assert_eq!(backlog.leased, 200, "{backlog:?}");
+    let claimed: usize = backlog.sweeps.iter().map(|s| s.report.claimed).sum();
+    assert_eq!(claimed, 200, "each execution claimed once: {backlog:?}");
+    assert!(backlog
+        .sweeps
+        .iter()
+        .all(|s| s.launched == s.report.claimed));
+
+    let poison = recovery::poison(20, 3, budget_ms).await?;
+    assert_eq!(poison.first.report.deferred, 20, "{poison:?}");
+    assert_eq!(poison.pushed_back, 20, "{poison:?}");
+    assert_eq!(
+        poison.good_in_shard_leased, poison.good_in_shard,
+        "the good executions behind the poison were claimed in the first sweep: {poison:?}"
+    );
+    assert_eq!(poison.first.report.claimed, poison.good, "{poison:?}");
+    assert_eq!(
+        (poison.second.report.failed, poison.second.report.deferred),
+        (0, 0),
+        "{poison:?}"
+    );
+
+    let summary = report::recovery_summary(&backlog, &poison, 0.0);
+    let markdown = report::recovery_markdown(&summary);
+    assert!(markdown.contains("| Sweeps needed |"), "{markdown}");
+    let doc = std::env::temp_dir().join(format!("bench-recovery-{}.md", uuid::Uuid::new_v4()));
+    let text = format!(
+        "{}\nold results\n{}\n{}\nold\n{}\n",
+        report::START,
+        report::END,
+        report::RECOVERY_START,
+        report::RECOVERY_END
+    );
+    std::fs::write(&doc, text)?;
+    report::update_section(
+        &doc,
+        report::RECOVERY_START,
+        report::RECOVERY_END,
+        &markdown,
+    )?;
+    let text = std::fs::read_to_string(&doc)?;
+    assert!(text.contains("old results") && text.contains("| Sweeps needed |"));
     let _ = std::fs::remove_file(doc);
     Ok(())
 }

@@ -1,0 +1,398 @@
+//! Recovery under a backlog, on the emulator. The workers were down: every execution's first step timed
+//! out, and the claim sweeper has to take them all back. Sweeps run one after another, each given the
+//! claim function's timeout as its invocation's deadline, with a clock ten minutes ahead so every step
+//! deadline has passed. Then a shard whose head is items no claim can decode, with good executions
+//! behind them.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Context, Result};
+use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
+use serde::Serialize;
+use serde_yaml::Value as Yaml;
+use stepline::adapters::dynamodb::due_shard;
+use stepline::config::CoordinatorConfig;
+use stepline::envelope::LaunchWork;
+use stepline::handlers;
+use stepline::ports::{Clock, SystemClock};
+use stepline::{ClaimReport, Coordinator, SubmitRequest};
+use stepline_local::runner::scheduled_event;
+use stepline_local::{fresh_stage, functions, LocalStack, Template};
+use tokio::task::JoinSet;
+use uuid::Uuid;
+
+/// How far ahead of the wall clock the sweeps run: past every step deadline of the example pipeline.
+const AHEAD_MS: i64 = 600_000;
+/// Seconds between claim runs (the template's `rate(1 minute)`).
+pub const CLAIM_PERIOD_S: f64 = 60.0;
+/// Submits and reads in flight at once: a busy API, without swamping the emulator.
+const IN_FLIGHT: usize = 16;
+const WORKER_QUEUE: &str = "OrderRequestQueue";
+const LAUNCH_QUEUE: &str = "LaunchQueue";
+
+/// The wall clock moved forward by a fixed offset.
+struct ShiftedClock(i64);
+
+impl Clock for ShiftedClock {
+    fn now_ms(&self) -> i64 {
+        SystemClock.now_ms() + self.0
+    }
+    fn token(&self) -> Uuid {
+        SystemClock.token()
+    }
+    fn jitter(&self) -> f64 {
+        SystemClock.jitter()
+    }
+}
+
+/// One sweep: its report, how long it took, and how far from its deadline it returned.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sweep {
+    pub report: ClaimReport,
+    pub wall_ms: f64,
+    /// Deadline minus the time it returned (negative: it ran past its invocation's timeout).
+    pub margin_ms: i64,
+    /// Launch work found on the launch queue once it returned.
+    pub launched: usize,
+}
+
+/// The backlog scenario's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Backlog {
+    pub executions: usize,
+    pub budget_ms: i64,
+    pub shards: u32,
+    pub claim_limit: i32,
+    pub submit_s: f64,
+    pub sweeps: Vec<Sweep>,
+    pub claimed_per_sweep_mean: f64,
+    /// Time spent sweeping, back to back.
+    pub sweeping_s: f64,
+    /// From the first sweep's start to the last one's return, the launch queue's draining included.
+    pub elapsed_s: f64,
+    /// On the template's schedule: the sweeps before the last one a period apart, then the last one.
+    pub scheduled_s: f64,
+    pub all_before_deadline: bool,
+    pub min_margin_ms: i64,
+    /// Executions found with a lease taken (generation > 0) once the sweeps were done.
+    pub leased: usize,
+}
+
+/// The poison scenario's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Poison {
+    pub poison: usize,
+    pub shard: String,
+    /// Good due executions submitted, and those of them in the poison's shard.
+    pub good: usize,
+    pub good_in_shard: usize,
+    pub first: Sweep,
+    /// Good executions of the poison's shard leased after the first sweep.
+    pub good_in_shard_leased: usize,
+    /// Poison items whose index entry the first sweep moved later.
+    pub pushed_back: usize,
+    pub second: Sweep,
+}
+
+/// The claim function's timeout in milliseconds: its own `Timeout`, else the template's global one.
+pub fn claim_timeout_ms(template: &Template) -> Result<i64> {
+    let own = template
+        .resources()
+        .into_iter()
+        .find(|(logical, _, _)| logical == functions::CLAIM)
+        .and_then(|(_, _, props)| props.get("Timeout").and_then(Yaml::as_u64));
+    let global = template
+        .root
+        .get("Globals")
+        .and_then(|g| g.get("Function"))
+        .and_then(|f| f.get("Timeout"))
+        .and_then(Yaml::as_u64);
+    let seconds = own
+        .or(global)
+        .context("the template gives the claim function no Timeout")?;
+    Ok(seconds as i64 * 1000)
+}
+
+/// A fresh stage with the example pipeline released, and the claim function's configuration.
+async fn stage(prefix: &str) -> Result<(LocalStack, Coordinator, String, CoordinatorConfig)> {
+    ensure!(
+        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
+        "AWS_ENDPOINT_URL is not set: start the emulator (infra/emulator.sh) or use infra/bench.sh"
+    );
+    let local = LocalStack::up(&fresh_stage(prefix)).await?;
+    let api = local.coordinator(functions::REDRIVE)?;
+    let (queue, _) = local.stack.queue(WORKER_QUEUE)?;
+    let release = local.release_example(queue, "1", 60).await?;
+    let config = CoordinatorConfig::from_lookup(local.stack.env_of(functions::CLAIM)?)?;
+    Ok((local, api, release.pipeline_id, config))
+}
+
+/// Submits `count` executions of the example pipeline, `IN_FLIGHT` at a time.
+async fn submit_many(api: &Arc<Coordinator>, pipeline: &str, count: usize) -> Result<Vec<Uuid>> {
+    let mut ids = Vec::with_capacity(count);
+    let mut tasks = JoinSet::new();
+    for n in 0..count {
+        if tasks.len() >= IN_FLIGHT {
+            ids.push(tasks.join_next().await.context("a submit")???);
+        }
+        let (api, pipeline) = (api.clone(), pipeline.to_string());
+        tasks.spawn(async move {
+            let request = SubmitRequest {
+                pipeline_id: pipeline,
+                tenant: "bench".into(),
+                input: order(n),
+                ..Default::default()
+            };
+            Ok::<_, anyhow::Error>(api.submit(request).await?.execution)
+        });
+    }
+    while let Some(id) = tasks.join_next().await {
+        ids.push(id??);
+    }
+    Ok(ids)
+}
+
+/// An order as the example worker's first step expects it.
+fn order(n: usize) -> serde_json::Value {
+    serde_json::json!({
+        "orderId": format!("order-{n}"),
+        "lines": [
+            {"sku": "espresso", "qty": 1 + n % 3, "unitCents": 250},
+            {"sku": "croissant", "qty": 1, "unitCents": 320}
+        ]
+    })
+}
+
+/// Receives and deletes every visible message of a queue of the stack; returns their bodies.
+async fn drain(local: &LocalStack, logical: &str) -> Result<Vec<String>> {
+    let (_, url) = local.stack.queue(logical)?;
+    let sqs = &local.clients.sqs;
+    let mut bodies = Vec::new();
+    loop {
+        let messages = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .send()
+            .await?
+            .messages
+            .unwrap_or_default();
+        if messages.is_empty() {
+            return Ok(bodies);
+        }
+        let entries = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                DeleteMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .set_receipt_handle(m.receipt_handle.clone())
+                    .build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        sqs.delete_message_batch()
+            .queue_url(url)
+            .set_entries(Some(entries))
+            .send()
+            .await?;
+        bodies.extend(messages.into_iter().map(|m| m.body.unwrap_or_default()));
+    }
+}
+
+/// Executions of `ids` with a lease taken.
+async fn leased(api: &Arc<Coordinator>, ids: &[Uuid]) -> Result<usize> {
+    let mut count = 0;
+    let mut tasks = JoinSet::new();
+    for id in ids.iter().copied() {
+        if tasks.len() >= IN_FLIGHT {
+            count += usize::from(tasks.join_next().await.context("a read")???);
+        }
+        let api = api.clone();
+        tasks.spawn(async move { Ok::<_, anyhow::Error>(api.get(id).await?.generation > 0) });
+    }
+    while let Some(taken) = tasks.join_next().await {
+        count += usize::from(taken??);
+    }
+    Ok(count)
+}
+
+/// One sweep with a deadline `budget_ms` after its start; the launch work it sent is drained and
+/// checked against what it claimed, and returned.
+async fn sweep(
+    claim: &Coordinator,
+    local: &LocalStack,
+    budget_ms: i64,
+) -> Result<(Sweep, Vec<LaunchWork>)> {
+    let deadline = claim.now() + budget_ms;
+    let started = Instant::now();
+    let report = handlers::claim_within(claim, scheduled_event(), Some(deadline)).await?;
+    let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+    let margin_ms = deadline - claim.now();
+    let work = drain(local, LAUNCH_QUEUE)
+        .await?
+        .iter()
+        .map(|body| serde_json::from_str::<LaunchWork>(body))
+        .collect::<Result<Vec<_>, _>>()?;
+    ensure!(
+        work.len() == report.claimed,
+        "{} claimed but {} launches sent: {report:?}",
+        report.claimed,
+        work.len()
+    );
+    let sweep = Sweep {
+        report,
+        wall_ms,
+        margin_ms,
+        launched: work.len(),
+    };
+    Ok((sweep, work))
+}
+
+/// Submits `executions` with no worker running, drains their requests, and sweeps until every one is
+/// claimed and its launch work sent, each sweep bounded by `budget_ms`.
+pub async fn backlog(executions: usize, budget_ms: i64) -> Result<Backlog> {
+    let (local, api, pipeline, config) = stage("bench-backlog").await?;
+    let api = Arc::new(api);
+    let submitted = Instant::now();
+    let ids = submit_many(&api, &pipeline, executions).await?;
+    let submit_s = submitted.elapsed().as_secs_f64();
+    let requests = drain(&local, WORKER_QUEUE).await?.len();
+    ensure!(
+        requests == executions,
+        "{requests} first-step requests for {executions} executions"
+    );
+
+    let claim =
+        stepline::aws::coordinator_on(&local.clients, &config, Arc::new(ShiftedClock(AHEAD_MS)));
+    let wanted: HashSet<Uuid> = ids.iter().copied().collect();
+    let mut launched: HashSet<Uuid> = HashSet::new();
+    let mut sweeps: Vec<Sweep> = Vec::new();
+    let started = Instant::now();
+    while launched.len() < executions {
+        let (done, work) = sweep(&claim, &local, budget_ms).await?;
+        for w in work {
+            ensure!(
+                w.generation > 0 && wanted.contains(&w.execution_id),
+                "unexpected launch work {w:?}"
+            );
+            ensure!(
+                launched.insert(w.execution_id),
+                "{} launched twice",
+                w.execution_id
+            );
+        }
+        eprintln!(
+            "sweep {}: claimed {} in {} pages, stopped early {}, {:.0} ms, {} ms before its deadline",
+            sweeps.len() + 1,
+            done.report.claimed,
+            done.report.pages,
+            done.report.stopped_early,
+            done.wall_ms,
+            done.margin_ms
+        );
+        sweeps.push(done);
+        if sweeps.len() >= 3 && sweeps.iter().rev().take(3).all(|s| s.report.claimed == 0) {
+            bail!("three sweeps in a row claimed nothing with a backlog left: {sweeps:?}");
+        }
+    }
+    let elapsed_s = started.elapsed().as_secs_f64();
+    let sweeping_s = sweeps.iter().map(|s| s.wall_ms).sum::<f64>() / 1e3;
+    let last_s = sweeps.last().map_or(0.0, |s| s.wall_ms / 1e3);
+    Ok(Backlog {
+        executions,
+        budget_ms,
+        shards: config.due_shards,
+        claim_limit: config.claim_limit,
+        submit_s,
+        claimed_per_sweep_mean: executions as f64 / sweeps.len() as f64,
+        sweeping_s,
+        elapsed_s,
+        scheduled_s: (sweeps.len() - 1) as f64 * CLAIM_PERIOD_S + last_s,
+        all_before_deadline: sweeps.iter().all(|s| s.margin_ms > 0),
+        min_margin_ms: sweeps.iter().map(|s| s.margin_ms).min().unwrap_or(0),
+        leased: leased(&api, &ids).await?,
+        sweeps,
+    })
+}
+
+/// `poison` undecodable items due long ago at the head of shard 0, and good due executions submitted
+/// until `good_in_shard` of them share that shard; one sweep, then another.
+pub async fn poison(poison: usize, good_in_shard: usize, budget_ms: i64) -> Result<Poison> {
+    let (local, api, pipeline, config) = stage("bench-poison").await?;
+    let api = Arc::new(api);
+    let shards = config.due_shards.max(1);
+    let mut good = Vec::new();
+    while good
+        .iter()
+        .filter(|id| due_shard(**id, shards) == 0)
+        .count()
+        < good_in_shard
+    {
+        good.extend(submit_many(&api, &pipeline, 10).await?);
+    }
+    drain(&local, WORKER_QUEUE).await?;
+    let neighbours: Vec<Uuid> = good
+        .iter()
+        .copied()
+        .filter(|id| due_shard(*id, shards) == 0)
+        .collect();
+
+    let dynamodb = &local.clients.dynamodb;
+    let mut items = Vec::new();
+    while items.len() < poison {
+        let id = Uuid::new_v4();
+        if due_shard(id, shards) != 0 {
+            continue;
+        }
+        dynamodb
+            .put_item()
+            .table_name(&config.execution_table)
+            .set_item(Some(HashMap::from([
+                ("pk".to_string(), AttributeValue::S(format!("exec#{id}"))),
+                ("dueShard".to_string(), AttributeValue::S("s0".into())),
+                ("dueAt".to_string(), AttributeValue::N("1000".into())),
+                ("status".to_string(), AttributeValue::S("GARBLED".into())),
+            ])))
+            .send()
+            .await?;
+        items.push(id);
+    }
+
+    let claim =
+        stepline::aws::coordinator_on(&local.clients, &config, Arc::new(ShiftedClock(AHEAD_MS)));
+    let (first, _) = sweep(&claim, &local, budget_ms).await?;
+    let good_in_shard_leased = leased(&api, &neighbours).await?;
+    let now = claim.now();
+    let mut pushed_back = 0;
+    for id in &items {
+        let item = dynamodb
+            .get_item()
+            .table_name(&config.execution_table)
+            .key("pk", AttributeValue::S(format!("exec#{id}")))
+            .send()
+            .await?
+            .item
+            .context("a poison item is gone")?;
+        let due: i64 = item
+            .get("dueAt")
+            .and_then(|v| v.as_n().ok())
+            .context("a poison item left the index")?
+            .parse()?;
+        pushed_back += usize::from(due > now);
+    }
+    let (second, _) = sweep(&claim, &local, budget_ms).await?;
+    Ok(Poison {
+        poison,
+        shard: "s0".into(),
+        good: good.len(),
+        good_in_shard: neighbours.len(),
+        first,
+        good_in_shard_leased,
+        pushed_back,
+        second,
+    })
+}
