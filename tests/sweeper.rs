@@ -5,7 +5,6 @@
 //! Time here is a clock that advances a fixed step on every reading: how far a sweep gets before its
 //! deadline depends on how much it does, never on how fast the machine is.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -132,27 +131,12 @@ async fn poison_items_are_pushed_back_and_the_rest_of_their_shard_is_still_claim
         .collect();
     assert!(!good.is_empty());
     // Items no claim can decode, due long before anything else in shard 0.
+    let mut poison = Vec::new();
+    for _ in 0..POISON {
+        poison.push(stack.local.put_undecodable_due_item(0, shards).await?);
+    }
     let config = CoordinatorConfig::from_lookup(stack.local.stack.env_of(functions::CLAIM)?)?;
     let dynamodb = &stack.local.clients.dynamodb;
-    let mut poison = Vec::new();
-    while poison.len() < POISON {
-        let id = Uuid::new_v4();
-        if due_shard(id, shards) != 0 {
-            continue;
-        }
-        dynamodb
-            .put_item()
-            .table_name(&config.execution_table)
-            .set_item(Some(HashMap::from([
-                ("pk".to_string(), AttributeValue::S(format!("exec#{id}"))),
-                ("dueShard".to_string(), AttributeValue::S("s0".into())),
-                ("dueAt".to_string(), AttributeValue::N("1000".into())),
-                ("status".to_string(), AttributeValue::S("GARBLED".into())),
-            ])))
-            .send()
-            .await?;
-        poison.push(id);
-    }
 
     let first = handlers::claim(&claim, scheduled_event()).await?;
     assert_eq!(first.deferred, POISON, "{first:?}");

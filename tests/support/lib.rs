@@ -13,11 +13,12 @@ use stepline::contract::Contract;
 use stepline::domain::{Execution, PipelineDef};
 use stepline::envelope::Identity;
 use stepline::handlers::DeadLetterQueues;
-use stepline::ports::{Clock, SystemClock};
 use stepline::release::Release;
 use stepline::worker::StepFunction;
 use stepline::{Coordinator, SubmitRequest};
-use stepline_local::{fresh_stage, functions, Binding, LocalStack, Runner, RunnerOptions};
+use stepline_local::{
+    fresh_stage, functions, Binding, LocalStack, Runner, RunnerOptions, ShiftedClock,
+};
 use uuid::Uuid;
 
 pub use stepline_local;
@@ -362,22 +363,5 @@ where
             bail!("condition not reached within {timeout:?}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The system clock moved forward by a fixed offset.
-pub struct ShiftedClock(pub i64);
-
-impl Clock for ShiftedClock {
-    fn now_ms(&self) -> i64 {
-        SystemClock.now_ms() + self.0
-    }
-
-    fn token(&self) -> Uuid {
-        SystemClock.token()
-    }
-
-    fn jitter(&self) -> f64 {
-        SystemClock.jitter()
     }
 }

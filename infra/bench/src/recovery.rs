@@ -4,7 +4,7 @@
 //! deadline has passed. Then a shard whose head is items no claim can decode, with good executions
 //! behind them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,10 +17,10 @@ use stepline::adapters::dynamodb::due_shard;
 use stepline::config::CoordinatorConfig;
 use stepline::envelope::LaunchWork;
 use stepline::handlers;
-use stepline::ports::{Clock, SystemClock};
+
 use stepline::{ClaimReport, Coordinator, SubmitRequest};
 use stepline_local::runner::scheduled_event;
-use stepline_local::{fresh_stage, functions, LocalStack, Template};
+use stepline_local::{fresh_stage, functions, LocalStack, ShiftedClock, Template};
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
@@ -32,21 +32,6 @@ pub const CLAIM_PERIOD_S: f64 = 60.0;
 const IN_FLIGHT: usize = 16;
 const WORKER_QUEUE: &str = "OrderRequestQueue";
 const LAUNCH_QUEUE: &str = "LaunchQueue";
-
-/// The wall clock moved forward by a fixed offset.
-struct ShiftedClock(i64);
-
-impl Clock for ShiftedClock {
-    fn now_ms(&self) -> i64 {
-        SystemClock.now_ms() + self.0
-    }
-    fn token(&self) -> Uuid {
-        SystemClock.token()
-    }
-    fn jitter(&self) -> f64 {
-        SystemClock.jitter()
-    }
-}
 
 /// One sweep: its report, how long it took, and how far from its deadline it returned.
 #[derive(Debug, Clone, Serialize)]
@@ -343,23 +328,8 @@ pub async fn poison(poison: usize, good_in_shard: usize, budget_ms: i64) -> Resu
 
     let dynamodb = &local.clients.dynamodb;
     let mut items = Vec::new();
-    while items.len() < poison {
-        let id = Uuid::new_v4();
-        if due_shard(id, shards) != 0 {
-            continue;
-        }
-        dynamodb
-            .put_item()
-            .table_name(&config.execution_table)
-            .set_item(Some(HashMap::from([
-                ("pk".to_string(), AttributeValue::S(format!("exec#{id}"))),
-                ("dueShard".to_string(), AttributeValue::S("s0".into())),
-                ("dueAt".to_string(), AttributeValue::N("1000".into())),
-                ("status".to_string(), AttributeValue::S("GARBLED".into())),
-            ])))
-            .send()
-            .await?;
-        items.push(id);
+    for _ in 0..poison {
+        items.push(local.put_undecodable_due_item(0, shards).await?);
     }
 
     let claim =

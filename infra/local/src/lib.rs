@@ -267,6 +267,29 @@ impl LocalStack {
         }
     }
 
+    /// Writes an execution item no claim can decode, due long ago in shard `shard` of `shards` (what a
+    /// corrupt record looks like to the sweeper), and returns its id.
+    pub async fn put_undecodable_due_item(&self, shard: u32, shards: u32) -> Result<uuid::Uuid> {
+        use aws_sdk_dynamodb::types::AttributeValue;
+        let id = loop {
+            let id = uuid::Uuid::new_v4();
+            if stepline::adapters::dynamodb::due_shard(id, shards) == shard {
+                break id;
+            }
+        };
+        self.clients
+            .dynamodb
+            .put_item()
+            .table_name(self.stack.table("ExecutionTable")?)
+            .item("pk", AttributeValue::S(format!("exec#{id}")))
+            .item("dueShard", AttributeValue::S(format!("s{shard}")))
+            .item("dueAt", AttributeValue::N("1000".into()))
+            .item("status", AttributeValue::S("GARBLED".into()))
+            .send()
+            .await?;
+        Ok(id)
+    }
+
     /// Starts the runner for `bindings`.
     pub fn run(&self, bindings: Vec<Binding>, options: RunnerOptions) -> Result<Runner> {
         Runner::start(self.clients.sqs.clone(), &self.stack, bindings, options)
@@ -287,6 +310,24 @@ pub fn start_event(event_id: &str, detail: serde_json::Value) -> serde_json::Val
         "resources": [],
         "detail": detail,
     })
+}
+
+/// The wall clock moved by a fixed offset in milliseconds (leases and deadlines expire without
+/// waiting for them).
+pub struct ShiftedClock(pub i64);
+
+impl stepline::ports::Clock for ShiftedClock {
+    fn now_ms(&self) -> i64 {
+        stepline::ports::SystemClock.now_ms() + self.0
+    }
+
+    fn token(&self) -> uuid::Uuid {
+        stepline::ports::SystemClock.token()
+    }
+
+    fn jitter(&self) -> f64 {
+        stepline::ports::SystemClock.jitter()
+    }
 }
 
 /// A fresh stage name (lowercase, as the template's Stage pattern requires).
