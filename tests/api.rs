@@ -1,19 +1,19 @@
 //! The HTTP API (`functions/api`) on the local emulator: requests are built as `lambda_http::Request`s
-//! and handed to `api::handle`, the function the Lambda binary runs, with the test stack's coordinator.
+//! and handed to `stepline::http::handle`, the function the Lambda binary runs, with the test stack's coordinator.
 //! Every test checks status codes and, for refusals, the stable error code.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use api::lambda_http::http::{self, header, HeaderMap};
-use api::lambda_http::{Body, Request};
 use async_trait::async_trait;
 use order_worker::OrderSteps;
 use serde_json::{json, Value};
 use stepline::contract::Contract;
 use stepline::domain::{PipelineDef, Status, StepError, StepKind};
 use stepline::envelope::RequestHeader;
+use stepline::http::lambda_http::http::{self, header, HeaderMap};
+use stepline::http::lambda_http::{Body, Request};
 use stepline::release::{Artifact, Release};
 use stepline::worker::StepFunction;
 use stepline_suite::TestStack;
@@ -65,7 +65,7 @@ async fn call_raw(stack: &TestStack, method: &str, path: &str, body: &str) -> An
             Body::from(body.to_string())
         })
         .expect("request builds");
-    let response = api::handle(&stack.api, request).await;
+    let response = stepline::http::handle(&stack.api, request).await;
     assert_eq!(
         response
             .headers()

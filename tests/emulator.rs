@@ -10,7 +10,6 @@ use async_trait::async_trait;
 use order_worker::OrderSteps;
 use serde_json::{json, Value};
 use stepline::adapters::SqsSender;
-use stepline::dlq::{ReplayFilter, ReplayRequest};
 use stepline::domain::{launch_id, Status, StepError, StepStatus};
 use stepline::envelope::{
     DeadLetterEnvelope, LaunchWork, RequestHeader, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE,
@@ -18,6 +17,7 @@ use stepline::envelope::{
 use stepline::handlers::{
     self, CancelRequest, MoveRequest, MoveSource, OperatorRequest, OperatorResponse, RedriveRequest,
 };
+use stepline::handlers::{ReplayFilter, ReplayRequest};
 use stepline::ports::{MessageSender, OutMessage, SendError};
 use stepline::worker::{StepFunction, Worker};
 use stepline::SubmitRequest;

@@ -166,7 +166,7 @@ async fn start_queue_poison_goes_to_the_start_dlq_and_moves_back_to_the_start_qu
         &dlqs.refs(),
         stepline::handlers::OperatorRequest::Move(stepline::handlers::MoveRequest {
             queue: stepline::handlers::MoveSource::Start,
-            replay: stepline::dlq::ReplayRequest {
+            replay: stepline::handlers::ReplayRequest {
                 filter: Default::default(),
                 dry_run: false,
                 max_messages: 10,

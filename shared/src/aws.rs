@@ -8,12 +8,14 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_sqs::config::SharedCredentialsProvider;
 
 use crate::adapters::{
-    DynamoDbExecutionStore, DynamoDbReleaseRegistry, EventBridgePublisher, SqsSender,
+    DynamoDbExecutionStore, DynamoDbReleaseRegistry, EventBridgePublisher, SqsDeadLetterQueue,
+    SqsSender,
 };
 use crate::config::{CoordinatorConfig, WorkerConfig};
-use crate::contract::Contract;
 use crate::coordinator::{Coordinator, Settings};
+use crate::domain::contract::Contract;
 use crate::envelope::Identity;
+use crate::handlers::DeadLetterQueues;
 use crate::ports::{Clock, SystemClock};
 use crate::worker::{SqsVisibilityExtender, StepFunction, Worker};
 
@@ -145,24 +147,31 @@ pub fn worker_on(
     }
 }
 
-/// Runs a worker function under the Lambda runtime: release and DLQ from the environment, identity
-/// from `contract` (the code it was built from).
-pub async fn run_worker(
-    contract: Contract,
-    steps: Arc<dyn StepFunction>,
-) -> Result<(), lambda_runtime::Error> {
-    crate::telemetry::init();
-    let worker = Arc::new(self::worker(
-        &lambda_sdk_config(),
-        &WorkerConfig::from_env()?,
-        &contract,
-        steps,
-    ));
-    lambda_runtime::run(lambda_runtime::service_fn(
-        |event: lambda_runtime::LambdaEvent<aws_lambda_events::event::sqs::SqsEvent>| {
-            let worker = worker.clone();
-            async move { Ok::<_, lambda_runtime::Error>(worker.handle(event.payload).await) }
-        },
-    ))
-    .await
+/// The coordinator's dead-letter queues on SQS, as the operator function reads them.
+pub struct SqsDeadLetterQueues {
+    execution: SqsDeadLetterQueue,
+    launch: SqsDeadLetterQueue,
+    reply: SqsDeadLetterQueue,
+    start: Option<SqsDeadLetterQueue>,
+}
+
+impl SqsDeadLetterQueues {
+    pub fn new(sqs: &aws_sdk_sqs::Client, config: &CoordinatorConfig) -> Self {
+        let queue = |url: &str| SqsDeadLetterQueue::new(sqs.clone(), url);
+        Self {
+            execution: queue(&config.execution_dlq_url),
+            launch: queue(&config.launch_dlq_url),
+            reply: queue(&config.reply_dlq_url),
+            start: config.start_dlq_url.as_deref().map(queue),
+        }
+    }
+
+    pub fn refs(&self) -> DeadLetterQueues<'_> {
+        DeadLetterQueues {
+            execution: &self.execution,
+            launch: &self.launch,
+            reply: &self.reply,
+            start: self.start.as_ref().map(|q| q as _),
+        }
+    }
 }

@@ -7,7 +7,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::domain::StepError;
+use crate::domain::{ParentLink, StepError};
 
 pub const REQUEST_KIND: &str = "stepline.request.v1";
 pub const REPLY_KIND: &str = "stepline.reply.v1";
@@ -21,6 +21,10 @@ pub const INTERACTION_KIND: &str = "stepline.interaction.v1";
 pub const REASON_ATTRIBUTE: &str = "stepline.reason";
 pub const DETAIL_ATTRIBUTE: &str = "stepline.detail";
 pub const SOURCE_ATTRIBUTE: &str = "stepline.source";
+/// The detail-type of an event that starts an execution.
+pub const START_DETAIL_TYPE: &str = "StartExecution";
+/// The `source` of the start events the coordinator sends itself (a fan-out's children).
+pub const START_SOURCE: &str = "stepline";
 
 /// The pinned identity a command is addressed to; a worker serves exactly one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -273,4 +277,31 @@ mod tests {
         assert_ne!(fingerprint(b"a"), fingerprint(b"b"));
         assert_eq!(fingerprint(b"a").len(), 32);
     }
+}
+
+/// An EventBridge event asking for an execution, as the bus's StartExecution rule delivers it to the
+/// start queue, and as a fan-out step starts its children. Started idempotently on its `id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StartEvent {
+    pub id: String,
+    #[serde(rename = "detail-type")]
+    pub detail_type: String,
+    #[serde(default)]
+    pub source: String,
+    pub detail: StartDetail,
+}
+
+/// The `detail` of a StartExecution event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartDetail {
+    pub pipeline_id: String,
+    pub tenant: String,
+    #[serde(default)]
+    pub input: Value,
+    #[serde(default)]
+    pub release_version: Option<String>,
+    /// Set when a fan-out starts the execution as its child.
+    #[serde(default)]
+    pub parent: Option<ParentLink>,
 }

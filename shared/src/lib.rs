@@ -1,22 +1,31 @@
 //! Stepline: a durable pipeline coordinator built from single-shot AWS Lambda handlers.
 //!
-//! - [`domain`]: pipeline definitions, the execution record and the pure state machine.
-//! - [`ports`]: the narrow interfaces the handlers use; [`adapters`]: DynamoDB, SQS and in-memory.
-//! - [`coordinator`]: load, decide, commit conditionally, act; [`handlers`]: the Lambda entry points.
-//! - [`envelope`]: request/reply/launch-work wire formats; [`worker`]: the worker runtime.
+//! Layers, each importing only from those below it:
+//! - [`domain`]: pipeline definitions, contracts, releases, the execution record, the pure state
+//!   machine and the catalogue of stable codes. No I/O.
+//! - [`ports`]: the narrow interfaces the coordinator uses; [`adapters`]: DynamoDB, SQS, EventBridge
+//!   and in-memory implementations of them. [`envelope`]: the wire formats.
+//! - [`coordinator`]: load, decide, commit conditionally, carry out the actions: the one path of
+//!   every decision.
+//! - [`handlers`] (SQS, EventBridge and operator events) and `http` (the HTTP API, feature `http`):
+//!   inbound adapters that decode, call the coordinator and encode; [`lambda`]: the Lambda runtime
+//!   wiring the function binaries share. [`worker`]: the worker runtime for step code.
 
 pub mod adapters;
 pub mod aws;
 pub mod cache;
 pub mod config;
-pub mod contract;
 pub mod coordinator;
 pub mod domain;
 pub mod envelope;
 pub mod handlers;
+#[cfg(feature = "http")]
+pub mod http;
+pub mod lambda;
 pub mod metrics;
 pub mod ports;
-pub mod release;
+#[cfg(feature = "testing")]
+pub mod sim;
 pub mod telemetry;
 pub mod worker;
 
@@ -24,5 +33,4 @@ pub use aws_lambda_events;
 pub use coordinator::{
     Applied, ClaimReport, Coordinator, CoordinatorError, Settings, SubmitRequest, Submitted,
 };
-pub mod dlq;
-pub mod sim;
+pub use domain::{contract, release, Code};

@@ -1,11 +1,12 @@
-//! Ports: the narrow interfaces the handlers depend on. AWS adapters live in `adapters`, in-memory
+//! Ports: the narrow interfaces the coordinator depends on. AWS adapters live in `adapters`, in-memory
 //! stand-ins for unit and simulation tests in `adapters::memory`.
 
 use async_trait::async_trait;
 use uuid::Uuid;
 
+use crate::domain::release::{Activation, Release};
 use crate::domain::Execution;
-use crate::release::{Activation, Release};
+use std::collections::HashMap;
 
 /// Store failures the handlers must tell apart.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,15 +40,9 @@ pub trait ExecutionStore: Send + Sync {
     async fn create(&self, record: &Execution) -> Result<(), StoreError>;
     /// Replaces the record if its stored version is still `expected_version`; `Conflict` otherwise.
     async fn replace(&self, record: &Execution, expected_version: u64) -> Result<(), StoreError>;
-    /// One page (at most `limit`) of the executions due at `now` in one shard of the due-time index,
-    /// earliest first, starting after `after` (a Query, never a Scan).
-    async fn due(
-        &self,
-        shard: u32,
-        now: i64,
-        limit: i32,
-        after: Option<DueCursor>,
-    ) -> Result<DuePage, StoreError>;
+    /// One page of the executions due in one shard of the due-time index, earliest first (a Query,
+    /// never a Scan).
+    async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError>;
     /// Pushes an execution's due-index entry back (never forward), after a claim that cannot succeed:
     /// it counts the execution's failed claims and moves the entry to `backoff.until(now, failures)`,
     /// so one bad item never holds the head of its shard. A later write of the record replaces the
@@ -55,6 +50,15 @@ pub trait ExecutionStore: Send + Sync {
     async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError>;
     /// Number of due-index shards entries are written to now.
     fn shards(&self) -> u32;
+}
+
+/// A page of the due index to read: at most `limit` executions due at `now` in `shard`, after `after`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DueQuery {
+    pub shard: u32,
+    pub now: i64,
+    pub limit: i32,
+    pub after: Option<DueCursor>,
 }
 
 /// Where a page of the due index ended: the last entry's due time and execution.
@@ -156,6 +160,26 @@ pub struct SendError {
 pub trait MessageSender: Send + Sync {
     /// Sends in batches; returns one result per message, in order.
     async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>>;
+}
+
+/// A message received from a dead-letter queue, held invisible until deleted or released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub handle: String,
+    pub body: String,
+    pub attributes: HashMap<String, String>,
+    /// Epoch milliseconds the message was first sent (SQS `SentTimestamp`).
+    pub sent_at: Option<i64>,
+}
+
+/// A dead-letter queue, as bulk replay and moving messages back read it.
+#[async_trait]
+pub trait DeadLetterQueue: Send + Sync {
+    /// Receives up to `max` (at most 10) messages and hides them while the replay runs.
+    async fn receive(&self, max: usize) -> Result<Vec<DeadLetter>, StoreError>;
+    async fn delete(&self, handle: &str) -> Result<(), StoreError>;
+    /// Makes a held message visible again.
+    async fn release(&self, handle: &str) -> Result<(), StoreError>;
 }
 
 /// A lifecycle event as published to the event bus.

@@ -34,7 +34,7 @@ use crate::coordinator::{Coordinator, Settings, SubmitRequest};
 use crate::domain::{Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError, StepStatus};
 use crate::envelope::{DeadLetterEnvelope, Identity, RequestHeader};
 use crate::ports::{
-    Backoff, BusEvent, Clock, DueCursor, DuePage, EventPublisher, ExecutionStore, MessageSender,
+    Backoff, BusEvent, Clock, DuePage, DueQuery, EventPublisher, ExecutionStore, MessageSender,
     OutMessage, ReleaseRegistry, SendError, StoreError,
 };
 use crate::worker::{StepFunction, Worker};
@@ -415,13 +415,13 @@ impl ExecutionStore for SimStore {
         }
     }
 
-    async fn due(
-        &self,
-        shard: u32,
-        now: i64,
-        limit: i32,
-        after: Option<DueCursor>,
-    ) -> Result<DuePage, StoreError> {
+    async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError> {
+        let DueQuery {
+            shard,
+            now,
+            limit,
+            after,
+        } = query;
         YieldOnce(false).await;
         let mut w = self.0.lock().expect("world");
         match w.fate() {

@@ -44,7 +44,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::cache::{byte_budget, BoundedCache};
-use crate::domain::StepError;
+use crate::domain::{Code, StepError};
 use crate::envelope::{
     Identity, RawRequest, ReplyEnvelope, ReplyOutcome, RequestHeader, CANCEL_KIND,
     DETAIL_ATTRIBUTE, REASON_ATTRIBUTE, REQUEST_KIND, SOURCE_ATTRIBUTE,
@@ -101,12 +101,12 @@ pub enum WorkerError {
 }
 
 impl WorkerError {
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> Code {
         match self {
-            WorkerError::Undecodable(_) => "UNDECODABLE",
-            WorkerError::IdentityMismatch { .. } => "IDENTITY_MISMATCH",
-            WorkerError::ReplyFailed(_) => "REPLY_FAILED",
-            WorkerError::StepCrashed(_) => "STEP_CRASHED",
+            WorkerError::Undecodable(_) => Code::Undecodable,
+            WorkerError::IdentityMismatch { .. } => Code::IdentityMismatch,
+            WorkerError::ReplyFailed(_) => Code::ReplyFailed,
+            WorkerError::StepCrashed(_) => Code::StepCrashed,
         }
     }
 }
@@ -285,7 +285,7 @@ impl Worker {
     async fn deliver(&self, dispositions: Vec<(String, Disposition)>) -> SqsBatchResponse {
         let mut response = SqsBatchResponse::default();
         let fail = |id: String, err: &WorkerError, response: &mut SqsBatchResponse| {
-            tracing::error!(message_id = %id, code = err.code(), error = %err, "request not handled");
+            tracing::error!(message_id = %id, code = %err.code(), error = %err, "request not handled");
             let mut failure = BatchItemFailure::default();
             failure.item_identifier = id;
             response.batch_item_failures.push(failure);
@@ -463,7 +463,7 @@ impl Core {
             }
         };
         let input = serde_json::from_str::<Value>(payload.get())
-            .map_err(|e| StepError::new("UNDECODABLE_INPUT", e.to_string(), false));
+            .map_err(|e| StepError::new(Code::UndecodableInput.as_str(), e.to_string(), false));
         Triage::Run(Job {
             header,
             input,
@@ -502,7 +502,7 @@ impl Core {
             message_id = %id,
             execution_id = header.map(|h| tracing::field::display(h.execution_id)),
             launch_id = header.map(|h| tracing::field::display(h.launch_id)),
-            code = error.code(), error = %error,
+            code = %error.code(), error = %error,
             dead_letter_queue = self.dead_letter_queue.as_deref(),
             "request rejected"
         );
@@ -526,7 +526,7 @@ impl Core {
                 let reply = ReplyEnvelope::for_request(
                     header,
                     ReplyOutcome::Failed {
-                        error: StepError::new(error.code(), error.to_string(), false),
+                        error: StepError::new(error.code().as_str(), error.to_string(), false),
                     },
                 );
                 Some((

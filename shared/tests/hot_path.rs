@@ -4,60 +4,17 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use common::{settings, sqs, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
-use stepline::domain::{launch_id, Execution, PipelineDef, Status};
+use stepline::domain::{launch_id, PipelineDef, Status};
 use stepline::envelope::{ReplyEnvelope, ReplyOutcome};
-use stepline::ports::{
-    Backoff, DueCursor, DuePage, ExecutionStore, ReleaseRegistry, StoreError, SystemClock,
-};
+use stepline::ports::{ReleaseRegistry, SystemClock};
 use stepline::release::Release;
 use stepline::{handlers, Coordinator, SubmitRequest};
 use uuid::Uuid;
-
-/// Counts the calls that reach the store.
-#[derive(Default)]
-struct Counting {
-    inner: InMemoryExecutionStore,
-    gets: AtomicUsize,
-    writes: AtomicUsize,
-}
-
-#[async_trait]
-impl ExecutionStore for Counting {
-    async fn get(&self, id: Uuid) -> Result<Option<Execution>, StoreError> {
-        self.gets.fetch_add(1, Ordering::SeqCst);
-        self.inner.get(id).await
-    }
-    async fn create(&self, record: &Execution) -> Result<(), StoreError> {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.inner.create(record).await
-    }
-    async fn replace(&self, record: &Execution, expected: u64) -> Result<(), StoreError> {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.inner.replace(record, expected).await
-    }
-    async fn due(
-        &self,
-        shard: u32,
-        now: i64,
-        limit: i32,
-        after: Option<DueCursor>,
-    ) -> Result<DuePage, StoreError> {
-        self.inner.due(shard, now, limit, after).await
-    }
-    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
-        self.inner.defer(id, now, backoff).await
-    }
-    fn shards(&self) -> u32 {
-        1
-    }
-}
 
 fn def() -> PipelineDef {
     task_pipeline("hot", &["a", "b", "c"])
@@ -83,8 +40,13 @@ fn reply_to_last_request(sender: &RecordingSender) -> String {
     .unwrap()
 }
 
-async fn setup() -> (Arc<Counting>, Arc<RecordingSender>, Coordinator, Uuid) {
-    let store = Arc::new(Counting::default());
+async fn setup() -> (
+    Arc<InMemoryExecutionStore>,
+    Arc<RecordingSender>,
+    Coordinator,
+    Uuid,
+) {
+    let store = Arc::new(InMemoryExecutionStore::default());
     let registry = Arc::new(InMemoryReleaseRegistry::default());
     registry
         .register(&Release::new(def(), Vec::new()))
@@ -109,11 +71,7 @@ async fn setup() -> (Arc<Counting>, Arc<RecordingSender>, Coordinator, Uuid) {
         .await
         .unwrap();
     // The submit launched the first step itself: its request is what it sent.
-    assert_eq!(
-        store.writes.load(Ordering::SeqCst),
-        1,
-        "one write: the create"
-    );
+    assert_eq!(store.writes(), 1, "one write: the create");
     (store, sender, coordinator, submitted.execution)
 }
 
@@ -121,24 +79,13 @@ async fn setup() -> (Arc<Counting>, Arc<RecordingSender>, Coordinator, Uuid) {
 async fn a_reply_to_the_process_that_launched_the_step_costs_one_write_and_one_send() {
     let (store, sender, coordinator, id) = setup().await;
     let reply = reply_to_last_request(&sender);
-    let (gets, writes) = (
-        store.gets.load(Ordering::SeqCst),
-        store.writes.load(Ordering::SeqCst),
-    );
+    let (gets, writes) = (store.gets(), store.writes());
 
     let response = handlers::completion(&coordinator, sqs(reply)).await;
 
     assert!(response.batch_item_failures.is_empty());
-    assert_eq!(
-        store.gets.load(Ordering::SeqCst) - gets,
-        0,
-        "no read on the hot path"
-    );
-    assert_eq!(
-        store.writes.load(Ordering::SeqCst) - writes,
-        1,
-        "one conditional write"
-    );
+    assert_eq!(store.gets() - gets, 0, "no read on the hot path");
+    assert_eq!(store.writes() - writes, 1, "one conditional write");
     let sent = sender.drain();
     assert_eq!(sent.len(), 1, "one send: the next request");
     let next: serde_json::Value = serde_json::from_str(&sent[0].1.body).unwrap();
@@ -149,10 +96,10 @@ async fn a_reply_to_the_process_that_launched_the_step_costs_one_write_and_one_s
         ReplyOutcome::Succeeded { output: json!({}) },
     ))
     .unwrap();
-    let gets = store.gets.load(Ordering::SeqCst);
+    let gets = store.gets();
     handlers::completion(&coordinator, sqs(reply)).await;
-    assert_eq!(store.gets.load(Ordering::SeqCst), gets);
-    assert_eq!(store.inner.snapshot(id).unwrap().step, 2);
+    assert_eq!(store.gets(), gets);
+    assert_eq!(store.snapshot(id).unwrap().step, 2);
 }
 
 #[tokio::test]
@@ -167,21 +114,18 @@ async fn a_stale_copy_is_never_trusted() {
         Arc::new(SystemClock),
         settings(),
     );
-    let mut record = store.inner.snapshot(id).unwrap();
+    let mut record = store.snapshot(id).unwrap();
     let expected = record.version;
     record.status = Status::Cancelled;
     record.version += 1;
     other.store().replace(&record, expected).await.unwrap();
-    let gets = store.gets.load(Ordering::SeqCst);
+    let gets = store.gets();
 
     let response = handlers::completion(&coordinator, sqs(reply)).await;
 
     assert!(response.batch_item_failures.is_empty());
-    assert!(
-        store.gets.load(Ordering::SeqCst) > gets,
-        "the lost race made it read"
-    );
-    let after = store.inner.snapshot(id).unwrap();
+    assert!(store.gets() > gets, "the lost race made it read");
+    let after = store.snapshot(id).unwrap();
     assert_eq!(
         after.status,
         Status::Cancelled,

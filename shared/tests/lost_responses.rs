@@ -13,59 +13,11 @@ use async_trait::async_trait;
 use common::{settings, sqs, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
-use stepline::domain::{launch_id, Execution, PipelineDef};
+use stepline::domain::{launch_id, PipelineDef};
 use stepline::envelope::{ReplyEnvelope, ReplyOutcome, RequestHeader};
-use stepline::ports::{
-    Backoff, DueCursor, DuePage, ExecutionStore, MessageSender, OutMessage, ReleaseRegistry,
-    SendError, StoreError, SystemClock,
-};
+use stepline::ports::{MessageSender, OutMessage, ReleaseRegistry, SendError, SystemClock};
 use stepline::release::Release;
 use stepline::{handlers, Coordinator, SubmitRequest};
-use uuid::Uuid;
-
-/// Applies a write, then answers as the SDK's retry would after the response was lost: the condition
-/// failed (the first attempt had already moved the version on).
-#[derive(Default)]
-struct LosesResponses {
-    inner: InMemoryExecutionStore,
-    lose_next: AtomicBool,
-}
-
-#[async_trait]
-impl ExecutionStore for LosesResponses {
-    async fn get(&self, id: Uuid) -> Result<Option<Execution>, StoreError> {
-        self.inner.get(id).await
-    }
-    async fn create(&self, record: &Execution) -> Result<(), StoreError> {
-        self.inner.create(record).await?;
-        match self.lose_next.swap(false, Ordering::SeqCst) {
-            true => Err(StoreError::Conflict),
-            false => Ok(()),
-        }
-    }
-    async fn replace(&self, record: &Execution, expected: u64) -> Result<(), StoreError> {
-        self.inner.replace(record, expected).await?;
-        match self.lose_next.swap(false, Ordering::SeqCst) {
-            true => Err(StoreError::Conflict),
-            false => Ok(()),
-        }
-    }
-    async fn due(
-        &self,
-        shard: u32,
-        now: i64,
-        limit: i32,
-        after: Option<DueCursor>,
-    ) -> Result<DuePage, StoreError> {
-        self.inner.due(shard, now, limit, after).await
-    }
-    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
-        self.inner.defer(id, now, backoff).await
-    }
-    fn shards(&self) -> u32 {
-        1
-    }
-}
 
 /// Records what is sent; fails every send while `down` is set.
 #[derive(Default)]
@@ -96,7 +48,7 @@ fn def() -> PipelineDef {
     task_pipeline("lossy", &["a", "b"])
 }
 
-async fn coordinator(store: Arc<LosesResponses>, sender: Arc<FlakySender>) -> Coordinator {
+async fn coordinator(store: Arc<InMemoryExecutionStore>, sender: Arc<FlakySender>) -> Coordinator {
     let registry = Arc::new(InMemoryReleaseRegistry::default());
     registry
         .register(&Release::new(def(), Vec::new()))
@@ -132,7 +84,7 @@ fn requests(sender: &FlakySender) -> Vec<RequestHeader> {
 
 #[tokio::test]
 async fn a_reply_whose_commit_response_was_lost_still_sends_the_next_request() {
-    let store = Arc::new(LosesResponses::default());
+    let store = Arc::new(InMemoryExecutionStore::default());
     let sender = Arc::new(FlakySender::default());
     let coordinator = coordinator(store.clone(), sender.clone()).await;
     let id = coordinator
@@ -143,12 +95,12 @@ async fn a_reply_whose_commit_response_was_lost_still_sends_the_next_request() {
     let first = requests(&sender).pop().expect("the first request");
     let reply = ReplyEnvelope::for_request(&first, ReplyOutcome::Succeeded { output: json!({}) });
 
-    store.lose_next.store(true, Ordering::SeqCst);
+    store.lose_next_response();
     let response =
         handlers::completion(&coordinator, sqs(serde_json::to_string(&reply).unwrap())).await;
 
     assert!(response.batch_item_failures.is_empty());
-    let record = store.inner.snapshot(id).unwrap();
+    let record = store.snapshot(id).unwrap();
     assert_eq!((record.step, record.version), (1, 2), "applied once");
     let sent = requests(&sender);
     assert_eq!(sent.len(), 1, "the next request went out: {sent:?}");
@@ -157,10 +109,10 @@ async fn a_reply_whose_commit_response_was_lost_still_sends_the_next_request() {
 
 #[tokio::test]
 async fn a_submit_whose_create_response_was_lost_sends_its_first_request() {
-    let store = Arc::new(LosesResponses::default());
+    let store = Arc::new(InMemoryExecutionStore::default());
     let sender = Arc::new(FlakySender::default());
     let coordinator = coordinator(store.clone(), sender.clone()).await;
-    store.lose_next.store(true, Ordering::SeqCst);
+    store.lose_next_response();
 
     let submitted = coordinator.submit(submit_request()).await.unwrap();
 
@@ -172,7 +124,7 @@ async fn a_submit_whose_create_response_was_lost_sends_its_first_request() {
 
 #[tokio::test]
 async fn a_duplicate_submit_re_sends_a_first_request_that_may_not_have_gone_out() {
-    let store = Arc::new(LosesResponses::default());
+    let store = Arc::new(InMemoryExecutionStore::default());
     let sender = Arc::new(FlakySender::default());
     let coordinator = coordinator(store.clone(), sender.clone()).await;
     // The first submitter commits, then its send fails (as if it died before sending).
@@ -189,7 +141,7 @@ async fn a_duplicate_submit_re_sends_a_first_request_that_may_not_have_gone_out(
     assert_eq!(sent.len(), 1, "re-sent at once");
     assert_eq!(sent[0].launch_id, launch_id(first.execution, 0, 1));
     assert_eq!(
-        store.inner.snapshot(first.execution).unwrap().version,
+        store.snapshot(first.execution).unwrap().version,
         1,
         "re-sending writes nothing"
     );

@@ -2912,7 +2912,7 @@ fn walk(seed: u64, seen: &mut Seen) {
                 seen.skips.insert(format!("{skip:?}"));
             }
             Decision::Reject(rejection) => {
-                seen.rejections.insert(rejection.code());
+                seen.rejections.insert(rejection.code().as_str());
             }
         }
         seen.statuses.insert(record.status.as_str());

@@ -4,5 +4,5 @@ use std::sync::Arc;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    stepline::aws::run_worker(order_worker::contract(), Arc::new(order_worker::OrderSteps)).await
+    stepline::lambda::run_worker(order_worker::contract(), Arc::new(order_worker::OrderSteps)).await
 }

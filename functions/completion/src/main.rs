@@ -1,25 +1,11 @@
 //! Completion function (SQS reply queue): commits a step's outcome and dispatches the next step.
 
-use std::sync::Arc;
-
-use lambda_runtime::{service_fn, LambdaEvent};
-use stepline::aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-use stepline::config::CoordinatorConfig;
+use stepline::handlers::completion;
 
 #[tokio::main]
-async fn main() -> Result<(), lambda_runtime::Error> {
-    stepline::telemetry::init();
-    let coordinator = Arc::new(stepline::aws::coordinator(
-        &stepline::aws::lambda_sdk_config(),
-        &CoordinatorConfig::from_env()?,
-    ));
-    lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
-        let coordinator = coordinator.clone();
-        async move {
-            Ok::<SqsBatchResponse, lambda_runtime::Error>(
-                stepline::handlers::completion(&coordinator, event.payload).await,
-            )
-        }
-    }))
+async fn main() -> Result<(), stepline::lambda::Error> {
+    stepline::lambda::serve_sqs(|function, event| async move {
+        completion(&function.coordinator, event).await
+    })
     .await
 }

@@ -1,25 +1,12 @@
-//! Launch function (SQS launch queue): saves a step as `launching`, then sends it to its worker.
+//! Launch function (SQS launch queue and start queue): under the lease its work carries, saves the step
+//! as `launching` and sends the request to the step's worker; a StartExecution event starts an execution.
 
-use std::sync::Arc;
-
-use lambda_runtime::{service_fn, LambdaEvent};
-use stepline::aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-use stepline::config::CoordinatorConfig;
+use stepline::handlers::launch;
 
 #[tokio::main]
-async fn main() -> Result<(), lambda_runtime::Error> {
-    stepline::telemetry::init();
-    let coordinator = Arc::new(stepline::aws::coordinator(
-        &stepline::aws::lambda_sdk_config(),
-        &CoordinatorConfig::from_env()?,
-    ));
-    lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
-        let coordinator = coordinator.clone();
-        async move {
-            Ok::<SqsBatchResponse, lambda_runtime::Error>(
-                stepline::handlers::launch(&coordinator, event.payload).await,
-            )
-        }
-    }))
+async fn main() -> Result<(), stepline::lambda::Error> {
+    stepline::lambda::serve_sqs(|function, event| async move {
+        launch(&function.coordinator, event).await
+    })
     .await
 }

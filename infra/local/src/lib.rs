@@ -102,7 +102,7 @@ impl LocalStack {
                     let claim = claim.clone();
                     Box::pin(async move {
                         if let Err(e) = stepline::handlers::claim(&claim, event).await {
-                            tracing::warn!(code = e.code(), error = %e, "claim run failed");
+                            tracing::warn!(code = %e.code(), error = %e, "claim run failed");
                         }
                     })
                 }),

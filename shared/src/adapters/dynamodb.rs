@@ -22,7 +22,8 @@ use uuid::Uuid;
 
 use crate::domain::Execution;
 use crate::ports::{
-    Backoff, DueCursor, DuePage, ExecutionStore, Registration, ReleaseRegistry, StoreError,
+    Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, Registration, ReleaseRegistry,
+    StoreError,
 };
 use crate::release::{Activation, Release};
 
@@ -222,13 +223,13 @@ impl ExecutionStore for DynamoDbExecutionStore {
         Ok(())
     }
 
-    async fn due(
-        &self,
-        shard: u32,
-        now: i64,
-        limit: i32,
-        after: Option<DueCursor>,
-    ) -> Result<DuePage, StoreError> {
+    async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError> {
+        let DueQuery {
+            shard,
+            now,
+            limit,
+            after,
+        } = query;
         let shard_key = format!("s{shard}");
         // A GSI's start key holds the index keys and the table key of the last item read.
         let start = after.map(|c| {

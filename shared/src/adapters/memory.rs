@@ -2,6 +2,7 @@
 //! semantics as the DynamoDB adapters: `create` fails on an existing id, `replace` on a changed version.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -10,7 +11,7 @@ use uuid::Uuid;
 use crate::adapters::dynamodb::due_shard;
 use crate::domain::Execution;
 use crate::ports::{
-    Backoff, DueCursor, DuePage, ExecutionStore, MessageSender, OutMessage, Registration,
+    Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, MessageSender, OutMessage, Registration,
     ReleaseRegistry, SendError, StoreError,
 };
 use crate::release::{Activation, Release};
@@ -20,6 +21,11 @@ pub struct InMemoryExecutionStore {
     records: Mutex<HashMap<Uuid, Execution>>,
     deferrals: Mutex<Deferrals>,
     shards: u32,
+    /// Reads and writes that reached the store (tests count the calls of a path).
+    gets: AtomicUsize,
+    writes: AtomicUsize,
+    /// Answer the next write as the SDK's retry does after a lost response: applied, then `Conflict`.
+    lose_next: AtomicBool,
 }
 
 /// Due-index entries pushed back by `defer`, as the DynamoDB adapter moves an item's `dueAt`: a
@@ -77,9 +83,32 @@ pub(crate) fn due_page(
 impl InMemoryExecutionStore {
     pub fn new(shards: u32) -> Self {
         Self {
-            records: Mutex::default(),
-            deferrals: Mutex::default(),
             shards: shards.max(1),
+            ..Self::default()
+        }
+    }
+
+    /// Reads (`get`) that reached the store.
+    pub fn gets(&self) -> usize {
+        self.gets.load(Ordering::SeqCst)
+    }
+
+    /// Writes (`create`, `replace`) that reached the store, applied or not.
+    pub fn writes(&self) -> usize {
+        self.writes.load(Ordering::SeqCst)
+    }
+
+    /// The next write is applied but answered with `Conflict`, as the SDK's retry of a write whose
+    /// response was lost meets the version the write itself set.
+    pub fn lose_next_response(&self) {
+        self.lose_next.store(true, Ordering::SeqCst);
+    }
+
+    /// The outcome of a write that was applied.
+    fn answer(&self) -> Result<(), StoreError> {
+        match self.lose_next.swap(false, Ordering::SeqCst) {
+            true => Err(StoreError::Conflict),
+            false => Ok(()),
         }
     }
 
@@ -91,38 +120,41 @@ impl InMemoryExecutionStore {
 #[async_trait]
 impl ExecutionStore for InMemoryExecutionStore {
     async fn get(&self, id: Uuid) -> Result<Option<Execution>, StoreError> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
         Ok(self.snapshot(id))
     }
 
     async fn create(&self, record: &Execution) -> Result<(), StoreError> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
         let mut records = self.records.lock().expect("store");
         if records.contains_key(&record.id) {
             return Err(StoreError::Conflict);
         }
         records.insert(record.id, record.clone());
         self.deferrals.lock().expect("store").written(record.id);
-        Ok(())
+        self.answer()
     }
 
     async fn replace(&self, record: &Execution, expected_version: u64) -> Result<(), StoreError> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
         let mut records = self.records.lock().expect("store");
         match records.get(&record.id) {
             Some(current) if current.version == expected_version => {
                 records.insert(record.id, record.clone());
                 self.deferrals.lock().expect("store").written(record.id);
-                Ok(())
+                self.answer()
             }
             _ => Err(StoreError::Conflict),
         }
     }
 
-    async fn due(
-        &self,
-        shard: u32,
-        now: i64,
-        limit: i32,
-        after: Option<DueCursor>,
-    ) -> Result<DuePage, StoreError> {
+    async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError> {
+        let DueQuery {
+            shard,
+            now,
+            limit,
+            after,
+        } = query;
         let records = self.records.lock().expect("store");
         let deferrals = self.deferrals.lock().expect("store");
         let entries = records

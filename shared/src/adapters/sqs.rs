@@ -9,8 +9,7 @@ use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use aws_sdk_sqs::Client;
 
-use crate::dlq::{DeadLetter, DeadLetterQueue};
-use crate::ports::{MessageSender, OutMessage, SendError, StoreError};
+use crate::ports::{DeadLetter, DeadLetterQueue, MessageSender, OutMessage, SendError, StoreError};
 
 /// SendMessageBatch takes at most 10 entries.
 pub const MAX_BATCH: usize = 10;

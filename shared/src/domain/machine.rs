@@ -32,6 +32,7 @@
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use super::codes::Code;
 use super::execution::{
     AwaitUnit, DeadLetterMark, Execution, Incident, Interaction, InteractionCompletion, Lease,
     LifecycleEvent, LifecycleKind, Receipt, RedriveNote, Status, StepError, StepProgress,
@@ -151,7 +152,7 @@ pub struct Sender {
 /// The sweeper re-publishes an unconfirmed outbox this many times (backing off) before dropping it.
 pub const MAX_PUBLISH_ATTEMPTS: u32 = 8;
 /// The incident code of a dropped outbox.
-pub const EVENTS_DROPPED: &str = "EVENTS_DROPPED";
+pub const EVENTS_DROPPED: &str = Code::EventsDropped.as_str();
 
 /// A heartbeat extends an attempt's deadline to at most this many step timeouts after its launch.
 pub const MAX_HEARTBEAT_TIMEOUTS: i64 = 12;
@@ -237,20 +238,20 @@ pub enum Rejection {
 
 impl Rejection {
     /// Stable error code.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> Code {
         match self {
-            Rejection::UnknownCorrelation { .. } => "UNKNOWN_CORRELATION",
-            Rejection::Conflict { .. } => "RECEIPT_CONFLICT",
-            Rejection::VersionMismatch { .. } => "VERSION_CONFLICT",
-            Rejection::NotRedrivable(_) => "NOT_REDRIVABLE",
-            Rejection::AlreadyTerminal(_) => "ALREADY_TERMINAL",
-            Rejection::NotWaiting(_) => "NOT_WAITING",
-            Rejection::UnknownInteraction(_) => "UNKNOWN_INTERACTION",
-            Rejection::InvalidToken => "INVALID_TOKEN",
-            Rejection::InteractionConflict(_) => "INTERACTION_CONFLICT",
-            Rejection::AwaitExpired => "AWAIT_EXPIRED",
-            Rejection::Unauthenticated(_) => "UNAUTHENTICATED",
-            Rejection::IdentityMismatch { .. } => "IDENTITY_MISMATCH",
+            Rejection::UnknownCorrelation { .. } => Code::UnknownCorrelation,
+            Rejection::Conflict { .. } => Code::ReceiptConflict,
+            Rejection::VersionMismatch { .. } => Code::VersionConflict,
+            Rejection::NotRedrivable(_) => Code::NotRedrivable,
+            Rejection::AlreadyTerminal(_) => Code::AlreadyTerminal,
+            Rejection::NotWaiting(_) => Code::NotWaiting,
+            Rejection::UnknownInteraction(_) => Code::UnknownInteraction,
+            Rejection::InvalidToken => Code::InvalidToken,
+            Rejection::InteractionConflict(_) => Code::InteractionConflict,
+            Rejection::AwaitExpired => Code::AwaitExpired,
+            Rejection::Unauthenticated(_) => Code::Unauthenticated,
+            Rejection::IdentityMismatch { .. } => Code::IdentityMismatch,
         }
     }
 
@@ -683,7 +684,7 @@ fn launch_work(
             };
             if ctx.now >= unit.deadline {
                 let error = StepError::new(
-                    "AWAIT_TIMEOUT",
+                    Code::AwaitTimeout.as_str(),
                     "no completion before the await deadline",
                     false,
                 );
@@ -711,7 +712,7 @@ fn launch_work(
                 commit(next, vec![action])
             } else {
                 let error = StepError::new(
-                    "STEP_TIMEOUT",
+                    Code::StepTimeout.as_str(),
                     format!(
                         "no reply within {} s (request sent {} times)",
                         step_timeout_ms(def, record.step) / 1000,
@@ -965,7 +966,7 @@ fn complete_interaction(
                 .and_then(Value::as_str)
                 .unwrap_or("rejected");
             Outcome::Failed(StepError::new(
-                "REJECTED",
+                Code::Rejected.as_str(),
                 format!("{interaction}: {reason}"),
                 false,
             ))
@@ -1039,7 +1040,7 @@ fn cancel(record: &Execution, ctx: &Context, reason: &str) -> Decision {
     next.lease = None;
     next.wake_at = None;
     next.launch_id = None;
-    next.error = Some(StepError::new("CANCELLED", reason, false));
+    next.error = Some(StepError::new(Code::Cancelled.as_str(), reason, false));
     let actions = match (record.status, record.launch_id) {
         (Status::Running, Some(launch_id)) => vec![Action::NotifyCancel {
             step: record.step,

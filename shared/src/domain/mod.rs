@@ -1,11 +1,17 @@
-//! The pure domain: pipeline definitions, the execution record and the state machine. No AWS here.
+//! The pure domain: pipeline definitions, their contracts and releases, the execution record, the
+//! state machine and the catalogue of stable codes. No AWS and no I/O here; nothing here imports from
+//! the layers above.
 
+pub mod codes;
+pub mod contract;
 pub mod execution;
 pub mod ids;
 pub mod machine;
 pub mod payload;
 pub mod pipeline;
+pub mod release;
 
+pub use codes::Code;
 pub use execution::{
     AwaitUnit, DeadLetterMark, Execution, Incident, Interaction, InteractionCompletion, Lease,
     LifecycleEvent, LifecycleKind, ParentLink, Receipt, RedriveNote, Status, StepError,

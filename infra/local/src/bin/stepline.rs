@@ -8,12 +8,12 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 use stepline::adapters::SqsDeadLetterQueue;
-use stepline::dlq::{ReplayFilter, ReplayRequest};
 use stepline::domain::{Execution, Status, StepStatus, Verdict};
 use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
 use stepline::handlers::{
     self, CancelRequest, DeadLetterQueues, MoveRequest, MoveSource, OperatorRequest, RedriveRequest,
 };
+use stepline::handlers::{ReplayFilter, ReplayRequest};
 use stepline::{Coordinator, SubmitRequest};
 use stepline_local::{functions, LocalStack};
 use uuid::Uuid;

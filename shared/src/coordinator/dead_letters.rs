@@ -4,37 +4,15 @@
 //! message in the DLQ; replaying it again is absorbed (the execution is no longer at that failure, or
 //! the coordinator deduplicates the moved message), so nothing is lost and nothing is applied twice.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::coordinator::{Coordinator, CoordinatorError};
+use super::{Coordinator, CoordinatorError};
 use crate::domain::{Event, Rejection, Status};
 use crate::envelope::{DeadLetterEnvelope, REASON_ATTRIBUTE};
-use crate::ports::{OutMessage, StoreError};
-
-/// A message received from a DLQ, held invisible until deleted or released.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetter {
-    pub handle: String,
-    pub body: String,
-    pub attributes: HashMap<String, String>,
-    /// Epoch milliseconds the message was first sent (SQS `SentTimestamp`).
-    pub sent_at: Option<i64>,
-}
-
-/// A dead-letter queue as the replay needs it.
-#[async_trait]
-pub trait DeadLetterQueue: Send + Sync {
-    /// Receives up to `max` (at most 10) messages and hides them while the replay runs.
-    async fn receive(&self, max: usize) -> Result<Vec<DeadLetter>, StoreError>;
-    async fn delete(&self, handle: &str) -> Result<(), StoreError>;
-    /// Makes a held message visible again.
-    async fn release(&self, handle: &str) -> Result<(), StoreError>;
-}
+use crate::ports::{DeadLetter, DeadLetterQueue, OutMessage, StoreError};
 
 /// Which dead letters to replay. Every field that is set must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -198,7 +176,7 @@ where
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(code = e.code(), error = %e, "dead letter not replayed; kept");
+                    tracing::warn!(code = %e.code(), error = %e, "dead letter not replayed; kept");
                     report.failed += 1;
                     report.kept += 1;
                     held.push(handle);
@@ -212,128 +190,126 @@ where
     Ok(report)
 }
 
-/// Re-drives the executions of matching dead-letter envelopes from the execution DLQ.
-pub async fn replay(
-    coordinator: &Coordinator,
-    queue: &dyn DeadLetterQueue,
-    request: &ReplayRequest,
-) -> Result<ReplayReport, CoordinatorError> {
-    if request.reason.trim().is_empty() {
-        return Err(CoordinatorError::Invalid("a replay needs a reason".into()));
+impl Coordinator {
+    /// Re-drives the executions of matching dead-letter envelopes from the execution DLQ.
+    pub async fn replay(
+        &self,
+        queue: &dyn DeadLetterQueue,
+        request: &ReplayRequest,
+    ) -> Result<ReplayReport, CoordinatorError> {
+        super::requests::require_reason(&request.reason, "a replay")?;
+        let envelope =
+            |message: &DeadLetter| serde_json::from_str::<DeadLetterEnvelope>(&message.body).ok();
+        walk(
+            queue,
+            request,
+            self.now(),
+            |message| {
+                let e = envelope(message)?;
+                request
+                    .filter
+                    .matches(
+                        Some(&e.pipeline_id),
+                        Some(&e.tenant),
+                        e.error.as_ref().map(|x| x.code.as_str()),
+                        Some(e.failed_at),
+                    )
+                    .then_some(Some(e.execution_id))
+            },
+            |message| {
+                let e = envelope(&message);
+                async move {
+                    let e = e.expect("matched messages parse");
+                    self.redrive_failure(&e, &request.reason).await
+                }
+            },
+        )
+        .await
     }
-    let envelope =
-        |message: &DeadLetter| serde_json::from_str::<DeadLetterEnvelope>(&message.body).ok();
-    walk(
-        queue,
-        request,
-        coordinator.now(),
-        |message| {
-            let e = envelope(message)?;
-            request
-                .filter
-                .matches(
-                    Some(&e.pipeline_id),
-                    Some(&e.tenant),
-                    e.error.as_ref().map(|x| x.code.as_str()),
-                    Some(e.failed_at),
-                )
-                .then_some(Some(e.execution_id))
-        },
-        |message| {
-            let e = envelope(&message);
-            async move {
-                let e = e.expect("matched messages parse");
-                redrive_failure(coordinator, &e, &request.reason).await
-            }
-        },
-    )
-    .await
-}
 
-/// Re-drives the failure an envelope was written for, if the execution is still at it.
-async fn redrive_failure(
-    coordinator: &Coordinator,
-    envelope: &DeadLetterEnvelope,
-    reason: &str,
-) -> Result<Outcome, CoordinatorError> {
-    for _ in 0..3 {
-        let record = match coordinator.get(envelope.execution_id).await {
-            Ok(record) => record,
-            Err(CoordinatorError::NotFound(_)) => return Ok(Outcome::Absorbed),
-            Err(e) => return Err(e),
-        };
-        let at_this_failure = matches!(record.status, Status::Failed | Status::Dlq)
-            && record.dead_letter.as_ref().map(|d| d.id) == Some(envelope.dead_letter_id);
-        if !at_this_failure {
-            return Ok(Outcome::Absorbed);
+    /// Re-drives the failure an envelope was written for, if the execution is still at it.
+    async fn redrive_failure(
+        &self,
+        envelope: &DeadLetterEnvelope,
+        reason: &str,
+    ) -> Result<Outcome, CoordinatorError> {
+        for _ in 0..3 {
+            let record = match self.get(envelope.execution_id).await {
+                Ok(record) => record,
+                Err(CoordinatorError::NotFound(_)) => return Ok(Outcome::Absorbed),
+                Err(e) => return Err(e),
+            };
+            let at_this_failure = matches!(record.status, Status::Failed | Status::Dlq)
+                && record.dead_letter.as_ref().map(|d| d.id) == Some(envelope.dead_letter_id);
+            if !at_this_failure {
+                return Ok(Outcome::Absorbed);
+            }
+            let event = Event::Redrive {
+                expected_version: record.version,
+                reason: reason.to_string(),
+            };
+            match self.apply(record.id, &event, "replay").await {
+                Ok(_) => return Ok(Outcome::Replayed),
+                // The record moved between the read and the write (e.g. its envelope was just marked sent).
+                Err(CoordinatorError::Rejected(Rejection::VersionMismatch { .. })) => continue,
+                Err(e) => return Err(e),
+            }
         }
-        let event = Event::Redrive {
-            expected_version: record.version,
-            reason: reason.to_string(),
-        };
-        match coordinator
-            .apply_and_dispatch(record.id, &event, "replay")
-            .await
-        {
-            Ok(_) => return Ok(Outcome::Replayed),
-            // The record moved between the read and the write (e.g. its envelope was just marked sent).
-            Err(CoordinatorError::Rejected(Rejection::VersionMismatch { .. })) => continue,
-            Err(e) => return Err(e),
-        }
+        Err(CoordinatorError::Contention(3))
     }
-    Err(CoordinatorError::Contention(3))
-}
 
-/// Moves matching messages from a queue's DLQ back to `target` (send, then delete). Filters use the
-/// dead-letter reason attribute as error code, the send time, and the envelope's identity and tenant
-/// when the body is a request or reply.
-pub async fn move_messages(
-    coordinator: &Coordinator,
-    queue: &dyn DeadLetterQueue,
-    target: &str,
-    request: &ReplayRequest,
-) -> Result<ReplayReport, CoordinatorError> {
-    walk(
-        queue,
-        request,
-        coordinator.now(),
-        |message| {
-            let body: serde_json::Value = serde_json::from_str(&message.body).unwrap_or_default();
-            let header = body.get("header").unwrap_or(&body);
-            let identity = header.get("identity");
-            let pipeline = identity
-                .and_then(|i| i.get("pipelineId"))
-                .and_then(|v| v.as_str());
-            let tenant = header.get("tenant").and_then(|v| v.as_str());
-            let execution = header
-                .get("executionId")
-                .and_then(|v| v.as_str())
-                .and_then(|v| v.parse().ok());
-            request
-                .filter
-                .matches(
-                    pipeline,
-                    tenant,
-                    message.attributes.get(REASON_ATTRIBUTE).map(String::as_str),
-                    message.sent_at,
-                )
-                .then_some(execution)
-        },
-        |message| async move {
-            let result = coordinator
-                .sender()
-                .send(target, &[OutMessage::new(message.body)])
-                .await;
-            match result.into_iter().next() {
-                Some(Ok(())) => Ok(Outcome::Replayed),
-                Some(Err(e)) => Err(CoordinatorError::Store(StoreError::Unavailable(
-                    e.to_string(),
-                ))),
-                None => Err(CoordinatorError::Store(StoreError::Unavailable(
-                    "nothing sent".into(),
-                ))),
-            }
-        },
-    )
-    .await
+    /// Moves matching messages from a queue's DLQ back to `target` (send, then delete). Filters use the
+    /// dead-letter reason attribute as error code, the send time, and the envelope's identity and tenant
+    /// when the body is a request or reply.
+    pub async fn move_dead_letters(
+        &self,
+        queue: &dyn DeadLetterQueue,
+        target: &str,
+        request: &ReplayRequest,
+    ) -> Result<ReplayReport, CoordinatorError> {
+        walk(
+            queue,
+            request,
+            self.now(),
+            |message| {
+                let body: serde_json::Value =
+                    serde_json::from_str(&message.body).unwrap_or_default();
+                let header = body.get("header").unwrap_or(&body);
+                let identity = header.get("identity");
+                let pipeline = identity
+                    .and_then(|i| i.get("pipelineId"))
+                    .and_then(|v| v.as_str());
+                let tenant = header.get("tenant").and_then(|v| v.as_str());
+                let execution = header
+                    .get("executionId")
+                    .and_then(|v| v.as_str())
+                    .and_then(|v| v.parse().ok());
+                request
+                    .filter
+                    .matches(
+                        pipeline,
+                        tenant,
+                        message.attributes.get(REASON_ATTRIBUTE).map(String::as_str),
+                        message.sent_at,
+                    )
+                    .then_some(execution)
+            },
+            |message| async move {
+                let result = self
+                    .sender
+                    .send(target, &[OutMessage::new(message.body)])
+                    .await;
+                match result.into_iter().next() {
+                    Some(Ok(())) => Ok(Outcome::Replayed),
+                    Some(Err(e)) => Err(CoordinatorError::Store(StoreError::Unavailable(
+                        e.to_string(),
+                    ))),
+                    None => Err(CoordinatorError::Store(StoreError::Unavailable(
+                        "nothing sent".into(),
+                    ))),
+                }
+            },
+        )
+        .await
+    }
 }

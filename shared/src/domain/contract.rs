@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::domain::{PipelineDef, RetryPolicy, StepKind};
+use super::pipeline::{PipelineDef, RetryPolicy, StepKind};
 
 pub const CONTRACT_FILE: &str = "pipeline-contract.json";
 

@@ -2,8 +2,10 @@
 //! payload format 2.0): submit executions, read their status and result, cancel and re-drive them, list
 //! and complete the interactions of an await unit, and register and activate releases.
 //!
-//! [`handle`] is a plain async function from a `lambda_http::Request` to a response, so the Lambda binary
-//! (`main.rs`) and the tests call the same code. Bodies are JSON with camelCase fields; every error is
+//! [`handle`] is a plain async function from a `lambda_http::Request` to a response, so the Lambda
+//! function (`lambda::serve_http`) and the tests call the same code. An inbound adapter: it decodes,
+//! calls the coordinator's use cases and encodes; the status of every error comes from the code
+//! catalogue (`domain::Code`). Bodies are JSON with camelCase fields; every error is
 //! `{"error": {"code": "...", "message": "..."}}` with a stable code (see `openapi.yaml` at the
 //! repository root for every route, body, status and code).
 //!
@@ -17,13 +19,15 @@ use lambda_http::{Body, Request, Response};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use stepline::domain::{Execution, Status, StepError, Verdict};
-use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
-use stepline::handlers::{self, CancelRequest, RedriveRequest};
-use stepline::ports::{Registration, StoreError};
-use stepline::release::Release;
-use stepline::{Applied, Coordinator, CoordinatorError, SubmitRequest};
 use uuid::Uuid;
+
+use crate::coordinator::{
+    CancelRequest, Coordinator, CoordinatorError, RedriveRequest, SubmitRequest,
+};
+use crate::domain::release::Release;
+use crate::domain::{Code, Execution, Status, StepError, Verdict};
+use crate::envelope::{InteractionMessage, INTERACTION_KIND};
+use crate::ports::{Registration, StoreError};
 
 /// Request bodies larger than this are refused (`413 BODY_TOO_LARGE`): an execution's input is stored
 /// in its DynamoDB item, which is capped at 400 KB.
@@ -46,15 +50,6 @@ pub enum ApiError {
     InvalidBody(String),
     #[error("the body has {bytes} bytes, more than the {limit} allowed")]
     BodyTooLarge { bytes: usize, limit: usize },
-    #[error("inconsistent release descriptor: {0}")]
-    InvalidRelease(String),
-    #[error("pipeline {pipeline_id} release {release_version} is already registered with another descriptor")]
-    ReleaseConflict {
-        pipeline_id: String,
-        release_version: String,
-    },
-    #[error("concurrent activations of pipeline {0} kept winning the append; try again")]
-    ActivationContention(String),
     #[error("execution is {0}: it has no result yet")]
     NotFinished(Status),
     #[error("execution ended {0}: it has no result")]
@@ -73,39 +68,23 @@ impl From<StoreError> for ApiError {
 
 impl ApiError {
     /// Stable error code.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> Code {
         match self {
-            ApiError::NoRoute(_) => "NO_ROUTE",
-            ApiError::MethodNotAllowed { .. } => "METHOD_NOT_ALLOWED",
-            ApiError::InvalidId(_) => "INVALID_ID",
-            ApiError::InvalidBody(_) => "INVALID_BODY",
-            ApiError::BodyTooLarge { .. } => "BODY_TOO_LARGE",
-            ApiError::InvalidRelease(_) => "INVALID_RELEASE",
-            ApiError::ReleaseConflict { .. } => "RELEASE_CONFLICT",
-            ApiError::ActivationContention(_) => "CONTENTION",
-            ApiError::NotFinished(_) => "NOT_FINISHED",
-            ApiError::NotSucceeded(_) => "NOT_SUCCEEDED",
+            ApiError::NoRoute(_) => Code::NoRoute,
+            ApiError::MethodNotAllowed { .. } => Code::MethodNotAllowed,
+            ApiError::InvalidId(_) => Code::InvalidId,
+            ApiError::InvalidBody(_) => Code::InvalidBody,
+            ApiError::BodyTooLarge { .. } => Code::BodyTooLarge,
+            ApiError::NotFinished(_) => Code::NotFinished,
+            ApiError::NotSucceeded(_) => Code::NotSucceeded,
             ApiError::Coordinator(e) => e.code(),
-            ApiError::Internal(_) => "INTERNAL",
+            ApiError::Internal(_) => Code::Internal,
         }
     }
 
-    /// HTTP status of the error.
+    /// HTTP status of the error: the catalogue's, for its code.
     pub fn status(&self) -> StatusCode {
-        match self {
-            ApiError::NoRoute(_) => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::InvalidId(_) | ApiError::InvalidBody(_) | ApiError::InvalidRelease(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::ReleaseConflict { .. }
-            | ApiError::NotFinished(_)
-            | ApiError::NotSucceeded(_) => StatusCode::CONFLICT,
-            ApiError::ActivationContention(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Coordinator(e) => coordinator_status(e.code()),
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        StatusCode::from_u16(self.code().http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
     fn into_response(self) -> Response<Body> {
@@ -130,28 +109,6 @@ impl ApiError {
     }
 }
 
-/// HTTP status of a coordinator error code.
-fn coordinator_status(code: &str) -> StatusCode {
-    match code {
-        "INVALID_REQUEST" => StatusCode::BAD_REQUEST,
-        "INVALID_TOKEN" => StatusCode::FORBIDDEN,
-        "NOT_FOUND" | "UNKNOWN_INTERACTION" | "UNKNOWN_RELEASE" | "NO_ACTIVE_RELEASE" => {
-            StatusCode::NOT_FOUND
-        }
-        "VERSION_CONFLICT"
-        | "INTERACTION_CONFLICT"
-        | "RECEIPT_CONFLICT"
-        | "ALREADY_TERMINAL"
-        | "NOT_REDRIVABLE"
-        | "NOT_WAITING"
-        | "AWAIT_EXPIRED"
-        | "UNKNOWN_CORRELATION" => StatusCode::CONFLICT,
-        "STORE_UNAVAILABLE" | "CONTENTION" => StatusCode::SERVICE_UNAVAILABLE,
-        // CORRUPT_RECORD, and anything new.
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    }
-}
-
 #[derive(Serialize)]
 struct ErrorBody {
     error: ErrorDetail,
@@ -159,7 +116,7 @@ struct ErrorBody {
 
 #[derive(Serialize)]
 struct ErrorDetail {
-    code: &'static str,
+    code: Code,
     message: String,
 }
 
@@ -408,9 +365,9 @@ pub async fn handle(coordinator: &Coordinator, request: Request) -> Response<Bod
 fn failed(method: &Method, path: &str, error: ApiError) -> Response<Body> {
     let status = error.status().as_u16();
     if error.status().is_server_error() {
-        tracing::warn!(%method, path, status, code = error.code(), error = %error, "request failed");
+        tracing::warn!(%method, path, status, code = %error.code(), error = %error, "request failed");
     } else {
-        tracing::info!(%method, path, status, code = error.code(), error = %error, "request refused");
+        tracing::info!(%method, path, status, code = %error.code(), error = %error, "request refused");
     }
     error.into_response()
 }
@@ -453,15 +410,9 @@ async fn route(coordinator: &Coordinator, request: &Request) -> Result<Reply, Ap
             let releases = coordinator.registry().list(&name(pipeline)?).await?;
             Ok(Reply::ok(&releases))
         }
-        Route::ActiveRelease(pipeline) => {
-            let pipeline = name(pipeline)?;
-            let active = coordinator
-                .registry()
-                .active(&pipeline)
-                .await?
-                .ok_or(CoordinatorError::NoActiveRelease(pipeline))?;
-            Ok(Reply::ok(&active))
-        }
+        Route::ActiveRelease(pipeline) => Ok(Reply::ok(
+            &coordinator.active_release(&name(pipeline)?).await?,
+        )),
     }
 }
 
@@ -504,7 +455,7 @@ async fn status(coordinator: &Coordinator, id: Uuid) -> Result<Reply, ApiError> 
     {
         Ok(definition) => definition.step(record.step).map(|s| s.id.clone()),
         Err(e) => {
-            tracing::warn!(execution_id = %id, code = e.code(), error = %e, "no definition for the status view");
+            tracing::warn!(execution_id = %id, code = %e.code(), error = %e, "no definition for the status view");
             None
         }
     };
@@ -546,15 +497,12 @@ async fn result(coordinator: &Coordinator, id: Uuid) -> Result<Reply, ApiError> 
 }
 
 async fn cancel(coordinator: &Coordinator, id: Uuid, body: CancelBody) -> Result<Reply, ApiError> {
-    require_reason(&body.reason, "a cancellation")?;
-    let response = handlers::cancel(
-        coordinator,
-        CancelRequest {
+    let response = coordinator
+        .cancel(CancelRequest {
             execution_id: id,
             reason: body.reason,
-        },
-    )
-    .await?;
+        })
+        .await?;
     Ok(Reply::ok(&ExecutionState {
         execution_id: response.execution_id,
         status: response.status,
@@ -567,15 +515,13 @@ async fn redrive(
     id: Uuid,
     body: RedriveBody,
 ) -> Result<Reply, ApiError> {
-    let response = handlers::redrive(
-        coordinator,
-        RedriveRequest {
+    let response = coordinator
+        .redrive(RedriveRequest {
             execution_id: id,
             expected_version: body.expected_version,
             reason: body.reason,
-        },
-    )
-    .await?;
+        })
+        .await?;
     Ok(Reply::ok(&ExecutionState {
         execution_id: response.execution_id,
         status: response.status,
@@ -618,8 +564,8 @@ async fn complete(
         payload: body.payload,
     };
     // Commits and carries out what the commit decided (the next step's launch, a dead letter).
-    let applied = handlers::complete_interaction(coordinator, message).await?;
-    let duplicate = matches!(applied, Applied::Skipped { .. });
+    let applied = coordinator.complete_interaction(message).await?;
+    let duplicate = !applied.committed();
     let record = applied.record();
     Ok(Reply::ok(&CompletionResponse {
         execution_id: record.id,
@@ -631,22 +577,10 @@ async fn complete(
 }
 
 async fn register(coordinator: &Coordinator, release: Release) -> Result<Reply, ApiError> {
-    release.validate().map_err(ApiError::InvalidRelease)?;
-    let registration = match coordinator.registry().register(&release).await {
-        Ok(registration) => registration,
-        Err(StoreError::Conflict) => {
-            return Err(ApiError::ReleaseConflict {
-                pipeline_id: release.pipeline_id,
-                release_version: release.release_version,
-            })
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let (status, registration) = match registration {
+    let (status, registration) = match coordinator.register_release(&release).await? {
         Registration::Created => (StatusCode::CREATED, "CREATED"),
         Registration::Unchanged => (StatusCode::OK, "UNCHANGED"),
     };
-    tracing::info!(pipeline = %release.pipeline_id, release = %release.release_version, registration, "release registered");
     Ok(Reply::new(
         status,
         &RegistrationResponse {
@@ -663,38 +597,13 @@ async fn activate(
     pipeline: &str,
     body: ActivateBody,
 ) -> Result<Reply, ApiError> {
-    require_reason(&body.reason, "an activation")?;
     let activation = coordinator
-        .registry()
-        .activate(
-            pipeline,
-            &body.release_version,
-            coordinator.now(),
-            &body.reason,
-        )
-        .await
-        .map_err(|e| match e {
-            StoreError::Missing(_) => CoordinatorError::UnknownRelease {
-                pipeline_id: pipeline.to_string(),
-                release_version: body.release_version.clone(),
-            }
-            .into(),
-            // The registry re-reads and retries lost appends itself; still losing is contention.
-            StoreError::Conflict => ApiError::ActivationContention(pipeline.to_string()),
-            other => other.into(),
-        })?;
-    tracing::info!(pipeline, release = %activation.release_version, sequence = activation.sequence, "release activated");
+        .activate_release(pipeline, &body.release_version, &body.reason)
+        .await?;
     Ok(Reply::new(StatusCode::CREATED, &activation))
 }
 
 // ----------------------------------------------------------------------------------------- helpers
-
-fn require_reason(reason: &str, what: &str) -> Result<(), ApiError> {
-    if reason.trim().is_empty() {
-        return Err(CoordinatorError::Invalid(format!("{what} needs a reason")).into());
-    }
-    Ok(())
-}
 
 fn parse_body<T: DeserializeOwned>(request: &Request) -> Result<T, ApiError> {
     let bytes = request.body().as_ref();
@@ -792,8 +701,8 @@ mod tests {
     }
 
     #[test]
-    fn openapi_documents_every_route_and_code() {
-        let spec = include_str!("../../../openapi.yaml");
+    fn openapi_documents_every_route() {
+        let spec = include_str!("../../openapi.yaml");
         for path in [
             "/executions:",
             "/executions/{executionId}:",
@@ -808,76 +717,6 @@ mod tests {
             "/pipelines/{pipelineId}/active:",
         ] {
             assert!(spec.contains(&format!("\n  {path}\n")), "{path}");
-        }
-        let status = Status::Queued;
-        let errors = [
-            ApiError::NoRoute(String::new()),
-            ApiError::MethodNotAllowed {
-                method: Method::GET,
-                path: String::new(),
-                allowed: Method::POST,
-            },
-            ApiError::InvalidId(String::new()),
-            ApiError::InvalidBody(String::new()),
-            ApiError::BodyTooLarge { bytes: 0, limit: 0 },
-            ApiError::InvalidRelease(String::new()),
-            ApiError::ReleaseConflict {
-                pipeline_id: String::new(),
-                release_version: String::new(),
-            },
-            ApiError::ActivationContention(String::new()),
-            ApiError::NotFinished(status),
-            ApiError::NotSucceeded(status),
-            ApiError::Internal(String::new()),
-        ];
-        let codes = errors.iter().map(ApiError::code).chain([
-            "NOT_FOUND",
-            "UNKNOWN_INTERACTION",
-            "UNKNOWN_RELEASE",
-            "NO_ACTIVE_RELEASE",
-            "INVALID_REQUEST",
-            "INVALID_TOKEN",
-            "VERSION_CONFLICT",
-            "INTERACTION_CONFLICT",
-            "RECEIPT_CONFLICT",
-            "UNKNOWN_CORRELATION",
-            "ALREADY_TERMINAL",
-            "NOT_REDRIVABLE",
-            "NOT_WAITING",
-            "AWAIT_EXPIRED",
-            "STORE_UNAVAILABLE",
-            "CONTENTION",
-            "CORRUPT_RECORD",
-        ]);
-        for code in codes {
-            assert!(
-                spec.contains(&format!("- {code}\n")),
-                "{code} in the Error enum"
-            );
-        }
-    }
-
-    #[test]
-    fn every_coordinator_code_has_its_status() {
-        for (code, status) in [
-            ("NOT_FOUND", 404),
-            ("UNKNOWN_INTERACTION", 404),
-            ("UNKNOWN_RELEASE", 404),
-            ("NO_ACTIVE_RELEASE", 404),
-            ("INVALID_REQUEST", 400),
-            ("INVALID_TOKEN", 403),
-            ("VERSION_CONFLICT", 409),
-            ("INTERACTION_CONFLICT", 409),
-            ("RECEIPT_CONFLICT", 409),
-            ("ALREADY_TERMINAL", 409),
-            ("NOT_REDRIVABLE", 409),
-            ("NOT_WAITING", 409),
-            ("AWAIT_EXPIRED", 409),
-            ("STORE_UNAVAILABLE", 503),
-            ("CONTENTION", 503),
-            ("CORRUPT_RECORD", 500),
-        ] {
-            assert_eq!(coordinator_status(code).as_u16(), status, "{code}");
         }
     }
 }

@@ -6,8 +6,8 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::contract::Contract;
-use crate::domain::PipelineDef;
+use super::contract::Contract;
+use super::pipeline::PipelineDef;
 
 /// A deployed piece of a release (a function package, an image, a contract file) and its digest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

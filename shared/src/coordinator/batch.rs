@@ -1,0 +1,288 @@
+//! A batch of queue messages, as one SQS-triggered invocation delivers it: each message's command is
+//! decided and committed (concurrently: an invocation lasts as long as its slowest message), the
+//! committed actions of the whole batch are sent together (batched per queue), poison messages are
+//! parked in the queue's DLQ with their reason, and what should be redelivered is reported.
+
+use uuid::Uuid;
+
+use super::{Coordinator, CoordinatorError, Outbox, SubmitRequest};
+use crate::domain::{Code, Event, Skip};
+use crate::envelope::{DETAIL_ATTRIBUTE, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE};
+use crate::ports::OutMessage;
+
+/// The queue a batch came from: its poison goes to that queue's DLQ, reported under its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inbox {
+    /// Launch work (and start events sent to the launch queue).
+    Launch,
+    /// Start events from the bus's StartExecution rule and fan-out children.
+    Start,
+    /// Worker replies and interaction completions.
+    Reply,
+}
+
+impl Inbox {
+    pub fn name(self) -> &'static str {
+        match self {
+            Inbox::Launch => "launch",
+            Inbox::Start => "start",
+            Inbox::Reply => "reply",
+        }
+    }
+}
+
+/// What one message asks of the coordinator, as its handler decoded it.
+#[derive(Debug, Clone)]
+pub enum Command {
+    /// Apply an event to an execution. `hot`: decide on the record this process committed last,
+    /// when it has it, without a read first (a worker's reply).
+    Apply {
+        execution: Uuid,
+        event: Event,
+        role: &'static str,
+        hot: bool,
+    },
+    /// Start an execution (idempotent on the request's key).
+    Start(SubmitRequest),
+}
+
+/// One message of a batch: its id and body (kept for the DLQ), and what it asks, or why it cannot be
+/// processed.
+#[derive(Debug)]
+pub struct Inbound {
+    pub message_id: String,
+    pub body: String,
+    pub command: Result<Command, MessageError>,
+}
+
+/// Why a message of a batch was not processed.
+#[derive(Debug, thiserror::Error)]
+pub enum MessageError {
+    #[error("undecodable message: {0}")]
+    Undecodable(String),
+    #[error("message of {bytes} bytes exceeds the {limit} byte limit")]
+    Oversized { bytes: usize, limit: usize },
+    #[error("unknown message kind {0:?}")]
+    UnknownKind(String),
+    #[error("execution {execution}: {error}")]
+    Coordinator {
+        execution: Uuid,
+        #[source]
+        error: CoordinatorError,
+    },
+    #[error("event {event}: {error}")]
+    Event {
+        event: String,
+        #[source]
+        error: CoordinatorError,
+    },
+}
+
+impl MessageError {
+    pub fn code(&self) -> Code {
+        match self {
+            MessageError::Undecodable(_) => Code::Undecodable,
+            MessageError::Oversized { .. } => Code::Oversized,
+            MessageError::UnknownKind(_) => Code::UnknownKind,
+            MessageError::Coordinator { error, .. } | MessageError::Event { error, .. } => {
+                error.code()
+            }
+        }
+    }
+
+    /// Retryable failures are left on the queue (redelivered after the visibility timeout); the others
+    /// are poison and go to the queue's DLQ at once, with their reason.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            MessageError::Coordinator { error, .. } | MessageError::Event { error, .. } => {
+                error.is_retryable()
+            }
+            _ => false,
+        }
+    }
+
+    /// The execution to note the dead letter on. None for a message that did not prove it came from
+    /// a party the coordinator addressed: anyone can name an execution, and an adversary's garbage must
+    /// not cost the execution a write.
+    pub fn execution(&self) -> Option<Uuid> {
+        match self {
+            MessageError::Coordinator {
+                error: CoordinatorError::Rejected(rejection),
+                ..
+            } if rejection.is_unauthenticated() => None,
+            MessageError::Coordinator { execution, .. } => Some(*execution),
+            _ => None,
+        }
+    }
+}
+
+/// What a batch came to.
+#[derive(Debug, Default)]
+pub struct BatchReport {
+    /// Messages to redeliver (a transient failure, or poison that could not be parked).
+    pub retry: Vec<String>,
+    /// Messages whose event was committed, or whose execution was started.
+    pub committed: usize,
+    /// Messages acknowledged without a write (duplicates, stale replies, ...).
+    pub skipped: usize,
+    /// Poison messages parked in the queue's DLQ.
+    pub parked: usize,
+}
+
+/// How one message ended.
+enum Handled {
+    Committed,
+    Skipped(Skip),
+    Started { execution: Uuid, duplicate: bool },
+}
+
+impl Coordinator {
+    /// Decides and commits every message of a batch, sends what the commits staged, parks poison in
+    /// the inbox's DLQ (noting it on the execution it names) and reports what to redeliver. A message
+    /// is acknowledged only once what it asked for is committed, or it is parked.
+    pub async fn apply_batch(&self, inbox: Inbox, messages: Vec<Inbound>) -> BatchReport {
+        let mut report = BatchReport::default();
+        // Each message stages into its own outbox (concurrently), merged in message order before the
+        // one send. Two messages of one execution race like two invocations would: through the
+        // conditional write.
+        let results = futures_util::future::join_all(messages.into_iter().enumerate().map(
+            |(index, message)| async move {
+                let mut outbox = Outbox::default();
+                let result = match message.command {
+                    Ok(command) => self.handle(&mut outbox, index, command).await,
+                    Err(e) => Err(e),
+                };
+                (message.message_id, message.body, result, outbox)
+            },
+        ))
+        .await;
+        let mut outbox = Outbox::default();
+        let mut poison = Vec::new();
+        for (message_id, body, result, staged) in results {
+            outbox.extend(staged);
+            match result {
+                Ok(Handled::Committed) => report.committed += 1,
+                Ok(Handled::Skipped(skip)) => {
+                    tracing::info!(message_id = %message_id, ?skip, "message acknowledged without a write");
+                    report.skipped += 1;
+                }
+                Ok(Handled::Started {
+                    execution,
+                    duplicate,
+                }) => {
+                    tracing::info!(message_id = %message_id, execution_id = %execution, duplicate, "execution started by event");
+                    report.committed += 1;
+                }
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(message_id = %message_id, execution_id = ?e.execution(), code = %e.code(), error = %e, "message will be retried");
+                    report.retry.push(message_id);
+                }
+                Err(e) => {
+                    tracing::error!(message_id = %message_id, execution_id = ?e.execution(), code = %e.code(), error = %e, queue = inbox.name(), "poison message dead-lettered");
+                    poison.push((message_id, body, e));
+                }
+            }
+        }
+        self.flush(outbox).await;
+        let parked = poison.len();
+        let not_parked = self.park(inbox, poison).await;
+        report.parked = parked - not_parked.len();
+        report.retry.extend(not_parked);
+        report
+    }
+
+    async fn handle(
+        &self,
+        outbox: &mut Outbox,
+        index: usize,
+        command: Command,
+    ) -> Result<Handled, MessageError> {
+        match command {
+            Command::Apply {
+                execution,
+                event,
+                role,
+                hot,
+            } => {
+                let applied = self
+                    .decide_into(outbox, index, execution, &event, role, hot)
+                    .await
+                    .map_err(|error| MessageError::Coordinator { execution, error })?;
+                let record = &applied.record;
+                tracing::info!(execution_id = %record.id, tenant = %record.tenant, role, status = %record.status, version = record.version, skipped = ?applied.skipped, "event applied");
+                Ok(match applied.skipped {
+                    None => Handled::Committed,
+                    Some(skip) => Handled::Skipped(skip),
+                })
+            }
+            Command::Start(request) => {
+                let event = request.idempotency_key.clone().unwrap_or_default();
+                let submitted = self
+                    .submit_into(outbox, index, request)
+                    .await
+                    .map_err(|error| MessageError::Event { event, error })?;
+                Ok(Handled::Started {
+                    execution: submitted.execution,
+                    duplicate: submitted.duplicate,
+                })
+            }
+        }
+    }
+
+    /// Sends poison messages to the inbox's DLQ with their reason, notes them on their execution, and
+    /// returns the ids of those that could not be parked (left on the queue: its redrive policy moves
+    /// them later).
+    async fn park(&self, inbox: Inbox, poison: Vec<(String, String, MessageError)>) -> Vec<String> {
+        if poison.is_empty() {
+            return Vec::new();
+        }
+        let dlq = self.dead_letter_queue(inbox);
+        let messages: Vec<OutMessage> = poison
+            .iter()
+            .map(|(id, body, e)| OutMessage {
+                attributes: vec![
+                    (REASON_ATTRIBUTE.into(), e.code().into()),
+                    (DETAIL_ATTRIBUTE.into(), e.to_string()),
+                    (SOURCE_ATTRIBUTE.into(), format!("{}/{id}", inbox.name())),
+                ],
+                ..OutMessage::new(if body.is_empty() {
+                    "(empty)".into()
+                } else {
+                    body.clone()
+                })
+            })
+            .collect();
+        let results = self.sender.send(&dlq, &messages).await;
+        let mut not_sent = Vec::new();
+        for ((id, _, e), result) in poison.into_iter().zip(results) {
+            match (result, e.execution()) {
+                (Err(send), _) => {
+                    tracing::error!(message_id = %id, error = %send, "dead-lettering failed; left on the queue");
+                    not_sent.push(id);
+                }
+                (Ok(()), Some(execution)) => {
+                    let incident = Event::Incident {
+                        code: e.code().into(),
+                        detail: format!("message {id} on {}: {e}", inbox.name()),
+                    };
+                    // Best effort: an execution that no longer exists has nothing to note.
+                    let _ = self
+                        .commit_event(execution, &incident, "incident", false)
+                        .await;
+                }
+                (Ok(()), None) => {}
+            }
+        }
+        not_sent
+    }
+
+    /// The DLQ of an inbox (a stack without a start DLQ parks start events with launch work).
+    fn dead_letter_queue(&self, inbox: Inbox) -> String {
+        let settings = &self.settings;
+        match (inbox, &settings.start_dlq) {
+            (Inbox::Start, Some(start_dlq)) => start_dlq.clone(),
+            (Inbox::Start | Inbox::Launch, _) => settings.launch_dlq.clone(),
+            (Inbox::Reply, _) => settings.reply_dlq.clone(),
+        }
+    }
+}

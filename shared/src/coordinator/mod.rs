@@ -1,0 +1,608 @@
+//! The coordinator: the one place where an event becomes a committed record and its actions are
+//! carried out. Every path goes the same way: load the record (or take this process's last committed
+//! copy), `decide`, commit conditionally on the version read (deciding again after a lost race), stage
+//! the committed actions as messages, send them batched per queue, and record what went out.
+//!
+//! - [`Coordinator::apply_batch`]: a batch of queue messages (launch work, start events, replies,
+//!   interaction completions), with the retry and dead-letter handling of each message;
+//! - [`Coordinator::apply`] and [`Coordinator::submit`]: one request (cancel, re-drive, an
+//!   interaction's completion, a new execution);
+//! - [`Coordinator::claim_due`]: the sweeper (`sweep`);
+//! - [`Coordinator::replay`] and [`Coordinator::move_dead_letters`]: dead letters (`dead_letters`).
+//!
+//! `outbox` is where actions become messages. The handlers above only decode and encode.
+
+mod batch;
+mod dead_letters;
+mod outbox;
+mod releases;
+mod requests;
+mod sweep;
+
+pub use batch::{BatchReport, Command, Inbound, Inbox, MessageError};
+pub use dead_letters::{ReplayFilter, ReplayReport, ReplayRequest};
+use outbox::Outbox;
+pub(crate) use requests::interaction_event;
+pub use requests::{CancelRequest, RedriveRequest, RedriveResponse};
+pub use sweep::{ClaimReport, MAX_DUE_SHARDS};
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::cache::{byte_budget, json_size, BoundedCache};
+use crate::config::CoordinatorConfig;
+use crate::domain::{
+    self, Action, Code, Context, Decision, Event, Execution, ParentLink, PipelineDef, Rejection,
+    Skip,
+};
+use crate::ports::{
+    Clock, EventPublisher, ExecutionStore, MessageSender, ReleaseRegistry, StoreError,
+};
+
+/// How often a decision is re-made after losing a conditional write before giving up (the message is
+/// then retried by its queue, a whole visibility timeout later). Every lost race means another writer
+/// committed, so N writers racing on one record are all done within N rounds: this covers a full batch
+/// of ten messages on one execution (a parent's children ending together) with the other functions'
+/// writes beside it.
+const MAX_RACES: u32 = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    #[error("execution {0} not found")]
+    NotFound(Uuid),
+    #[error("pipeline {pipeline_id} release {release_version} is not registered")]
+    UnknownRelease {
+        pipeline_id: String,
+        release_version: String,
+    },
+    #[error("pipeline {0} has no active release")]
+    NoActiveRelease(String),
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("inconsistent release descriptor: {0}")]
+    InvalidRelease(String),
+    #[error("pipeline {pipeline_id} release {release_version} is already registered with another descriptor")]
+    ReleaseConflict {
+        pipeline_id: String,
+        release_version: String,
+    },
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("gave up after {0} conflicting writes")]
+    Contention(u32),
+}
+
+impl CoordinatorError {
+    /// Stable error code.
+    pub fn code(&self) -> Code {
+        match self {
+            CoordinatorError::NotFound(_) => Code::NotFound,
+            CoordinatorError::UnknownRelease { .. } => Code::UnknownRelease,
+            CoordinatorError::NoActiveRelease(_) => Code::NoActiveRelease,
+            CoordinatorError::Invalid(_) => Code::InvalidRequest,
+            CoordinatorError::InvalidRelease(_) => Code::InvalidRelease,
+            CoordinatorError::ReleaseConflict { .. } => Code::ReleaseConflict,
+            CoordinatorError::Rejected(r) => r.code(),
+            CoordinatorError::Store(StoreError::Corrupt(_)) => Code::CorruptRecord,
+            CoordinatorError::Store(StoreError::Missing(_)) => Code::NotFound,
+            CoordinatorError::Store(_) => Code::StoreUnavailable,
+            CoordinatorError::Contention(_) => Code::Contention,
+        }
+    }
+
+    /// Whether the same request may succeed later (the message should be redelivered).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            CoordinatorError::Store(e) => e.is_retryable(),
+            CoordinatorError::Contention(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// Runtime settings of the coordinator.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub launch_queue: String,
+    pub reply_queue: String,
+    pub execution_dlq: String,
+    pub launch_dlq: String,
+    pub reply_dlq: String,
+    pub await_queue: String,
+    /// Where fan-out children are started (none: fan-out steps cannot start children).
+    pub start_queue: Option<String>,
+    /// The start queue's DLQ.
+    pub start_dlq: Option<String>,
+    pub lease_ms: i64,
+    pub claim_limit: i32,
+    /// Identifies this process in lease owners.
+    pub instance: String,
+}
+
+impl Settings {
+    pub fn from_config(config: &CoordinatorConfig) -> Self {
+        Self {
+            launch_queue: config.launch_queue_url.clone(),
+            reply_queue: config.reply_queue_url.clone(),
+            execution_dlq: config.execution_dlq_url.clone(),
+            launch_dlq: config.launch_dlq_url.clone(),
+            reply_dlq: config.reply_dlq_url.clone(),
+            await_queue: config.await_queue_url.clone(),
+            start_queue: config.start_queue_url.clone(),
+            start_dlq: config.start_dlq_url.clone(),
+            lease_ms: i64::from(config.lease_seconds) * 1000,
+            claim_limit: config.claim_limit,
+            instance: Uuid::new_v4().simple().to_string()[..12].to_string(),
+        }
+    }
+}
+
+/// What applying an event did: the execution as it is now, and why nothing was written, if so.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    pub record: Execution,
+    /// Set when the decision wrote nothing (a duplicate, a stale reply, ...): the message is
+    /// acknowledged all the same.
+    pub skipped: Option<Skip>,
+}
+
+impl Applied {
+    pub fn record(&self) -> &Execution {
+        &self.record
+    }
+
+    /// Whether the event changed the record.
+    pub fn committed(&self) -> bool {
+        self.skipped.is_none()
+    }
+}
+
+/// A decision as the coordinator carries it out (the definition the actions are staged with).
+enum Decided {
+    Committed {
+        record: Execution,
+        actions: Vec<Action>,
+        definition: Arc<PipelineDef>,
+    },
+    Unchanged {
+        record: Execution,
+        skip: Skip,
+    },
+}
+
+/// One round of deciding and writing.
+enum Attempt {
+    Done(Box<Decided>),
+    Rejected(Rejection),
+    /// The write lost a race: the record as it is now.
+    Lost(Box<Execution>),
+}
+
+/// A new execution's request.
+#[derive(Debug, Clone, Default)]
+pub struct SubmitRequest {
+    pub pipeline_id: String,
+    /// Defaults to the pipeline's active release.
+    pub release_version: Option<String>,
+    pub tenant: String,
+    pub input: Value,
+    /// Submitting the same key again (same tenant) returns the first execution.
+    pub idempotency_key: Option<String>,
+    /// For a fan-out child: the parent interaction it completes when it ends.
+    pub parent: Option<ParentLink>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Submitted {
+    pub execution: Uuid,
+    pub duplicate: bool,
+    pub version: u64,
+}
+
+/// Namespace of execution ids derived from idempotency keys.
+const IDEMPOTENCY_NAMESPACE: Uuid = Uuid::from_u128(0x3b0e_91c4_55d2_4f0a_9c7e_1a2b_8d6f_40e1);
+
+pub struct Coordinator {
+    store: Arc<dyn ExecutionStore>,
+    registry: Arc<dyn ReleaseRegistry>,
+    sender: Arc<dyn MessageSender>,
+    clock: Arc<dyn Clock>,
+    settings: Settings,
+    definitions: Mutex<HashMap<(String, String), Arc<PipelineDef>>>,
+    publisher: Option<Arc<dyn EventPublisher>>,
+    /// Records this process committed last (bounded): the hot path decides on them without a read.
+    recent: Mutex<RecentRecords>,
+}
+
+/// Records a process committed, oldest evicted first, bounded by count and by bytes (a share of the
+/// function's memory: records carry step outputs until the next step consumed them).
+struct RecentRecords(BoundedCache<Uuid, Execution>);
+
+/// How many committed records a process keeps for the hot path, at most.
+const RECENT_CAPACITY: usize = 1024;
+
+impl Default for RecentRecords {
+    fn default() -> Self {
+        Self(BoundedCache::new(RECENT_CAPACITY, byte_budget()))
+    }
+}
+
+impl RecentRecords {
+    fn remember(&mut self, record: &Execution) {
+        self.0.insert(record.id, record.clone(), json_size(record));
+    }
+
+    fn get(&self, id: &Uuid) -> Option<&Execution> {
+        self.0.get(id)
+    }
+}
+
+impl Coordinator {
+    pub fn new(
+        store: Arc<dyn ExecutionStore>,
+        registry: Arc<dyn ReleaseRegistry>,
+        sender: Arc<dyn MessageSender>,
+        clock: Arc<dyn Clock>,
+        settings: Settings,
+    ) -> Self {
+        Self {
+            store,
+            registry,
+            sender,
+            clock,
+            settings,
+            definitions: Mutex::new(HashMap::new()),
+            publisher: None,
+            recent: Mutex::new(RecentRecords::default()),
+        }
+    }
+
+    /// Turns lifecycle events on: recorded in each commit's outbox, published after it.
+    pub fn with_publisher(mut self, publisher: Arc<dyn EventPublisher>) -> Self {
+        self.publisher = Some(publisher);
+        self
+    }
+
+    pub fn store(&self) -> &Arc<dyn ExecutionStore> {
+        &self.store
+    }
+
+    pub fn registry(&self) -> &Arc<dyn ReleaseRegistry> {
+        &self.registry
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn now(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    fn context(&self, role: &str) -> Context {
+        Context {
+            now: self.clock.now_ms(),
+            jitter: self.clock.jitter(),
+            token: self.clock.token(),
+            owner: format!("{role}:{}", self.settings.instance),
+            lease_ms: self.settings.lease_ms,
+            lifecycle: self.publisher.is_some(),
+        }
+    }
+
+    /// A pinned definition; immutable once registered, so cached for the life of the process.
+    pub async fn definition(
+        &self,
+        pipeline_id: &str,
+        release_version: &str,
+    ) -> Result<Arc<PipelineDef>, CoordinatorError> {
+        let key = (pipeline_id.to_string(), release_version.to_string());
+        if let Some(def) = self.definitions.lock().expect("definitions").get(&key) {
+            return Ok(def.clone());
+        }
+        let def = self
+            .registry
+            .get(pipeline_id, release_version)
+            .await?
+            .ok_or_else(|| CoordinatorError::UnknownRelease {
+                pipeline_id: pipeline_id.to_string(),
+                release_version: release_version.to_string(),
+            })?
+            .definition;
+        let def = Arc::new(def);
+        self.definitions
+            .lock()
+            .expect("definitions")
+            .insert(key, def.clone());
+        Ok(def)
+    }
+
+    pub async fn get(&self, id: Uuid) -> Result<Execution, CoordinatorError> {
+        self.store
+            .get(id)
+            .await?
+            .ok_or(CoordinatorError::NotFound(id))
+    }
+
+    /// Applies an event to one execution and carries out what the commit decided (sends the next
+    /// request, the dead-letter envelope, the cancel notice, ...): what a single request does (cancel,
+    /// re-drive, an interaction's completion). Batches of queue messages go through [`Coordinator::apply_batch`].
+    pub async fn apply(
+        &self,
+        id: Uuid,
+        event: &Event,
+        role: &str,
+    ) -> Result<Applied, CoordinatorError> {
+        let mut outbox = Outbox::default();
+        let applied = self
+            .decide_into(&mut outbox, 0, id, event, role, false)
+            .await?;
+        self.flush(outbox).await;
+        Ok(applied)
+    }
+
+    /// Decides and commits an event, then stages the committed actions in `outbox` (sent by the
+    /// caller's `flush`). With `hot`, the record this process committed last is decided on without a
+    /// read first (see `commit_event`).
+    async fn decide_into(
+        &self,
+        outbox: &mut Outbox,
+        source: usize,
+        id: Uuid,
+        event: &Event,
+        role: &str,
+        hot: bool,
+    ) -> Result<Applied, CoordinatorError> {
+        match self.commit_event(id, event, role, hot).await? {
+            Decided::Committed {
+                record,
+                actions,
+                definition,
+            } => {
+                self.stage(outbox, &record, &definition, &actions, source);
+                Ok(Applied {
+                    record,
+                    skipped: None,
+                })
+            }
+            Decided::Unchanged { record, skip } => Ok(Applied {
+                record,
+                skipped: Some(skip),
+            }),
+        }
+    }
+
+    /// Load, decide, commit on the version read; on a lost race, decide again on the fresh record.
+    ///
+    /// With `hot` (a worker's reply), when this process committed the record last, the decision is made
+    /// on that copy and written conditionally on its version with no read first (one sequential call
+    /// fewer). Only a commit is trusted that way: the condition proves the copy was current. A lost
+    /// race, or any decision not to write, falls back to a fresh read.
+    async fn commit_event(
+        &self,
+        id: Uuid,
+        event: &Event,
+        role: &str,
+        hot: bool,
+    ) -> Result<Decided, CoordinatorError> {
+        let mut fresh = None;
+        if hot {
+            let cached = self.recent.lock().expect("recent").get(&id).cloned();
+            if let Some(record) = cached {
+                match self.decide_and_write(record, event, role).await? {
+                    Attempt::Done(decided) if matches!(*decided, Decided::Committed { .. }) => {
+                        return Ok(*decided)
+                    }
+                    Attempt::Done(_) | Attempt::Rejected(_) => {}
+                    Attempt::Lost(current) => fresh = Some(*current),
+                }
+            }
+        }
+        for _ in 0..MAX_RACES {
+            let record = match fresh.take() {
+                Some(record) => record,
+                None => self.get(id).await?,
+            };
+            match self.decide_and_write(record, event, role).await? {
+                Attempt::Done(decided) => return Ok(*decided),
+                Attempt::Rejected(rejection) => return Err(rejection.into()),
+                Attempt::Lost(current) => fresh = Some(*current),
+            }
+        }
+        Err(CoordinatorError::Contention(MAX_RACES))
+    }
+
+    /// One decision on `record` and, if it writes, one conditional write.
+    async fn decide_and_write(
+        &self,
+        record: Execution,
+        event: &Event,
+        role: &str,
+    ) -> Result<Attempt, CoordinatorError> {
+        let definition = self
+            .definition(&record.pipeline_id, &record.release_version)
+            .await?;
+        let ctx = self.context(role);
+        Ok(match domain::decide(&record, &definition, &ctx, event) {
+            Decision::Commit {
+                record: next,
+                actions,
+            } => match self.commit(&next, record.version).await? {
+                Written::Committed => {
+                    observe(&record, &next, &actions);
+                    self.recent.lock().expect("recent").remember(&next);
+                    Attempt::Done(Box::new(Decided::Committed {
+                        record: *next,
+                        actions,
+                        definition,
+                    }))
+                }
+                Written::Lost(current) => Attempt::Lost(current),
+            },
+            Decision::Skip(skip) => Attempt::Done(Box::new(Decided::Unchanged { record, skip })),
+            Decision::Reject(rejection) => Attempt::Rejected(rejection),
+        })
+    }
+
+    /// A conditional write of `next` over version `expected`. A failed condition is read back: a record
+    /// carrying this write's id is this write, applied although its response was lost (the SDK's retry
+    /// then met its own version); anything else lost the race to another writer.
+    async fn commit(&self, next: &Execution, expected: u64) -> Result<Written, CoordinatorError> {
+        match self.store.replace(next, expected).await {
+            Ok(()) => Ok(Written::Committed),
+            Err(StoreError::Conflict) => {
+                let current = self.get(next.id).await?;
+                if current.version == next.version && current.write_id == next.write_id {
+                    tracing::info!(execution_id = %next.id, version = next.version, "own write recognised after a lost response");
+                    Ok(Written::Committed)
+                } else {
+                    Ok(Written::Lost(Box::new(current)))
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Starts a new execution pinned to the requested (or active) release and enqueues its first launch.
+    pub async fn submit(&self, request: SubmitRequest) -> Result<Submitted, CoordinatorError> {
+        let mut outbox = Outbox::default();
+        let submitted = self.submit_into(&mut outbox, 0, request).await?;
+        self.flush(outbox).await;
+        Ok(submitted)
+    }
+
+    /// `submit`, staging the first request (or the request of a duplicate that may not have gone
+    /// out) in `outbox`.
+    async fn submit_into(
+        &self,
+        outbox: &mut Outbox,
+        source: usize,
+        request: SubmitRequest,
+    ) -> Result<Submitted, CoordinatorError> {
+        if request.pipeline_id.is_empty() || request.tenant.is_empty() {
+            return Err(CoordinatorError::Invalid(
+                "pipelineId and tenant are required".into(),
+            ));
+        }
+        let release = match request.release_version {
+            Some(release) => release,
+            None => {
+                self.registry
+                    .active(&request.pipeline_id)
+                    .await?
+                    .ok_or_else(|| CoordinatorError::NoActiveRelease(request.pipeline_id.clone()))?
+                    .release_version
+            }
+        };
+        let definition = self.definition(&request.pipeline_id, &release).await?;
+        let id = match &request.idempotency_key {
+            Some(key) => Uuid::new_v5(
+                &IDEMPOTENCY_NAMESPACE,
+                format!("{}/{}/{key}", request.tenant, request.pipeline_id).as_bytes(),
+            ),
+            None => self.clock.token(),
+        };
+        let ctx = self.context("submit");
+        let (mut record, actions) = domain::start_launched(
+            id,
+            &request.tenant,
+            &definition,
+            request.input,
+            request.idempotency_key,
+            &ctx,
+        );
+        record.parent = request.parent;
+        match self.store.create(&record).await {
+            Ok(()) => {}
+            Err(StoreError::Conflict) => {
+                let existing = self.get(id).await?;
+                if existing.version != record.version || existing.write_id != record.write_id {
+                    // Submitted before. If nothing happened since, its first request may not have
+                    // gone out (the first submitter may have died before sending): send it again,
+                    // under the same launch id.
+                    let again = domain::creation_actions(&existing);
+                    if !again.is_empty() {
+                        let definition = self
+                            .definition(&existing.pipeline_id, &existing.release_version)
+                            .await?;
+                        self.stage(outbox, &existing, &definition, &again, source);
+                    }
+                    return Ok(Submitted {
+                        execution: id,
+                        duplicate: true,
+                        version: existing.version,
+                    });
+                }
+                // Our own create, whose response was lost: carry on as if it had answered.
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.recent.lock().expect("recent").remember(&record);
+        tracing::info!(execution_id = %id, pipeline = %record.pipeline_id, release = %release, "execution submitted");
+        self.stage(outbox, &record, &definition, &actions, source);
+        Ok(Submitted {
+            execution: id,
+            duplicate: false,
+            version: record.version,
+        })
+    }
+}
+
+/// Metrics of a committed transition (Embedded Metric Format log lines, inside Lambda).
+fn observe(before: &Execution, after: &Execution, actions: &[Action]) {
+    use crate::metrics::{emit, Metric};
+    let pipeline = after.pipeline_id.as_str();
+    let at = after.updated_at;
+    let completed = after
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(k, s)| {
+            s.status == domain::StepStatus::Succeeded
+                && before.steps.get(*k).map(|b| b.status) != Some(domain::StepStatus::Succeeded)
+        })
+        .count();
+    if completed > 0 {
+        emit(Metric::StepsCompleted, completed as f64, pipeline, at);
+        // The record's previous write launched the step (or recorded its last heartbeat).
+        emit(
+            Metric::StepLatency,
+            (after.updated_at - before.updated_at).max(0) as f64,
+            pipeline,
+            at,
+        );
+    }
+    if after.status == domain::Status::WaitRetry && before.status != domain::Status::WaitRetry {
+        emit(Metric::Retries, 1.0, pipeline, at);
+    }
+    let dead = actions
+        .iter()
+        .filter(|a| matches!(a, Action::SendDeadLetter { .. }))
+        .count();
+    if dead > 0 {
+        emit(Metric::DeadLetters, dead as f64, pipeline, at);
+    }
+    // The sweeper gave up on an outbox (its decision noted the drop in this very write).
+    let dropped_now = after
+        .incidents
+        .last()
+        .is_some_and(|i| i.code == domain::machine::EVENTS_DROPPED && i.at == after.updated_at);
+    if dropped_now && !before.events.is_empty() && after.events.is_empty() {
+        let dropped = before.events.len() as f64;
+        emit(Metric::EventsDropped, dropped, pipeline, at);
+        emit(Metric::EventsDropped, dropped, "", at);
+    }
+}
+
+/// How a conditional write ended.
+enum Written {
+    Committed,
+    /// Another writer got there first: the record as it is now.
+    Lost(Box<Execution>),
+}

@@ -1,0 +1,433 @@
+//! The one place where committed actions are carried out: `stage` turns a decision's actions into
+//! messages (requests, launch work, notices, dead-letter envelopes, lifecycle events), `flush` sends
+//! them batched per queue and records what went out on the execution (acknowledgements).
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::Coordinator;
+use crate::domain::{
+    self, Action, AwaitUnit, Event, Execution, ParentLink, PipelineDef, StepDef, StepKind, Verdict,
+};
+use crate::envelope::{
+    AwaitNotice, DeadLetterEnvelope, Identity, InteractionMessage, LaunchWork, NoticeInteraction,
+    RequestEnvelope, RequestHeader, StartDetail, StartEvent, AWAIT_NOTICE_KIND, CANCEL_KIND,
+    DEAD_LETTER_KIND, INTERACTION_KIND, REQUEST_KIND, START_DETAIL_TYPE, START_SOURCE,
+};
+use crate::ports::{BusEvent, OutMessage, SendError};
+
+impl Coordinator {
+    /// Turns a committed decision's actions into messages.
+    pub(super) fn stage(
+        &self,
+        outbox: &mut Outbox,
+        record: &Execution,
+        definition: &PipelineDef,
+        actions: &[Action],
+        source: usize,
+    ) {
+        for action in actions {
+            match action {
+                Action::EnqueueLaunch {
+                    generation,
+                    token,
+                    delay_secs,
+                } => {
+                    let work = LaunchWork {
+                        execution_id: record.id,
+                        generation: *generation,
+                        token: *token,
+                    };
+                    outbox.push(
+                        &self.settings.launch_queue,
+                        source,
+                        OutMessage::delayed(
+                            serde_json::to_string(&work).expect("launch work serializes"),
+                            *delay_secs,
+                        ),
+                        None,
+                    );
+                }
+                Action::SendRequest {
+                    step,
+                    attempt,
+                    launch_id,
+                    deadline,
+                } => {
+                    let (Some(step_def), Some(input)) =
+                        (definition.step(*step), record.step_input(*step))
+                    else {
+                        tracing::error!(execution_id = %record.id, step, "request without step definition or input");
+                        continue;
+                    };
+                    let header = self.request_header(
+                        record,
+                        &step_def.id,
+                        *step,
+                        *attempt,
+                        *launch_id,
+                        *deadline,
+                    );
+                    tracing::info!(
+                        execution_id = %record.id, tenant = %record.tenant, step = %step_def.id,
+                        attempt, launch_id = %launch_id, "step launched"
+                    );
+                    let envelope = RequestEnvelope {
+                        header,
+                        payload: input.value(),
+                    };
+                    outbox.push(
+                        &step_def.queue,
+                        source,
+                        OutMessage::new(
+                            serde_json::to_string(&envelope).expect("request serializes"),
+                        ),
+                        None,
+                    );
+                }
+                Action::NotifyCancel { step, launch_id } => {
+                    let Some(step_def) = definition.step(*step) else {
+                        continue;
+                    };
+                    let mut header = self.request_header(
+                        record,
+                        &step_def.id,
+                        *step,
+                        record.attempt,
+                        *launch_id,
+                        record.updated_at,
+                    );
+                    header.kind = CANCEL_KIND.to_string();
+                    let envelope = RequestEnvelope {
+                        header,
+                        payload: &Value::Null,
+                    };
+                    outbox.push(
+                        &step_def.queue,
+                        source,
+                        OutMessage::new(
+                            serde_json::to_string(&envelope).expect("notice serializes"),
+                        ),
+                        None,
+                    );
+                }
+                Action::SendAwaitNotice { unit } => {
+                    let (Some(await_unit), Some(step_def)) =
+                        (record.await_unit.as_ref(), definition.step(record.step))
+                    else {
+                        tracing::error!(execution_id = %record.id, "await notice without an await unit");
+                        continue;
+                    };
+                    if step_def.kind == StepKind::FanOut {
+                        self.stage_children(outbox, record, step_def, await_unit, source);
+                        continue;
+                    }
+                    let notice = AwaitNotice {
+                        kind: AWAIT_NOTICE_KIND.to_string(),
+                        execution_id: record.id,
+                        tenant: record.tenant.clone(),
+                        pipeline_id: record.pipeline_id.clone(),
+                        release_version: record.release_version.clone(),
+                        step_id: step_def.id.clone(),
+                        step_index: record.step,
+                        await_unit_id: *unit,
+                        deadline: await_unit.deadline,
+                        interactions: await_unit
+                            .interactions
+                            .iter()
+                            .map(|i| NoticeInteraction {
+                                id: i.id.clone(),
+                                idempotency_key: i.idempotency_key.clone(),
+                                token: i.token.clone(),
+                            })
+                            .collect(),
+                        input: record
+                            .step_input(record.step)
+                            .map(|p| p.value().clone())
+                            .unwrap_or_default(),
+                        complete_to: self.settings.await_queue.clone(),
+                    };
+                    tracing::info!(execution_id = %record.id, step = %step_def.id, await_unit = %unit, "await requested");
+                    outbox.push(
+                        &step_def.queue,
+                        source,
+                        OutMessage::new(serde_json::to_string(&notice).expect("notice serializes")),
+                        Some((record.id, Event::AwaitNoticeSent { unit: *unit })),
+                    );
+                }
+                Action::NotifyParent => {
+                    let Some(parent) = &record.parent else {
+                        continue;
+                    };
+                    let message = InteractionMessage {
+                        kind: INTERACTION_KIND.to_string(),
+                        execution_id: parent.execution_id,
+                        interaction: parent.interaction.clone(),
+                        token: parent.token.clone(),
+                        verdict: Verdict::Approved,
+                        payload: serde_json::json!({
+                            "executionId": record.id,
+                            "status": record.status,
+                            "result": record.result.as_ref().map(|r| r.value().clone()),
+                            "error": record.error,
+                        }),
+                    };
+                    outbox.push(
+                        &parent.complete_to,
+                        source,
+                        OutMessage::new(
+                            serde_json::to_string(&message).expect("message serializes"),
+                        ),
+                        Some((record.id, Event::ParentNotified)),
+                    );
+                }
+                Action::PublishEvents => {
+                    let events = record
+                        .events
+                        .iter()
+                        .map(|e| BusEvent {
+                            detail_type: format!("{:?}", e.kind),
+                            detail: serde_json::json!({
+                                "eventId": format!("{}/{}", record.id, e.seq),
+                                "executionId": record.id,
+                                "seq": e.seq,
+                                "tenant": record.tenant,
+                                "pipelineId": record.pipeline_id,
+                                "releaseVersion": record.release_version,
+                                "step": e.step,
+                                "stepId": e.step.and_then(|k| definition.step(k)).map(|s| s.id.clone()),
+                                "code": e.code,
+                                "at": e.at,
+                            }),
+                        })
+                        .collect::<Vec<_>>();
+                    if let Some(last) = record.events.last() {
+                        outbox.events.push((record.id, last.seq, events));
+                    }
+                }
+                Action::SendDeadLetter { id } => {
+                    let envelope = DeadLetterEnvelope {
+                        kind: DEAD_LETTER_KIND.to_string(),
+                        dead_letter_id: *id,
+                        execution_id: record.id,
+                        tenant: record.tenant.clone(),
+                        pipeline_id: record.pipeline_id.clone(),
+                        release_version: record.release_version.clone(),
+                        status: record.status,
+                        step_index: record.step,
+                        step_id: definition
+                            .step(record.step)
+                            .map(|s| s.id.clone())
+                            .unwrap_or_default(),
+                        attempt: record.attempt,
+                        error: record.error.clone(),
+                        failed_at: record.updated_at,
+                        version: record.version,
+                    };
+                    tracing::warn!(
+                        execution_id = %record.id, tenant = %record.tenant, step = record.step,
+                        attempt = record.attempt, code = record.error.as_ref().map(|e| e.code.as_str()).unwrap_or(""),
+                        "execution dead-lettered"
+                    );
+                    outbox.push(
+                        &self.settings.execution_dlq,
+                        source,
+                        OutMessage::new(
+                            serde_json::to_string(&envelope).expect("envelope serializes"),
+                        ),
+                        Some((record.id, Event::DeadLetterSent { id: *id })),
+                    );
+                }
+            }
+        }
+    }
+
+    /// A fan-out step's children: one StartExecution message per item on the start queue, each with
+    /// the interaction it completes. Started idempotently (the message id names parent, step, attempt
+    /// and item), so re-sending them after a crash starts nothing twice.
+    fn stage_children(
+        &self,
+        outbox: &mut Outbox,
+        record: &Execution,
+        step_def: &StepDef,
+        await_unit: &AwaitUnit,
+        source: usize,
+    ) {
+        let (Some(start_queue), Some(child)) =
+            (&self.settings.start_queue, &step_def.child_pipeline)
+        else {
+            tracing::error!(execution_id = %record.id, step = %step_def.id, "fan-out without a start queue or child pipeline");
+            return;
+        };
+        let items = record
+            .step_input(record.step)
+            .and_then(|p| p.value().get("items").and_then(Value::as_array).cloned())
+            .unwrap_or_default();
+        let count = await_unit.interactions.len();
+        for (i, (item, interaction)) in items.iter().zip(&await_unit.interactions).enumerate() {
+            let event = StartEvent {
+                id: format!("{}/{}", await_unit.id, interaction.id),
+                detail_type: START_DETAIL_TYPE.to_string(),
+                source: START_SOURCE.to_string(),
+                detail: StartDetail {
+                    pipeline_id: child.clone(),
+                    tenant: record.tenant.clone(),
+                    input: item.clone(),
+                    release_version: None,
+                    parent: Some(ParentLink {
+                        execution_id: record.id,
+                        interaction: interaction.id.clone(),
+                        token: interaction.token.clone(),
+                        complete_to: self.settings.await_queue.clone(),
+                    }),
+                },
+            };
+            // Marked sent once the last one went out and none of this execution's sends failed.
+            let then = (i + 1 == count).then_some((
+                record.id,
+                Event::AwaitNoticeSent {
+                    unit: await_unit.id,
+                },
+            ));
+            outbox.push(
+                start_queue,
+                source,
+                OutMessage::new(serde_json::to_string(&event).expect("start event serializes")),
+                then,
+            );
+        }
+        tracing::info!(execution_id = %record.id, step = %step_def.id, children = count, "fan-out started");
+    }
+
+    fn request_header(
+        &self,
+        record: &Execution,
+        step_id: &str,
+        step: u32,
+        attempt: u32,
+        launch_id: Uuid,
+        deadline: i64,
+    ) -> RequestHeader {
+        RequestHeader {
+            kind: REQUEST_KIND.to_string(),
+            identity: Identity {
+                pipeline_id: record.pipeline_id.clone(),
+                contract_version: record.contract_version.clone(),
+                release_version: record.release_version.clone(),
+            },
+            tenant: record.tenant.clone(),
+            execution_id: record.id,
+            step_id: step_id.to_string(),
+            step_index: step,
+            attempt,
+            launch_id,
+            reply_to: self.settings.reply_queue.clone(),
+            deadline,
+            reply_token: if record.secret.is_empty() {
+                String::new()
+            } else {
+                domain::reply_token(&record.secret, launch_id)
+            },
+        }
+    }
+
+    /// Sends everything staged, batched per queue, then applies the follow-up event of each message
+    /// that went out. A send that fails after its commit is recovered by the sweeper: the committed
+    /// record is due at its lease expiry, step deadline or dead-letter check. Returns the failures.
+    pub(super) async fn flush(&self, outbox: Outbox) -> Vec<(usize, SendError)> {
+        let mut failures = Vec::new();
+        let mut follow_ups = Vec::new();
+        if let Some(publisher) = &self.publisher {
+            let all: Vec<BusEvent> = outbox
+                .events
+                .iter()
+                .flat_map(|(_, _, events)| events.iter().cloned())
+                .collect();
+            if !all.is_empty() {
+                let mut results = publisher.publish(&all).await.into_iter();
+                for (execution, through, events) in &outbox.events {
+                    // Consume every event's result, so the next execution's line up.
+                    let mut ok = true;
+                    for _ in events {
+                        ok &= results.next().is_some_and(|r| r.is_ok());
+                    }
+                    if ok {
+                        follow_ups.push((*execution, Event::EventsPublished { through: *through }));
+                    } else {
+                        tracing::warn!(execution_id = %execution, "lifecycle events not published; the sweeper will retry");
+                    }
+                }
+            }
+        }
+        for (queue, entries) in outbox.by_queue {
+            let messages: Vec<OutMessage> = entries.iter().map(|e| e.message.clone()).collect();
+            let results = self.sender.send(&queue, &messages).await;
+            for (entry, result) in entries.into_iter().zip(results) {
+                match result {
+                    Ok(()) => follow_ups.extend(entry.then),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "send failed after commit; the sweeper will recover it");
+                        failures.push((entry.source, e));
+                    }
+                }
+            }
+        }
+        // An await notice may span several messages (a fan-out's children): confirm it only when no
+        // send of this flush failed; otherwise the sweeper sends it all again (idempotently).
+        if !failures.is_empty() {
+            follow_ups.retain(|(_, event)| !matches!(event, Event::AwaitNoticeSent { .. }));
+        }
+        for (id, event) in follow_ups {
+            if let Err(e) = self.commit_event(id, &event, "outbox", false).await {
+                tracing::warn!(execution_id = %id, code = %e.code(), error = %e, "follow-up not recorded; the sweeper will repeat it");
+            }
+        }
+        failures
+    }
+}
+
+/// Messages staged during a batch, grouped by destination queue so each queue gets `SendMessageBatch`es.
+#[derive(Debug, Default)]
+pub(super) struct Outbox {
+    by_queue: BTreeMap<String, Vec<Staged>>,
+    /// Lifecycle events to publish: (execution, last sequence, events).
+    events: Vec<(Uuid, u64, Vec<BusEvent>)>,
+}
+
+#[derive(Debug)]
+struct Staged {
+    /// Index of the message (of the batch being handled) whose decision staged this one.
+    source: usize,
+    message: OutMessage,
+    /// Event to apply once the message is sent.
+    then: Option<(Uuid, Event)>,
+}
+
+impl Outbox {
+    /// Appends what another outbox staged (a batch merges its messages' outboxes in message order).
+    pub(super) fn extend(&mut self, other: Outbox) {
+        for (queue, entries) in other.by_queue {
+            self.by_queue.entry(queue).or_default().extend(entries);
+        }
+        self.events.extend(other.events);
+    }
+
+    fn push(
+        &mut self,
+        queue: &str,
+        source: usize,
+        message: OutMessage,
+        then: Option<(Uuid, Event)>,
+    ) {
+        self.by_queue
+            .entry(queue.to_string())
+            .or_default()
+            .push(Staged {
+                source,
+                message,
+                then,
+            });
+    }
+}

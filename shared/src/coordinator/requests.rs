@@ -1,0 +1,112 @@
+//! Requests on one execution: cancel, re-drive, complete an interaction. Each is one event applied and
+//! carried out; the API, the operator function and the CLI call these.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{Applied, Coordinator, CoordinatorError};
+use crate::domain::{Event, Execution, Status};
+use crate::envelope::InteractionMessage;
+
+/// Cancellation of one execution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CancelRequest {
+    pub execution_id: Uuid,
+    pub reason: String,
+}
+
+/// Operator re-drive of one FAILED or DLQ execution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RedriveRequest {
+    pub execution_id: Uuid,
+    /// The version the operator looked at; the re-drive is refused if the record changed since.
+    pub expected_version: u64,
+    pub reason: String,
+}
+
+/// An execution after a cancel or a re-drive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RedriveResponse {
+    pub execution_id: Uuid,
+    pub status: Status,
+    pub version: u64,
+}
+
+impl From<&Execution> for RedriveResponse {
+    fn from(record: &Execution) -> Self {
+        Self {
+            execution_id: record.id,
+            status: record.status,
+            version: record.version,
+        }
+    }
+}
+
+impl Coordinator {
+    /// Records the cancellation (no further launch; a reply arriving later does not advance) and tells
+    /// an in-flight worker, best effort.
+    pub async fn cancel(
+        &self,
+        request: CancelRequest,
+    ) -> Result<RedriveResponse, CoordinatorError> {
+        require_reason(&request.reason, "a cancellation")?;
+        let event = Event::Cancel {
+            reason: request.reason,
+        };
+        let applied = self.apply(request.execution_id, &event, "cancel").await?;
+        tracing::info!(execution_id = %applied.record.id, version = applied.record.version, "execution cancelled");
+        Ok(RedriveResponse::from(&applied.record))
+    }
+
+    /// Re-drive: reopens the failed step with a new attempt and a new retry budget, keeping the
+    /// execution's pinned release.
+    pub async fn redrive(
+        &self,
+        request: RedriveRequest,
+    ) -> Result<RedriveResponse, CoordinatorError> {
+        require_reason(&request.reason, "a re-drive")?;
+        let event = Event::Redrive {
+            expected_version: request.expected_version,
+            reason: request.reason,
+        };
+        let applied = self.apply(request.execution_id, &event, "redrive").await?;
+        tracing::info!(execution_id = %applied.record.id, version = applied.record.version, "execution re-driven");
+        Ok(RedriveResponse::from(&applied.record))
+    }
+
+    /// Completes an interaction of an execution's await unit and carries out what the commit decided
+    /// (the next step's launch, a dead-letter envelope). Completing it again with the same answer is
+    /// acknowledged without a second resume (`Applied::skipped` is set).
+    pub async fn complete_interaction(
+        &self,
+        message: InteractionMessage,
+    ) -> Result<Applied, CoordinatorError> {
+        let (execution, event) = interaction_event(message);
+        let applied = self.apply(execution, &event, "interaction").await?;
+        tracing::info!(execution_id = %execution, status = %applied.record.status, "interaction completed");
+        Ok(applied)
+    }
+}
+
+/// The event of an interaction completion.
+pub(crate) fn interaction_event(message: InteractionMessage) -> (Uuid, Event) {
+    let event = Event::CompleteInteraction {
+        fingerprint: InteractionMessage::answer_fingerprint(message.verdict, &message.payload),
+        interaction: message.interaction,
+        token: message.token,
+        verdict: message.verdict,
+        payload: message.payload,
+    };
+    (message.execution_id, event)
+}
+
+/// Refuses a request without an audit reason.
+pub(crate) fn require_reason(reason: &str, what: &str) -> Result<(), CoordinatorError> {
+    if reason.trim().is_empty() {
+        return Err(CoordinatorError::Invalid(format!("{what} needs a reason")));
+    }
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! The Lambda runtime wiring every function binary shares: telemetry, configuration from the
+//! environment, the AWS clients built once per container, and the event loop. A function's `main` names
+//! its handler and nothing else.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+pub use lambda_runtime::Error;
+use lambda_runtime::{service_fn, Diagnostic, LambdaEvent};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::aws::{self, SqsDeadLetterQueues};
+use crate::config::{CoordinatorConfig, WorkerConfig};
+use crate::contract::Contract;
+use crate::coordinator::Coordinator;
+use crate::worker::StepFunction;
+
+/// Everything a coordinator function needs, built once per container.
+pub struct Function {
+    pub coordinator: Coordinator,
+    /// The coordinator's dead-letter queues (read by the operator function).
+    pub dead_letters: SqsDeadLetterQueues,
+}
+
+fn function() -> Result<Arc<Function>, Error> {
+    crate::telemetry::init();
+    let sdk = aws::lambda_sdk_config();
+    let config = CoordinatorConfig::from_env()?;
+    Ok(Arc::new(Function {
+        coordinator: aws::coordinator(&sdk, &config),
+        dead_letters: SqsDeadLetterQueues::new(&aws_sdk_sqs::Client::new(&sdk), &config),
+    }))
+}
+
+/// Serves an SQS-triggered coordinator function (partial batch responses).
+pub async fn serve_sqs<H, F>(handler: H) -> Result<(), Error>
+where
+    H: Fn(Arc<Function>, SqsEvent) -> F,
+    F: Future<Output = SqsBatchResponse>,
+{
+    serve(handler, Ok::<_, Error>).await
+}
+
+/// Serves the claim function (an EventBridge schedule); the handler gets the invocation's deadline
+/// (epoch milliseconds) to stop in time.
+pub async fn serve_schedule<H, F, R, E>(handler: H) -> Result<(), Error>
+where
+    H: Fn(Arc<Function>, EventBridgeEvent<Value>, Option<i64>) -> F,
+    F: Future<Output = Result<R, E>>,
+    R: Serialize,
+    E: Into<Diagnostic> + std::fmt::Debug,
+{
+    let function = function()?;
+    lambda_runtime::run(service_fn(|event: LambdaEvent<EventBridgeEvent<Value>>| {
+        let deadline = i64::try_from(event.context.deadline).ok();
+        handler(function.clone(), event.payload, deadline)
+    }))
+    .await
+}
+
+/// Serves a directly invoked coordinator function (the operator's).
+pub async fn serve_invoke<A, H, F, R, E>(handler: H) -> Result<(), Error>
+where
+    A: DeserializeOwned,
+    H: Fn(Arc<Function>, A) -> F,
+    F: Future<Output = Result<R, E>>,
+    R: Serialize,
+    E: Into<Diagnostic> + std::fmt::Debug,
+{
+    serve(handler, |result| result).await
+}
+
+async fn serve<A, H, F, O, R, E>(handler: H, into: fn(O) -> Result<R, E>) -> Result<(), Error>
+where
+    A: DeserializeOwned,
+    H: Fn(Arc<Function>, A) -> F,
+    F: Future<Output = O>,
+    R: Serialize,
+    E: Into<Diagnostic> + std::fmt::Debug,
+{
+    let function = function()?;
+    lambda_runtime::run(service_fn(|event: LambdaEvent<A>| {
+        let output = handler(function.clone(), event.payload);
+        async move { into(output.await) }
+    }))
+    .await
+}
+
+/// Runs a worker function: release and DLQ from the environment, identity from `contract` (the code
+/// it was built from).
+pub async fn run_worker(contract: Contract, steps: Arc<dyn StepFunction>) -> Result<(), Error> {
+    crate::telemetry::init();
+    let worker = Arc::new(aws::worker(
+        &aws::lambda_sdk_config(),
+        &WorkerConfig::from_env()?,
+        &contract,
+        steps,
+    ));
+    lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
+        let worker = worker.clone();
+        async move { Ok::<_, Error>(worker.handle(event.payload).await) }
+    }))
+    .await
+}
+
+/// Serves the HTTP API function (a function URL or an HTTP API, payload format 2.0).
+#[cfg(feature = "http")]
+pub async fn serve_http() -> Result<(), Error> {
+    use lambda_http::Request;
+    let function = function()?;
+    lambda_http::run(lambda_http::service_fn(|request: Request| {
+        let function = function.clone();
+        async move { Ok::<_, Error>(crate::http::handle(&function.coordinator, request).await) }
+    }))
+    .await
+}
