@@ -398,17 +398,12 @@ pub fn start_launched(
     idempotency_key: Option<String>,
     ctx: &Context,
 ) -> (Execution, Vec<Action>) {
-    let (mut record, _) = start(
-        id,
-        tenant,
-        def,
-        input,
-        idempotency_key,
-        &Context {
-            lifecycle: false,
-            ..ctx.clone()
-        },
-    );
+    // The start is announced below, once the first step is launched.
+    let unannounced = Context {
+        lifecycle: false,
+        ..ctx.clone()
+    };
+    let (mut record, _) = start(id, tenant, def, input, idempotency_key, &unannounced);
     record.lease = None;
     record.generation = 0;
     let queued = record.clone();

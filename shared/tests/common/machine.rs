@@ -6,9 +6,9 @@
 
 use serde_json::{json, Value};
 use stepline::domain::{
-    decide, launch_id, reply_token, start, Action, Context, Decision, Event, Execution,
+    decide, launch_id, reply_token, start, Action, Context, Decision, Event, Execution, Lease,
     LifecycleEvent, LifecycleKind, Outcome, ParentLink, PipelineDef, Rejection, RetryPolicy,
-    Sender, Skip, Status, StepDef, StepError, StepStatus, Verdict,
+    Sender, Skip, Status, StepDef, StepError, StepProgress, StepStatus, Verdict,
 };
 use uuid::Uuid;
 
@@ -293,6 +293,48 @@ pub fn request_of(actions: &[Action]) -> (u32, u32, Uuid, i64) {
             deadline,
         }] => (*step, *attempt, *launch_id, *deadline),
         other => panic!("expected exactly one SendRequest, got {other:?}"),
+    }
+}
+
+/// The launch work an action list enqueues (exactly one `EnqueueLaunch`): (generation, token, delay).
+#[track_caller]
+pub fn enqueued(actions: &[Action]) -> (u64, Uuid, u32) {
+    match actions {
+        [Action::EnqueueLaunch {
+            generation,
+            token,
+            delay_secs,
+        }] => (*generation, *token, *delay_secs),
+        other => panic!("expected exactly one EnqueueLaunch, got {other:?}"),
+    }
+}
+
+/// Launch work carrying generation `generation` and token `token(tok)`.
+pub fn launch_work(generation: u64, tok: u128) -> Event {
+    Event::LaunchWork {
+        generation,
+        token: token(tok),
+    }
+}
+
+/// The lease a decision under `ctx(_, tok)` takes, expiring at `expires_at`.
+pub fn leased(tok: u128, expires_at: i64) -> Option<Lease> {
+    Some(Lease {
+        owner: OWNER.to_string(),
+        token: token(tok),
+        expires_at,
+    })
+}
+
+/// The progress of a step whose attempt `launch` is saved as launching, nothing received yet.
+pub fn launching(launch: Uuid) -> StepProgress {
+    StepProgress {
+        status: StepStatus::Launching,
+        launch_id: launch,
+        output: None,
+        receipt: None,
+        earlier_receipts: Vec::new(),
+        error: None,
     }
 }
 

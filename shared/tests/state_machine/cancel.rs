@@ -9,9 +9,7 @@ fn cancel_of_running_execution_cancels_it_and_clears_due_time() {
     let m = Machine::of(three_steps());
     let record = m.running();
 
-    let cancel = Event::Cancel {
-        reason: "customer withdrew the order".to_string(),
-    };
+    let cancel = cancel("customer withdrew the order");
     let (next, actions) = m.commit(&record, T0 + 2_000, 9, &cancel);
 
     assert_eq!(next.status, Status::Cancelled);
@@ -43,9 +41,7 @@ fn cancel_of_waiting_retry_drops_its_lease_and_its_pending_launch_work_is_skippe
     let m = Machine::of(three_steps());
     let (waiting, actions) = m.failed_once(T0 + 7_000);
     assert!(waiting.lease.is_some());
-    let cancel = Event::Cancel {
-        reason: "stop".to_string(),
-    };
+    let cancel = cancel("stop");
 
     let (next, notices) = m.commit(&waiting, T0 + 7_500, 4, &cancel);
 
@@ -62,9 +58,7 @@ fn cancel_of_waiting_retry_drops_its_lease_and_its_pending_launch_work_is_skippe
 fn cancel_of_queued_execution_notifies_no_worker() {
     let m = Machine::of(three_steps());
     let (record, _) = m.started();
-    let cancel = Event::Cancel {
-        reason: "stop".to_string(),
-    };
+    let cancel = cancel("stop");
     let (next, actions) = m.commit(&record, T0 + 10, 2, &cancel);
     assert_eq!(next.status, Status::Cancelled);
     assert!(actions.is_empty());
@@ -76,9 +70,7 @@ fn cancel_of_queued_execution_notifies_no_worker() {
 fn cancel_of_terminal_execution_is_rejected_as_already_terminal() {
     let m = Machine::of(three_steps());
     for record in [m.succeeded(), m.exhausted(), m.cancelled()] {
-        let cancel = Event::Cancel {
-            reason: "too late".to_string(),
-        };
+        let cancel = cancel("too late");
         let rejection = m.rejected(&record, T0 + 200_000, 60, &cancel);
         assert_eq!(rejection, Rejection::AlreadyTerminal(record.status));
         assert_eq!(rejection.code(), "ALREADY_TERMINAL");

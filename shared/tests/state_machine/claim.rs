@@ -1,6 +1,6 @@
 //! `Claim`: the sweeper takes the lease of a due execution, or finds it not due or ended.
 
-use stepline::domain::{launch_id, Action, Event, Lease, Skip, Status};
+use stepline::domain::{launch_id, Event, Skip, Status};
 
 use crate::fixtures::*;
 
@@ -15,22 +15,8 @@ fn claim_of_due_unleased_execution_takes_lease_with_next_generation_and_enqueues
 
     assert_eq!(next.generation, record.generation + 1);
     assert_eq!(next.generation, 2);
-    assert_eq!(
-        next.lease,
-        Some(Lease {
-            owner: OWNER.to_string(),
-            token: token(3),
-            expires_at: DEADLINE0 + LEASE_MS,
-        })
-    );
-    assert_eq!(
-        actions,
-        vec![Action::EnqueueLaunch {
-            generation: 2,
-            token: token(3),
-            delay_secs: 0,
-        }]
-    );
+    assert_eq!(next.lease, leased(3, DEADLINE0 + LEASE_MS));
+    assert_eq!(enqueued(&actions), (2, token(3), 0));
     // The claim changes nothing but the lease.
     assert_eq!(next.status, Status::Running);
     assert_eq!((next.step, next.attempt), (0, 1));
@@ -104,22 +90,8 @@ fn claim_after_lease_expiry_takes_over_with_next_generation_and_fences_old_launc
 
     assert_eq!(taken.status, Status::Queued);
     assert_eq!(taken.generation, 2);
-    assert_eq!(
-        taken.lease,
-        Some(Lease {
-            owner: OWNER.to_string(),
-            token: token(2),
-            expires_at: T0 + 2 * LEASE_MS,
-        })
-    );
-    assert_eq!(
-        actions,
-        vec![Action::EnqueueLaunch {
-            generation: 2,
-            token: token(2),
-            delay_secs: 0,
-        }]
-    );
+    assert_eq!(taken.lease, leased(2, T0 + 2 * LEASE_MS));
+    assert_eq!(enqueued(&actions), (2, token(2), 0));
     // The old holder's work, arriving late, is fenced; the new work launches.
     assert_eq!(
         m.skipped(&taken, T0 + LEASE_MS + 5, 3, &lost_work),

@@ -83,10 +83,7 @@ fn dead_letter_sent_for_another_failure_is_skipped_as_stale() {
     let failed = m.exhausted();
     let first = failed.dead_letter.as_ref().expect("dead letter marked").id;
     let at = T0 + 100_000;
-    let redrive = Event::Redrive {
-        expected_version: failed.version,
-        reason: "gateway fixed".to_string(),
-    };
+    let redrive = redrive(failed.version, "gateway fixed");
     let (requeued, actions) = m.commit(&failed, at, 50, &redrive);
     assert_eq!(
         m.skipped(&requeued, at + 1, 51, &Event::DeadLetterSent { id: first }),

@@ -39,15 +39,7 @@ fn every_commit_advances_version_and_keeps_release_pipeline_and_input_pinned() {
     let (r, _) = apply(&r, deadline + 300_000, 10, launch_work_of(&a));
     let (r, _) = apply(&r, deadline + 301_000, 11, err_reply(1, 2, &fatal()));
     assert_eq!(r.status, Status::Failed);
-    let (r, a) = apply(
-        &r,
-        deadline + 400_000,
-        12,
-        Event::Redrive {
-            expected_version: r.version,
-            reason: "fixed".to_string(),
-        },
-    );
+    let (r, a) = apply(&r, deadline + 400_000, 12, redrive(r.version, "fixed"));
     let (r, _) = apply(&r, deadline + 400_100, 13, launch_work_of(&a));
     let (r, _) = apply(&r, deadline + 401_000, 14, ok_reply(1, 3, output(1)));
     let (r, _) = apply(&r, deadline + 402_000, 15, ok_reply(2, 1, output(2)));
@@ -232,13 +224,8 @@ fn random_event(rng: &mut Rng, record: &Execution, issued: &Issued) -> Event {
             fingerprint: "forged".to_string(),
             outcome: Outcome::Succeeded(Value::Null),
         },
-        84..=93 => Event::Redrive {
-            expected_version: record.version - rng.below(2),
-            reason: "walk".to_string(),
-        },
-        94..=95 => Event::Cancel {
-            reason: "walk".to_string(),
-        },
+        84..=93 => redrive(record.version - rng.below(2), "walk"),
+        94..=95 => cancel("walk"),
         96..=100 => match rng.pick_recent(&issued.requests) {
             Some((step, attempt)) => heartbeat(step, attempt),
             None => Event::Claim,

@@ -3,9 +3,7 @@
 
 use stepline::domain::execution::DeadLetterMark;
 use stepline::domain::machine::MAX_RESENDS;
-use stepline::domain::{
-    launch_id, Action, Event, Lease, RetryPolicy, Skip, Status, StepProgress, StepStatus,
-};
+use stepline::domain::{launch_id, Event, RetryPolicy, Skip, Status, StepStatus};
 
 use crate::fixtures::*;
 
@@ -24,40 +22,16 @@ fn launch_work_starts_first_attempt_of_queued_execution_with_deterministic_launc
     assert_eq!(next.generation, 1, "launching takes no lease");
     assert_eq!(next.wake_at, Some(DEADLINE0));
     assert_eq!(next.due_at(), Some(DEADLINE0));
-    assert_eq!(
-        next.steps,
-        vec![StepProgress {
-            status: StepStatus::Launching,
-            launch_id: id,
-            output: None,
-            receipt: None,
-            earlier_receipts: Vec::new(),
-            error: None,
-        }]
-    );
-    assert_eq!(
-        actions,
-        vec![Action::SendRequest {
-            step: 0,
-            attempt: 1,
-            launch_id: id,
-            deadline: DEADLINE0,
-        }]
-    );
+    assert_eq!(next.steps, vec![launching(id)]);
+    assert_eq!(request_of(&actions), (0, 1, id, DEADLINE0));
 }
 
 #[test]
 fn launch_work_with_wrong_generation_is_fenced() {
     let m = Machine::of(three_steps());
     let (record, _) = m.started();
-    let stale = Event::LaunchWork {
-        generation: 0,
-        token: token(1),
-    };
-    let ahead = Event::LaunchWork {
-        generation: 2,
-        token: token(1),
-    };
+    let stale = launch_work(0, 1);
+    let ahead = launch_work(2, 1);
     assert_eq!(m.skipped(&record, LAUNCHED_AT, 2, &stale), Skip::Fenced);
     assert_eq!(m.skipped(&record, LAUNCHED_AT, 2, &ahead), Skip::Fenced);
 }
@@ -66,10 +40,7 @@ fn launch_work_with_wrong_generation_is_fenced() {
 fn launch_work_with_wrong_token_is_fenced() {
     let m = Machine::of(three_steps());
     let (record, _) = m.started();
-    let forged = Event::LaunchWork {
-        generation: 1,
-        token: token(999),
-    };
+    let forged = launch_work(1, 999);
     assert_eq!(m.skipped(&record, LAUNCHED_AT, 2, &forged), Skip::Fenced);
 }
 
@@ -82,15 +53,7 @@ fn launch_work_on_running_execution_past_deadline_resends_same_launch_id_once() 
     let (next, actions) = m.commit(&claimed, RESENT_AT, 4, &launch_work_of(&actions));
 
     let id = launch_id(EXEC, 0, 1);
-    assert_eq!(
-        actions,
-        vec![Action::SendRequest {
-            step: 0,
-            attempt: 1,
-            launch_id: id,
-            deadline: DEADLINE1,
-        }]
-    );
+    assert_eq!(request_of(&actions), (0, 1, id, DEADLINE1));
     assert_eq!(next.status, Status::Running);
     assert_eq!(
         (next.step, next.attempt),
@@ -132,22 +95,8 @@ fn launch_work_on_resent_attempt_past_deadline_times_it_out_and_schedules_retry(
     assert_eq!(delay, 1_250);
     assert_eq!(next.wake_at, Some(TIMED_OUT_AT + 1_250));
     assert_eq!(next.generation, 4, "start, two claims, and the retry lease");
-    assert_eq!(
-        next.lease,
-        Some(Lease {
-            owner: OWNER.to_string(),
-            token: token(6),
-            expires_at: TIMED_OUT_AT + 1_250 + LEASE_MS,
-        })
-    );
-    assert_eq!(
-        actions,
-        vec![Action::EnqueueLaunch {
-            generation: 4,
-            token: token(6),
-            delay_secs: 2,
-        }]
-    );
+    assert_eq!(next.lease, leased(6, TIMED_OUT_AT + 1_250 + LEASE_MS));
+    assert_eq!(enqueued(&actions), (4, token(6), 2));
 }
 
 #[test]
@@ -224,13 +173,5 @@ fn launch_work_on_wait_retry_starts_next_attempt_with_new_launch_id() {
     assert_eq!(next.steps[0].launch_id, second);
     assert_eq!(next.lease, None);
     assert_eq!(next.wake_at, Some(at + TIMEOUT_MS[0]));
-    assert_eq!(
-        actions,
-        vec![Action::SendRequest {
-            step: 0,
-            attempt: 2,
-            launch_id: second,
-            deadline: at + TIMEOUT_MS[0],
-        }]
-    );
+    assert_eq!(request_of(&actions), (0, 2, second, at + TIMEOUT_MS[0]));
 }

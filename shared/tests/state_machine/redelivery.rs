@@ -119,10 +119,7 @@ fn reply_with_same_launch_id_but_other_bytes_is_rejected_as_conflict() {
 fn redrive_delivered_twice_is_rejected_the_second_time() {
     let m = Machine::of(three_steps());
     let failed = m.exhausted();
-    let event = Event::Redrive {
-        expected_version: failed.version,
-        reason: "gateway fixed".to_string(),
-    };
+    let event = redrive(failed.version, "gateway fixed");
     let (requeued, _) = m.commit(&failed, T0 + 100_000, 50, &event);
 
     let rejection = m.rejected(&requeued, T0 + 100_000, 50, &event);
@@ -134,10 +131,7 @@ fn redrive_delivered_twice_is_rejected_the_second_time() {
 fn redrive_replayed_after_execution_failed_again_is_rejected_as_version_mismatch() {
     let m = Machine::of(three_steps());
     let failed = m.exhausted();
-    let event = Event::Redrive {
-        expected_version: failed.version,
-        reason: "gateway fixed".to_string(),
-    };
+    let event = redrive(failed.version, "gateway fixed");
     let at = T0 + 100_000;
     let (requeued, actions) = m.commit(&failed, at, 50, &event);
     let (launched, _) = m.commit(&requeued, at + 100, 51, &launch_work_of(&actions));
@@ -157,9 +151,7 @@ fn redrive_replayed_after_execution_failed_again_is_rejected_as_version_mismatch
 fn cancel_delivered_twice_is_rejected_as_already_terminal() {
     let m = Machine::of(three_steps());
     let record = m.running();
-    let cancel = Event::Cancel {
-        reason: "stop".to_string(),
-    };
+    let cancel = cancel("stop");
     let (next, _) = m.commit(&record, T0 + 2_000, 9, &cancel);
 
     assert_eq!(

@@ -1,6 +1,6 @@
 //! `Redrive`: an operator re-queues a failed execution with a new attempt budget.
 
-use stepline::domain::{launch_id, Action, Event, Lease, RedriveNote, Rejection, Status};
+use stepline::domain::{launch_id, RedriveNote, Rejection, Status};
 
 use crate::fixtures::*;
 
@@ -13,10 +13,7 @@ fn redrive_of_failed_execution_requeues_it_with_new_budget_audit_note_and_lease(
         (7, 3, 3)
     );
     let at = T0 + 100_000;
-    let event = Event::Redrive {
-        expected_version: 7,
-        reason: "gateway fixed".to_string(),
-    };
+    let event = redrive(7, "gateway fixed");
 
     let (next, actions) = m.commit(&failed, at, 50, &event);
 
@@ -41,22 +38,8 @@ fn redrive_of_failed_execution_requeues_it_with_new_budget_audit_note_and_lease(
         }]
     );
     assert_eq!(next.generation, 4);
-    assert_eq!(
-        next.lease,
-        Some(Lease {
-            owner: OWNER.to_string(),
-            token: token(50),
-            expires_at: at + LEASE_MS,
-        })
-    );
-    assert_eq!(
-        actions,
-        vec![Action::EnqueueLaunch {
-            generation: 4,
-            token: token(50),
-            delay_secs: 0,
-        }]
-    );
+    assert_eq!(next.lease, leased(50, at + LEASE_MS));
+    assert_eq!(enqueued(&actions), (4, token(50), 0));
 
     // The next attempt is number 4, the first of the new budget: a failure is retried again.
     let (launched, actions) = m.commit(&next, at + 100, 51, &launch_work_of(&actions));
@@ -77,10 +60,7 @@ fn redrive_with_stale_expected_version_is_rejected_as_version_mismatch() {
     let m = Machine::of(three_steps());
     let failed = m.exhausted();
     for expected in [6, 8] {
-        let event = Event::Redrive {
-            expected_version: expected,
-            reason: "retry".to_string(),
-        };
+        let event = redrive(expected, "retry");
         let rejection = m.rejected(&failed, T0 + 100_000, 50, &event);
         assert_eq!(
             rejection,
@@ -99,10 +79,7 @@ fn redrive_of_execution_that_is_not_failed_is_rejected_as_not_redrivable() {
     let (queued, _) = m.started();
     let (waiting, _) = m.timed_out();
     for record in [m.running(), queued, waiting, m.succeeded(), m.cancelled()] {
-        let event = Event::Redrive {
-            expected_version: record.version,
-            reason: "retry".to_string(),
-        };
+        let event = redrive(record.version, "retry");
         let rejection = m.rejected(&record, T0 + 100_000, 50, &event);
         assert_eq!(rejection, Rejection::NotRedrivable(record.status));
         assert_eq!(rejection.code(), "NOT_REDRIVABLE");

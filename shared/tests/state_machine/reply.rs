@@ -6,8 +6,8 @@ use serde_json::json;
 use stepline::domain::execution::DeadLetterMark;
 use stepline::domain::machine::MAX_DELAY_SECONDS;
 use stepline::domain::{
-    launch_id, Action, Context, Decision, Event, Lease, Outcome, Payload, Receipt, Rejection,
-    RetryPolicy, Skip, Status, StepError, StepProgress, StepStatus,
+    launch_id, Action, Context, Decision, Event, Outcome, Payload, Receipt, Rejection, RetryPolicy,
+    Skip, Status, StepError, StepProgress, StepStatus,
 };
 use uuid::Uuid;
 
@@ -52,14 +52,7 @@ fn successful_reply_on_middle_step_records_output_and_launches_next_step() {
                 earlier_receipts: Vec::new(),
                 error: None,
             },
-            StepProgress {
-                status: StepStatus::Launching,
-                launch_id: second_step,
-                output: None,
-                receipt: None,
-                earlier_receipts: Vec::new(),
-                error: None,
-            },
+            launching(second_step),
         ]
     );
     assert_eq!(
@@ -68,13 +61,8 @@ fn successful_reply_on_middle_step_records_output_and_launches_next_step() {
         "the output feeds the next step"
     );
     assert_eq!(
-        actions,
-        vec![Action::SendRequest {
-            step: 1,
-            attempt: 1,
-            launch_id: second_step,
-            deadline: at + TIMEOUT_MS[1],
-        }]
+        request_of(&actions),
+        (1, 1, second_step, at + TIMEOUT_MS[1])
     );
 }
 
@@ -119,27 +107,13 @@ fn retryable_failure_with_budget_left_waits_for_retry_under_new_lease_and_jitter
 
     let delay = m.def.steps[0].retry.delay_ms(1, JITTER);
     assert_eq!(delay, 1_250, "2.5 s cap for retry 1, times jitter 0.5");
-    assert_eq!(
-        actions,
-        vec![Action::EnqueueLaunch {
-            generation: 2,
-            token: token(3),
-            delay_secs: 2, // ceil(1.25 s)
-        }]
-    );
+    assert_eq!(enqueued(&actions), (2, token(3), 2)); // ceil(1.25 s)
     assert_eq!(next.status, Status::WaitRetry);
     assert_eq!((next.step, next.attempt), (0, 1));
     assert_eq!(next.error, Some(error.clone()));
     assert_eq!(next.launch_id, None);
     assert_eq!(next.wake_at, Some(at + 1_250));
-    assert_eq!(
-        next.lease,
-        Some(Lease {
-            owner: OWNER.to_string(),
-            token: token(3),
-            expires_at: at + 1_250 + LEASE_MS,
-        })
-    );
+    assert_eq!(next.lease, leased(3, at + 1_250 + LEASE_MS));
     assert_eq!(next.due_at(), Some(at + 1_250 + LEASE_MS));
     let first = launch_id(EXEC, 0, 1);
     assert_eq!(
@@ -163,14 +137,7 @@ fn retryable_failure_with_budget_left_waits_for_retry_under_new_lease_and_jitter
     assert_eq!(m.def.steps[0].retry.delay_ms(2, JITTER), 2_500);
     assert_eq!(again.status, Status::WaitRetry);
     assert_eq!(again.wake_at, Some(at + 3_000 + 2_500));
-    assert_eq!(
-        actions,
-        vec![Action::EnqueueLaunch {
-            generation: 3,
-            token: token(5),
-            delay_secs: 3,
-        }]
-    );
+    assert_eq!(enqueued(&actions), (3, token(5), 3));
 }
 
 #[test]
@@ -194,12 +161,8 @@ fn retry_delay_follows_the_context_jitter() {
             "jitter {jitter}"
         );
         assert_eq!(
-            actions,
-            vec![Action::EnqueueLaunch {
-                generation: 2,
-                token: token(3),
-                delay_secs: expected_secs,
-            }],
+            enqueued(&actions),
+            (2, token(3), expected_secs),
             "jitter {jitter}"
         );
     }
@@ -302,14 +265,7 @@ fn retry_delay_beyond_sqs_limit_is_left_to_the_due_index_without_lease() {
         Skip::NotDue
     );
     let (claimed, actions) = m.commit(&waiting, at + 1_000_000, 4, &Event::Claim);
-    assert_eq!(
-        actions,
-        vec![Action::EnqueueLaunch {
-            generation: record.generation + 1,
-            token: token(4),
-            delay_secs: 0,
-        }]
-    );
+    assert_eq!(enqueued(&actions), (record.generation + 1, token(4), 0));
     let (launched, _) = m.commit(&claimed, at + 1_000_100, 5, &launch_work_of(&actions));
     assert_eq!((launched.status, launched.attempt), (Status::Running, 2));
 }
@@ -324,14 +280,7 @@ fn retry_delay_of_exactly_900_seconds_is_still_enqueued_and_one_ms_more_is_not()
     )));
     assert_eq!(m.def.steps[0].retry.delay_ms(1, JITTER), 900_000);
     let (_, actions) = m.commit(&m.running(), at, 3, &event);
-    assert_eq!(
-        actions,
-        vec![Action::EnqueueLaunch {
-            generation: 2,
-            token: token(3),
-            delay_secs: 900,
-        }]
-    );
+    assert_eq!(enqueued(&actions), (2, token(3), 900));
 
     let m = Machine::of(with_first_retry(RetryPolicy::doubling(
         3, 1_800_002, 1_800_002,

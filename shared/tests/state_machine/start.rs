@@ -2,8 +2,7 @@
 //! the creating write).
 
 use stepline::domain::{
-    launch_id, start, start_launched, Action, Context, Decision, Event, Lease, Payload, Status,
-    StepStatus,
+    launch_id, start, start_launched, Action, Context, Decision, Event, Payload, Status, StepStatus,
 };
 
 use crate::fixtures::*;
@@ -23,14 +22,7 @@ fn start_creates_queued_record_with_first_lease_and_launch_work() {
     assert_eq!((record.step, record.attempt, record.budget_base), (0, 0, 0));
     assert_eq!(record.version, 1);
     assert_eq!(record.generation, 1, "start takes the first lease");
-    assert_eq!(
-        record.lease,
-        Some(Lease {
-            owner: OWNER.to_string(),
-            token: token(1),
-            expires_at: T0 + LEASE_MS,
-        })
-    );
+    assert_eq!(record.lease, leased(1, T0 + LEASE_MS));
     assert_eq!(record.wake_at, Some(T0));
     assert_eq!(
         record.due_at(),
@@ -45,14 +37,7 @@ fn start_creates_queued_record_with_first_lease_and_launch_work() {
     assert_eq!(record.error, None);
     assert!(record.redrives.is_empty());
     assert_eq!((record.created_at, record.updated_at), (T0, T0));
-    assert_eq!(
-        actions,
-        vec![Action::EnqueueLaunch {
-            generation: 1,
-            token: token(1),
-            delay_secs: 0,
-        }]
-    );
+    assert_eq!(enqueued(&actions), (1, token(1), 0));
 }
 
 #[test]
@@ -70,15 +55,7 @@ fn submitting_launches_the_first_step_in_the_creating_write() {
     assert_eq!(record.steps[0].status, StepStatus::Launching);
     // Saved as launching before the send: a crash in between is recovered at the deadline.
     assert_eq!(record.due_at(), Some(T0 + 60_000));
-    assert_eq!(
-        actions,
-        vec![Action::SendRequest {
-            step: 0,
-            attempt: 1,
-            launch_id: id,
-            deadline: T0 + 60_000,
-        }]
-    );
+    assert_eq!(request_of(&actions), (0, 1, id, T0 + 60_000));
     assert_record_consistent(&record, &m.def);
     // The same record the lease-and-launch-work path reaches, but for the lease.
     let (queued, actions) = start(EXEC, TENANT, &m.def, input(), None, &ctx(T0, 1));
