@@ -46,8 +46,8 @@
 //!
 //! A reply whose launch id already has a receipt is a duplicate (same bytes) or a conflict (other
 //! bytes); a worker's message (`FromWorker`) is applied as the event it wraps once its reply token and
-//! pinned release check out, else refused. Every other event is skipped or refused (`Skip`,
-//! `Rejection`): nothing is written.
+//! pinned release check out, else refused. An event that matches no row is skipped or refused
+//! (`Skip`, `Rejection`): nothing is written.
 //!
 //! `decide` adds to the commit of any row:
 //!
