@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use serde_json::{json, Value};
 use stepline::contract::Contract;
-use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError, StepKind};
+use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError};
 use stepline::envelope::RequestHeader;
 use stepline::worker::StepFunction;
 
@@ -15,66 +15,46 @@ pub const RELEASE_VERSION: &str = "1";
 /// Payments above this many cents are declined by the (simulated) bank.
 pub const LIMIT_CENTS: u64 = 100_000;
 
-fn step(id: &str, kind: StepKind, queue: &str, input: &str, output: &str) -> StepDef {
-    StepDef {
-        id: id.into(),
-        kind,
-        input_type: input.into(),
-        output_type: output.into(),
-        queue: queue.into(),
-        timeout_secs: 120,
-        retry: RetryPolicy {
-            max_attempts: 3,
-            initial_delay_ms: 500,
-            multiplier: 2.0,
-            max_delay_ms: 5_000,
-            non_retryable: vec!["DECLINED".into(), "INVALID_CSV".into()],
-        },
-        interactions: Vec::new(),
-        child_pipeline: None,
-    }
+/// A step typed `input` -> `output`, retried quickly; a declined or unreadable payment is final.
+fn typed(step: StepDef, input: &str, output: &str) -> StepDef {
+    step.types(input, output)
+        .timeout_secs(120)
+        .retry(RetryPolicy::doubling(3, 500, 5_000))
+        .non_retryable(["DECLINED", "INVALID_CSV"])
 }
 
 /// parse (task) -> payments (fan-out over `items`, children of `csv-payment`) -> summary (task).
 pub fn batch_pipeline(queue: &str) -> PipelineDef {
-    let mut payments = step(
-        "payments",
-        StepKind::FanOut,
-        "",
-        "csv.Rows/1",
-        "csv.PaidRows/1",
-    );
-    payments.child_pipeline = Some(PAYMENT_PIPELINE.into());
-    PipelineDef {
-        pipeline_id: BATCH_PIPELINE.into(),
-        release_version: RELEASE_VERSION.into(),
-        steps: vec![
-            step("parse", StepKind::Task, queue, "csv.Text/1", "csv.Rows/1"),
-            payments,
-            step(
-                "summary",
-                StepKind::Task,
-                queue,
+    PipelineDef::new(
+        BATCH_PIPELINE,
+        RELEASE_VERSION,
+        [
+            typed(StepDef::task("parse", queue), "csv.Text/1", "csv.Rows/1"),
+            typed(
+                StepDef::fan_out("payments", PAYMENT_PIPELINE),
+                "csv.Rows/1",
+                "csv.PaidRows/1",
+            ),
+            typed(
+                StepDef::task("summary", queue),
                 "csv.PaidRows/1",
                 "csv.Summary/1",
             ),
         ],
-    }
+    )
 }
 
 /// pay (task): one row.
 pub fn payment_pipeline(queue: &str) -> PipelineDef {
-    PipelineDef {
-        pipeline_id: PAYMENT_PIPELINE.into(),
-        release_version: RELEASE_VERSION.into(),
-        steps: vec![step(
-            "pay",
-            StepKind::Task,
-            queue,
+    PipelineDef::new(
+        PAYMENT_PIPELINE,
+        RELEASE_VERSION,
+        [typed(
+            StepDef::task("pay", queue),
             "csv.Row/1",
             "csv.Payment/1",
         )],
-    }
+    )
 }
 
 pub fn batch_contract() -> Contract {

@@ -7,7 +7,7 @@
 use async_trait::async_trait;
 use serde_json::{json, Value};
 use stepline::contract::Contract;
-use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError, StepKind};
+use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError};
 use stepline::envelope::RequestHeader;
 use stepline::worker::StepFunction;
 
@@ -16,32 +16,21 @@ pub const RELEASE_VERSION: &str = "1";
 
 /// The pipeline definition; `queue` is the name of the worker's request queue.
 pub fn pipeline(queue: &str) -> PipelineDef {
-    let step = |id: &str, input: &str, output: &str| StepDef {
-        id: id.to_string(),
-        kind: StepKind::Task,
-        input_type: input.to_string(),
-        output_type: output.to_string(),
-        queue: queue.to_string(),
-        timeout_secs: 60,
-        retry: RetryPolicy {
-            max_attempts: 3,
-            initial_delay_ms: 500,
-            multiplier: 2.0,
-            max_delay_ms: 10_000,
-            non_retryable: Vec::new(),
-        },
-        interactions: Vec::new(),
-        child_pipeline: None,
+    let step = |id: &str, input: &str, output: &str| {
+        StepDef::task(id, queue)
+            .types(input, output)
+            .timeout_secs(60)
+            .retry(RetryPolicy::doubling(3, 500, 10_000))
     };
-    PipelineDef {
-        pipeline_id: PIPELINE_ID.to_string(),
-        release_version: RELEASE_VERSION.to_string(),
-        steps: vec![
+    PipelineDef::new(
+        PIPELINE_ID,
+        RELEASE_VERSION,
+        [
             step("validate", "orders.Order/1", "orders.ValidOrder/1"),
             step("price", "orders.ValidOrder/1", "orders.PricedOrder/1"),
             step("confirm", "orders.PricedOrder/1", "orders.Confirmation/1"),
         ],
-    }
+    )
 }
 
 /// The contract this worker is built for (queues and release versions are deployment, not contract).

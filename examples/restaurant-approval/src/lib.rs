@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use serde_json::{json, Value};
 use stepline::contract::Contract;
-use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError, StepKind};
+use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError};
 use stepline::envelope::RequestHeader;
 use stepline::worker::StepFunction;
 
@@ -16,61 +16,36 @@ pub const RELEASE_VERSION: &str = "1";
 /// The definition: `requests` is the worker's request queue, `approvals` where approval requests are
 /// announced; `approval_secs` how long the manager has.
 pub fn pipeline(requests: &str, approvals: &str, approval_secs: u32) -> PipelineDef {
-    let retry = RetryPolicy {
-        max_attempts: 3,
-        initial_delay_ms: 500,
-        multiplier: 2.0,
-        max_delay_ms: 5_000,
-        non_retryable: vec!["INVALID_ORDER".into()],
+    let policy = |step: StepDef, input: &str, output: &str, timeout_secs: u32| {
+        step.types(input, output)
+            .timeout_secs(timeout_secs)
+            .retry(RetryPolicy::doubling(3, 500, 5_000))
+            .non_retryable(["INVALID_ORDER"])
     };
-    let step =
-        |id: &str, kind: StepKind, queue: &str, input: &str, output: &str, timeout_secs: u32| {
-            StepDef {
-                id: id.into(),
-                kind,
-                input_type: input.into(),
-                output_type: output.into(),
-                queue: queue.into(),
-                timeout_secs,
-                retry: retry.clone(),
-                interactions: if kind == StepKind::Await {
-                    vec!["manager".into()]
-                } else {
-                    Vec::new()
-                },
-                child_pipeline: None,
-            }
-        };
-    PipelineDef {
-        pipeline_id: PIPELINE_ID.into(),
-        release_version: RELEASE_VERSION.into(),
-        steps: vec![
-            step(
-                "validate",
-                StepKind::Task,
-                requests,
+    PipelineDef::new(
+        PIPELINE_ID,
+        RELEASE_VERSION,
+        [
+            policy(
+                StepDef::task("validate", requests),
                 "restaurant.Order/1",
                 "restaurant.ValidOrder/1",
                 30,
             ),
-            step(
-                "approve",
-                StepKind::Await,
-                approvals,
+            policy(
+                StepDef::await_step("approve", approvals).interactions(["manager"]),
                 "restaurant.ValidOrder/1",
                 "restaurant.ApprovedOrder/1",
                 approval_secs,
             ),
-            step(
-                "notify",
-                StepKind::Task,
-                requests,
+            policy(
+                StepDef::task("notify", requests),
                 "restaurant.ApprovedOrder/1",
                 "restaurant.KitchenTicket/1",
                 30,
             ),
         ],
-    }
+    )
 }
 
 /// The contract the worker is built for.

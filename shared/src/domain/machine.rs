@@ -2,32 +2,62 @@
 //! and the effects to carry out, or why nothing is written. No I/O: handlers load, decide, commit
 //! conditionally on the version read, then perform the actions.
 //!
-//! | status            | event        | guard                                   | next status / effect                     |
-//! |-------------------|--------------|-----------------------------------------|------------------------------------------|
-//! | not terminal      | Claim        | due, lease absent or expired            | lease (gen+1) · EnqueueLaunch            |
-//! | QUEUED/WAIT_RETRY | LaunchWork   | lease generation+token match            | RUNNING, step `launching` · SendRequest  |
-//! | RUNNING           | LaunchWork   | lease match, deadline passed, no resend | same launch re-sent · SendRequest        |
-//! | RUNNING           | LaunchWork   | lease match, deadline passed, resent    | attempt failed with STEP_TIMEOUT (retry) |
-//! | RUNNING           | Reply ok     | current launch id                       | next step `launching` · SendRequest, or SUCCEEDED |
-//! | RUNNING           | Reply error  | current launch id, budget left          | WAIT_RETRY, lease · EnqueueLaunch(delay) |
-//! | RUNNING           | Reply error  | current launch id, no budget/non-retry  | FAILED                                   |
-//! | FAILED/DLQ        | Redrive      | expected version                        | QUEUED, new budget, lease · EnqueueLaunch|
-//! | RUNNING/WAIT_RETRY| Reply ok     | older attempt of the current step       | adopted: applied like the current one    |
-//! | RUNNING           | Heartbeat    | current launch id                       | deadline extended                        |
-//! | not terminal      | Cancel       |                                         | CANCELLED · NotifyCancel if in flight    |
-//! | FAILED            | Claim        | dead-letter envelope unsent             | SendDeadLetter (again)                   |
-//! | FAILED            | DeadLetterSent | same dead-letter id                   | marked sent, leaves the due index        |
-//! | any               | Incident     |                                         | incident noted on the record             |
-//! | QUEUED/WAIT_RETRY | LaunchWork   | await step                              | WAITING_EXTERNAL, await unit · SendAwaitNotice |
-//! | WAITING_EXTERNAL  | AwaitNoticeSent | same unit                            | notice marked sent, due at the deadline  |
-//! | WAITING_EXTERNAL  | LaunchWork   | due, notice unsent                      | SendAwaitNotice (again)                  |
-//! | WAITING_EXTERNAL  | LaunchWork   | deadline passed                         | step failed, AWAIT_TIMEOUT               |
-//! | WAITING_EXTERNAL  | CompleteInteraction | right token, approved, last one  | next step launched, or SUCCEEDED         |
-//! | WAITING_EXTERNAL  | CompleteInteraction | right token, rejected            | step failed, REJECTED                    |
+//! | status                    | event               | guard                                     | next status / effect                               |
+//! |---------------------------|---------------------|-------------------------------------------|----------------------------------------------------|
+//! | not terminal              | Claim               | due, lease absent or expired              | lease (gen+1) · EnqueueLaunch                      |
+//! | terminal                  | Claim               | due: dead letter/parent notice unsent     | SendDeadLetter/NotifyParent again                  |
+//! | any                       | Claim               | only the outbox due, tries left           | PublishEvents again, next check backed off         |
+//! | any                       | Claim               | only the outbox due, none left/events off | outbox dropped, EVENTS_DROPPED incident            |
+//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease generation+token match, task        | RUNNING, step `launching` · SendRequest            |
+//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, await step                   | WAITING_EXTERNAL, await unit · SendAwaitNotice     |
+//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out over n > 0 items     | WAITING_EXTERNAL, n interactions · SendAwaitNotice |
+//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out over no items        | step done: next step launched, or SUCCEEDED        |
+//! | RUNNING                   | LaunchWork          | lease match, deadline passed, no resend   | same launch re-sent · SendRequest                  |
+//! | RUNNING                   | LaunchWork          | lease match, deadline passed, resent      | attempt failed: STEP_TIMEOUT, retryable            |
+//! | RUNNING/WAITING_EXTERNAL  | LaunchWork          | lease match, nothing due under it         | lease released                                     |
+//! | WAITING_EXTERNAL          | LaunchWork          | lease match, due, before the deadline     | SendAwaitNotice again, checked a lease later       |
+//! | WAITING_EXTERNAL          | LaunchWork          | lease match, await deadline passed        | step failed: AWAIT_TIMEOUT, FAILED                 |
+//! | RUNNING                   | Reply               | current launch, ok, steps left            | output kept, next step launched (as above)         |
+//! | RUNNING                   | Reply               | current launch, ok, last step             | SUCCEEDED with result, off the due index           |
+//! | RUNNING                   | Reply               | current launch, error, retry in ≤ 900 s   | WAIT_RETRY, lease · EnqueueLaunch(delay)           |
+//! | RUNNING                   | Reply               | current launch, error, retry in > 900 s   | WAIT_RETRY, no lease, due at the retry time        |
+//! | RUNNING                   | Reply               | current launch, error, no retry           | FAILED, dead letter marked · SendDeadLetter        |
+//! | RUNNING/WAIT_RETRY/QUEUED | Reply               | ok of an unanswered attempt of the step   | adopted: applied like the current one              |
+//! | RUNNING                   | Heartbeat           | current launch, extends the deadline      | deadline extended (≤ 12 step timeouts)             |
+//! | FAILED/DLQ                | Redrive             | expected version                          | QUEUED, new budget, lease · EnqueueLaunch          |
+//! | not terminal              | Cancel              |                                           | CANCELLED · NotifyCancel if RUNNING                |
+//! | FAILED/DLQ                | DeadLetterSent      | same dead-letter id, unsent               | marked sent, leaves the due index                  |
+//! | WAITING_EXTERNAL          | AwaitNoticeSent     | same unit, notice unsent                  | notice marked sent, due at the deadline            |
+//! | WAITING_EXTERNAL          | CompleteInteraction | right token, approved, others pending     | completion noted, still waiting                    |
+//! | WAITING_EXTERNAL          | CompleteInteraction | right token, approved, the last one       | succeeds, output = input + answers (as ok)         |
+//! | WAITING_EXTERNAL          | CompleteInteraction | right token, rejected                     | step failed: REJECTED, FAILED                      |
+//! | any                       | Incident            |                                           | noted on the record (latest ones kept)             |
+//! | any                       | EventsPublished     | outbox holds events up to `through`       | those events leave the outbox                      |
+//! | terminal                  | ParentNotified      | has a parent, not yet told                | parent told, leaves the due index                  |
 //!
-//! A reply whose launch id already has a receipt is a duplicate (same bytes) or a conflict (other bytes).
-//! A failure that ends the execution (budget used up, non-retryable) marks a dead-letter envelope in the
-//! same commit; it is sent after, and marked sent by `DeadLetterSent`.
+//! "lease match": the launch work's generation and token are the record's lease's. "current launch":
+//! the reply names the RUNNING record's step, attempt and launch id. "no retry": the attempt budget is
+//! used up, or the error is not retryable (by the worker's word or the step's policy); such a failure
+//! marks a dead-letter envelope in the same commit, sent after (`SendDeadLetter`) and marked sent by
+//! `DeadLetterSent`. AWAIT_TIMEOUT and REJECTED are never retried. A step is launched by kind: a task
+//! as a request, an await step as an await unit announced on its queue, a fan-out as an await unit of
+//! one interaction per item whose `SendAwaitNotice` is carried out as one child start per item on the
+//! start queue (no notice), each child's end completing its interaction.
+//!
+//! A reply whose launch id already has a receipt is a duplicate (same bytes) or a conflict (other
+//! bytes); a worker's message (`FromWorker`) is applied as the event it wraps once its reply token and
+//! pinned release check out, else refused. An event that matches no row is skipped or refused
+//! (`Skip`, `Rejection`): nothing is written.
+//!
+//! `decide` adds to the commit of any row:
+//!
+//! | status       | event                                       | guard                                      | effect added                             |
+//! |--------------|---------------------------------------------|--------------------------------------------|------------------------------------------|
+//! | not terminal | Reply/LaunchWork/CompleteInteraction/Cancel | ends a fan-out child (parent set)          | + NotifyParent, due until ParentNotified |
+//! | any          | any                                         | lifecycle events on, the change makes some | + events in the outbox · PublishEvents   |
+//!
+//! The rows are `TRANSITIONS` and `APPENDED`, each naming the tests that cover it; the state-machine
+//! tests check that these tables are complete and that every test they name exists.
 
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -41,6 +71,10 @@ use super::execution::{
 use super::ids::{launch_id, new_secret, reply_token};
 use super::payload::Payload;
 use super::pipeline::{PipelineDef, StepKind};
+
+mod transitions;
+
+pub use transitions::{EventKind, Transition, ANY_STATUS, APPENDED, LIVE, TERMINAL, TRANSITIONS};
 
 /// A launched attempt with no reply by its deadline has its request re-sent this many times (same launch
 /// id, recovering a crash between save and send) before the attempt is declared timed out.
@@ -365,17 +399,12 @@ pub fn start_launched(
     idempotency_key: Option<String>,
     ctx: &Context,
 ) -> (Execution, Vec<Action>) {
-    let (mut record, _) = start(
-        id,
-        tenant,
-        def,
-        input,
-        idempotency_key,
-        &Context {
-            lifecycle: false,
-            ..ctx.clone()
-        },
-    );
+    // The start is announced below, once the first step is launched.
+    let unannounced = Context {
+        lifecycle: false,
+        ..ctx.clone()
+    };
+    let (mut record, _) = start(id, tenant, def, input, idempotency_key, &unannounced);
     record.lease = None;
     record.generation = 0;
     let queued = record.clone();

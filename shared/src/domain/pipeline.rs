@@ -57,6 +57,76 @@ pub struct StepDef {
 }
 
 impl StepDef {
+    /// A task step whose worker reads `queue`, with what a definition file leaves out: `json` input
+    /// and output types, a 300 s timeout and the default retry policy.
+    pub fn task(id: impl Into<String>, queue: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            kind: StepKind::Task,
+            input_type: json_type(),
+            output_type: json_type(),
+            queue: queue.into(),
+            timeout_secs: default_timeout_secs(),
+            retry: RetryPolicy::default(),
+            interactions: Vec::new(),
+            child_pipeline: None,
+        }
+    }
+
+    /// An await step announced on `queue` (interactions: `approval` unless named).
+    pub fn await_step(id: impl Into<String>, queue: impl Into<String>) -> Self {
+        Self {
+            kind: StepKind::Await,
+            ..Self::task(id, queue)
+        }
+    }
+
+    /// A fan-out step running each item as a child execution of `child_pipeline`. Its children are
+    /// started through the start queue: it has no request queue of its own unless given one.
+    pub fn fan_out(id: impl Into<String>, child_pipeline: impl Into<String>) -> Self {
+        Self {
+            kind: StepKind::FanOut,
+            child_pipeline: Some(child_pipeline.into()),
+            ..Self::task(id, "")
+        }
+    }
+
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// The type ids of the step's input and output.
+    pub fn types(mut self, input: impl Into<String>, output: impl Into<String>) -> Self {
+        self.input_type = input.into();
+        self.output_type = output.into();
+        self
+    }
+
+    pub fn timeout_secs(mut self, secs: u32) -> Self {
+        self.timeout_secs = secs;
+        self
+    }
+
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Adds error codes never retried, whatever the worker says.
+    pub fn non_retryable<S: Into<String>>(mut self, codes: impl IntoIterator<Item = S>) -> Self {
+        self.retry
+            .non_retryable
+            .extend(codes.into_iter().map(Into::into));
+        self
+    }
+
+    /// The interactions an await step waits for.
+    pub fn interactions<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.interactions = names.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Names of an await step's interactions.
     pub fn interaction_names(&self) -> Vec<String> {
         if self.interactions.is_empty() {
@@ -103,6 +173,18 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// `max_attempts` in all, waiting up to `initial_delay_ms` before the first retry and doubling
+    /// up to `max_delay_ms`.
+    pub fn doubling(max_attempts: u32, initial_delay_ms: u64, max_delay_ms: u64) -> Self {
+        Self {
+            max_attempts,
+            initial_delay_ms,
+            multiplier: 2.0,
+            max_delay_ms,
+            non_retryable: Vec::new(),
+        }
+    }
+
     /// Delay before retry number `retry` (1-based), scaled by `jitter` in `[0, 1)` (full jitter).
     pub fn delay_ms(&self, retry: u32, jitter: f64) -> u64 {
         let exp = self
@@ -115,6 +197,18 @@ impl RetryPolicy {
 }
 
 impl PipelineDef {
+    pub fn new(
+        pipeline_id: impl Into<String>,
+        release_version: impl Into<String>,
+        steps: impl IntoIterator<Item = StepDef>,
+    ) -> Self {
+        Self {
+            pipeline_id: pipeline_id.into(),
+            release_version: release_version.into(),
+            steps: steps.into_iter().collect(),
+        }
+    }
+
     pub fn step(&self, index: u32) -> Option<&StepDef> {
         self.steps.get(index as usize)
     }
@@ -158,13 +252,7 @@ mod tests {
 
     #[test]
     fn backoff_grows_and_is_capped() {
-        let p = RetryPolicy {
-            max_attempts: 5,
-            initial_delay_ms: 100,
-            multiplier: 2.0,
-            max_delay_ms: 300,
-            non_retryable: Vec::new(),
-        };
+        let p = RetryPolicy::doubling(5, 100, 300);
         assert_eq!(p.delay_ms(1, 1.0), 100);
         assert_eq!(p.delay_ms(2, 1.0), 200);
         assert_eq!(p.delay_ms(3, 1.0), 300);
@@ -175,22 +263,40 @@ mod tests {
 
     #[test]
     fn validation_rejects_duplicate_steps() {
-        let step = StepDef {
-            id: "a".into(),
-            kind: StepKind::Task,
-            input_type: "json".into(),
-            output_type: "json".into(),
-            queue: "q".into(),
-            timeout_secs: 1,
-            retry: RetryPolicy::default(),
-            interactions: Vec::new(),
-            child_pipeline: None,
-        };
-        let def = PipelineDef {
-            pipeline_id: "p".into(),
-            release_version: "1".into(),
-            steps: vec![step.clone(), step],
-        };
+        let step = StepDef::task("a", "q").timeout_secs(1);
+        let def = PipelineDef::new("p", "1", [step.clone(), step]);
         assert!(def.validate().unwrap_err().contains("duplicate"));
+    }
+
+    #[test]
+    fn built_steps_are_what_a_definition_file_reads() {
+        let read = |text: &str| serde_json::from_str::<StepDef>(text).expect("a step");
+        assert_eq!(
+            StepDef::task("a", "q"),
+            read(r#"{"id": "a", "queue": "q"}"#)
+        );
+        assert_eq!(
+            StepDef::await_step("b", "q").interactions(["chef"]),
+            read(r#"{"id": "b", "kind": "await", "queue": "q", "interactions": ["chef"]}"#)
+        );
+        assert_eq!(
+            StepDef::fan_out("c", "child").types("in/1", "out/1"),
+            read(
+                r#"{"id": "c", "kind": "fanOut", "queue": "", "childPipeline": "child",
+                    "inputType": "in/1", "outputType": "out/1"}"#
+            )
+        );
+        let retried = StepDef::task("d", "q")
+            .timeout_secs(9)
+            .retry(RetryPolicy::doubling(4, 100, 800))
+            .non_retryable(["BAD"]);
+        assert_eq!(
+            retried,
+            read(
+                r#"{"id": "d", "queue": "q", "timeoutSecs": 9, "retry": {"maxAttempts": 4,
+                    "initialDelayMs": 100, "multiplier": 2.0, "maxDelayMs": 800,
+                    "nonRetryable": ["BAD"]}}"#
+            )
+        );
     }
 }

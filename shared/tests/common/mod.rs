@@ -1,27 +1,13 @@
 //! Fixtures shared by the coordinator tests over in-memory ports.
 
 use stepline::aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
-use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepKind};
+use stepline::domain::{PipelineDef, StepDef};
 use stepline::Settings;
 
 /// A pipeline of task steps named `steps`, every one on the `requests` queue.
 pub fn task_pipeline(pipeline_id: &str, steps: &[&str]) -> PipelineDef {
-    let step = |id: &&str| StepDef {
-        id: id.to_string(),
-        kind: StepKind::Task,
-        input_type: "json".into(),
-        output_type: "json".into(),
-        queue: "requests".into(),
-        timeout_secs: 60,
-        retry: RetryPolicy::default(),
-        interactions: Vec::new(),
-        child_pipeline: None,
-    };
-    PipelineDef {
-        pipeline_id: pipeline_id.into(),
-        release_version: "1".into(),
-        steps: steps.iter().map(step).collect(),
-    }
+    let step = |id: &&str| StepDef::task(*id, "requests").timeout_secs(60);
+    PipelineDef::new(pipeline_id, "1", steps.iter().map(step))
 }
 
 /// Settings whose queues are plain names (what the recording sender records).
