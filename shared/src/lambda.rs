@@ -15,8 +15,8 @@ use serde_json::Value;
 
 use crate::aws::{self, SqsDeadLetterQueues};
 use crate::config::{CoordinatorConfig, WorkerConfig};
-use crate::contract::Contract;
 use crate::coordinator::Coordinator;
+use crate::domain::contract::Contract;
 use crate::worker::StepFunction;
 
 /// Everything a coordinator function needs, built once per container.

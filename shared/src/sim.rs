@@ -684,7 +684,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         Worker::new(
             Identity {
                 pipeline_id: def.pipeline_id.clone(),
-                contract_version: crate::contract::Contract::of(&def).contract_version,
+                contract_version: crate::domain::contract::Contract::of(&def).contract_version,
                 release_version: def.release_version.clone(),
             },
             Arc::new(SimSender(world.clone())),
@@ -695,8 +695,11 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         .with_dead_letter_queue("request-dlq"),
     );
 
-    block_on(registry.register(&crate::release::Release::new(def.clone(), Vec::new())))
-        .expect("register");
+    block_on(registry.register(&crate::domain::release::Release::new(
+        def.clone(),
+        Vec::new(),
+    )))
+    .expect("register");
     block_on(registry.activate(&def.pipeline_id, &def.release_version, 0, "sim"))
         .expect("activate");
 

@@ -20,12 +20,12 @@ use aws_sdk_dynamodb::Client;
 use serde_dynamo::aws_sdk_dynamodb_1::{from_item, to_item};
 use uuid::Uuid;
 
+use crate::domain::release::{Activation, Release};
 use crate::domain::Execution;
 use crate::ports::{
     Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, Registration, ReleaseRegistry,
     StoreError,
 };
-use crate::release::{Activation, Release};
 
 /// Name of the due-time GSI (see template.yaml).
 pub const DUE_INDEX: &str = "due-index";
@@ -527,7 +527,7 @@ mod due_key_tests {
 mod item_tests {
     use super::*;
     use crate::domain::{
-        start_launched, Context, PipelineDef, Receipt, RetryPolicy, StepDef, StepKind,
+        start_launched, Context, NewExecution, PipelineDef, Receipt, RetryPolicy, StepDef, StepKind,
     };
 
     fn store() -> DynamoDbExecutionStore {
@@ -571,8 +571,10 @@ mod item_tests {
             lifecycle: false,
         };
         let id = Uuid::from_u128(7);
-        let (mut record, _) =
-            start_launched(id, "t", &def, serde_json::json!({"n": 1}), None, &ctx);
+        let (mut record, _) = start_launched(
+            NewExecution::of(id, "t", &def, serde_json::json!({"n": 1})),
+            &ctx,
+        );
         record.steps[0].receipt = Some(Receipt {
             launch_id: record.steps[0].launch_id,
             fingerprint: "ff".into(),

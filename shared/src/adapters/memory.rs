@@ -9,12 +9,12 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use crate::adapters::dynamodb::due_shard;
+use crate::domain::release::{Activation, Release};
 use crate::domain::Execution;
 use crate::ports::{
     Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, MessageSender, OutMessage, Registration,
     ReleaseRegistry, SendError, StoreError,
 };
-use crate::release::{Activation, Release};
 
 #[derive(Default)]
 pub struct InMemoryExecutionStore {

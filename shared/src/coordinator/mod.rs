@@ -36,8 +36,8 @@ use uuid::Uuid;
 use crate::cache::{byte_budget, json_size, BoundedCache};
 use crate::config::CoordinatorConfig;
 use crate::domain::{
-    self, Action, Code, Context, Decision, Event, Execution, ParentLink, PipelineDef, Rejection,
-    Skip,
+    self, Action, Code, Context, Decision, Event, Execution, NewExecution, ParentLink, PipelineDef,
+    Rejection, Skip,
 };
 use crate::ports::{
     Clock, EventPublisher, ExecutionStore, MessageSender, ReleaseRegistry, StoreError,
@@ -163,6 +163,12 @@ impl Applied {
     }
 }
 
+/// A registered release as executions are pinned to it.
+struct Pinned {
+    definition: Arc<PipelineDef>,
+    contract_version: String,
+}
+
 /// A decision as the coordinator carries it out (the definition the actions are staged with).
 enum Decided {
     Committed {
@@ -214,7 +220,8 @@ pub struct Coordinator {
     sender: Arc<dyn MessageSender>,
     clock: Arc<dyn Clock>,
     settings: Settings,
-    definitions: Mutex<HashMap<(String, String), Arc<PipelineDef>>>,
+    /// Pinned releases; immutable once registered, so kept for the life of the process.
+    releases: Mutex<HashMap<(String, String), Arc<Pinned>>>,
     publisher: Option<Arc<dyn EventPublisher>>,
     /// Records this process committed last (bounded): the hot path decides on them without a read.
     recent: Mutex<RecentRecords>,
@@ -257,7 +264,7 @@ impl Coordinator {
             sender,
             clock,
             settings,
-            definitions: Mutex::new(HashMap::new()),
+            releases: Mutex::new(HashMap::new()),
             publisher: None,
             recent: Mutex::new(RecentRecords::default()),
         }
@@ -296,31 +303,46 @@ impl Coordinator {
         }
     }
 
-    /// A pinned definition; immutable once registered, so cached for the life of the process.
+    /// A pinned release's definition.
     pub async fn definition(
         &self,
         pipeline_id: &str,
         release_version: &str,
     ) -> Result<Arc<PipelineDef>, CoordinatorError> {
+        Ok(self
+            .pinned(pipeline_id, release_version)
+            .await?
+            .definition
+            .clone())
+    }
+
+    /// A registered release, read once per process.
+    async fn pinned(
+        &self,
+        pipeline_id: &str,
+        release_version: &str,
+    ) -> Result<Arc<Pinned>, CoordinatorError> {
         let key = (pipeline_id.to_string(), release_version.to_string());
-        if let Some(def) = self.definitions.lock().expect("definitions").get(&key) {
-            return Ok(def.clone());
+        if let Some(pinned) = self.releases.lock().expect("releases").get(&key) {
+            return Ok(pinned.clone());
         }
-        let def = self
+        let release = self
             .registry
             .get(pipeline_id, release_version)
             .await?
             .ok_or_else(|| CoordinatorError::UnknownRelease {
                 pipeline_id: pipeline_id.to_string(),
                 release_version: release_version.to_string(),
-            })?
-            .definition;
-        let def = Arc::new(def);
-        self.definitions
+            })?;
+        let pinned = Arc::new(Pinned {
+            definition: Arc::new(release.definition),
+            contract_version: release.contract_version,
+        });
+        self.releases
             .lock()
-            .expect("definitions")
-            .insert(key, def.clone());
-        Ok(def)
+            .expect("releases")
+            .insert(key, pinned.clone());
+        Ok(pinned)
     }
 
     pub async fn get(&self, id: Uuid) -> Result<Execution, CoordinatorError> {
@@ -500,7 +522,8 @@ impl Coordinator {
                     .release_version
             }
         };
-        let definition = self.definition(&request.pipeline_id, &release).await?;
+        let pinned = self.pinned(&request.pipeline_id, &release).await?;
+        let definition = &pinned.definition;
         let id = match &request.idempotency_key {
             Some(key) => Uuid::new_v5(
                 &IDEMPOTENCY_NAMESPACE,
@@ -509,14 +532,15 @@ impl Coordinator {
             None => self.clock.token(),
         };
         let ctx = self.context("submit");
-        let (mut record, actions) = domain::start_launched(
+        let new = NewExecution {
             id,
-            &request.tenant,
-            &definition,
-            request.input,
-            request.idempotency_key,
-            &ctx,
-        );
+            tenant: &request.tenant,
+            definition,
+            contract_version: pinned.contract_version.clone(),
+            input: request.input,
+            idempotency_key: request.idempotency_key,
+        };
+        let (mut record, actions) = domain::start_launched(new, &ctx);
         record.parent = request.parent;
         match self.store.create(&record).await {
             Ok(()) => {}
@@ -545,7 +569,7 @@ impl Coordinator {
         }
         self.recent.lock().expect("recent").remember(&record);
         tracing::info!(execution_id = %id, pipeline = %record.pipeline_id, release = %release, "execution submitted");
-        self.stage(outbox, &record, &definition, &actions, source);
+        self.stage(outbox, &record, definition, &actions, source);
         Ok(Submitted {
             execution: id,
             duplicate: false,

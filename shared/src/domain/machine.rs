@@ -309,22 +309,44 @@ pub enum Decision {
     Reject(Rejection),
 }
 
+/// What a new execution is created from.
+#[derive(Debug, Clone)]
+pub struct NewExecution<'a> {
+    pub id: Uuid,
+    pub tenant: &'a str,
+    /// The pinned release's definition.
+    pub definition: &'a PipelineDef,
+    /// The pinned release's contract version, as registered (never hashed again on a submit).
+    pub contract_version: String,
+    pub input: Value,
+    pub idempotency_key: Option<String>,
+}
+
+impl<'a> NewExecution<'a> {
+    /// A new execution of `definition`, its contract version computed from it (tests and tools; the
+    /// coordinator takes the registered one).
+    pub fn of(id: Uuid, tenant: &'a str, definition: &'a PipelineDef, input: Value) -> Self {
+        Self {
+            id,
+            tenant,
+            definition,
+            contract_version: super::contract::Contract::of(definition).contract_version,
+            input,
+            idempotency_key: None,
+        }
+    }
+}
+
 /// Creates the record of a new execution together with the lease and launch work of its first step.
-pub fn start(
-    id: Uuid,
-    tenant: &str,
-    def: &PipelineDef,
-    input: Value,
-    idempotency_key: Option<String>,
-    ctx: &Context,
-) -> (Execution, Vec<Action>) {
+pub fn start(new: NewExecution<'_>, ctx: &Context) -> (Execution, Vec<Action>) {
+    let def = new.definition;
     let mut record = Execution {
-        id,
-        tenant: tenant.to_string(),
+        id: new.id,
+        tenant: new.tenant.to_string(),
         pipeline_id: def.pipeline_id.clone(),
         release_version: def.release_version.clone(),
-        contract_version: crate::contract::Contract::of(def).contract_version,
-        idempotency_key,
+        contract_version: new.contract_version,
+        idempotency_key: new.idempotency_key,
         status: Status::Queued,
         step: 0,
         attempt: 0,
@@ -335,7 +357,7 @@ pub fn start(
         wake_at: Some(ctx.now),
         launch_id: None,
         resends: 0,
-        input: Payload::new(input),
+        input: Payload::new(new.input),
         steps: Vec::new(),
         result: None,
         error: None,
@@ -391,20 +413,14 @@ fn announce_start(
 /// returned actions send the request (or await notice, or children). No launch work, no second write:
 /// this is how the coordinator submits. A crash before the send leaves the record due at the step's
 /// deadline, when the sweeper re-sends the same launch id.
-pub fn start_launched(
-    id: Uuid,
-    tenant: &str,
-    def: &PipelineDef,
-    input: Value,
-    idempotency_key: Option<String>,
-    ctx: &Context,
-) -> (Execution, Vec<Action>) {
+pub fn start_launched(new: NewExecution<'_>, ctx: &Context) -> (Execution, Vec<Action>) {
+    let def = new.definition;
     // The start is announced below, once the first step is launched.
     let unannounced = Context {
         lifecycle: false,
         ..ctx.clone()
     };
-    let (mut record, _) = start(id, tenant, def, input, idempotency_key, &unannounced);
+    let (mut record, _) = start(new, &unannounced);
     record.lease = None;
     record.generation = 0;
     let queued = record.clone();

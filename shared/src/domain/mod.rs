@@ -20,7 +20,7 @@ pub use execution::{
 pub use ids::{launch_id, new_secret, reply_token};
 pub use machine::{
     creation_actions, decide, start, start_launched, Action, Context, Decision, Event, EventKind,
-    Outcome, Rejection, Sender, Skip, Transition, TRANSITIONS,
+    NewExecution, Outcome, Rejection, Sender, Skip, Transition, TRANSITIONS,
 };
 pub use payload::Payload;
 pub use pipeline::{PipelineDef, RetryPolicy, StepDef, StepKind};

@@ -7,8 +7,8 @@
 use serde_json::{json, Value};
 use stepline::domain::{
     decide, launch_id, reply_token, start, Action, Context, Decision, Event, Execution, Lease,
-    LifecycleEvent, LifecycleKind, Outcome, ParentLink, PipelineDef, Rejection, RetryPolicy,
-    Sender, Skip, Status, StepDef, StepError, StepProgress, StepStatus, Verdict,
+    LifecycleEvent, LifecycleKind, NewExecution, Outcome, ParentLink, PipelineDef, Rejection,
+    RetryPolicy, Sender, Skip, Status, StepDef, StepError, StepProgress, StepStatus, Verdict,
 };
 use uuid::Uuid;
 
@@ -549,7 +549,13 @@ impl Machine {
     /// A new execution of `input` created at T0 with lease token 1.
     pub fn start_with(&self, input: Value) -> (Execution, Vec<Action>) {
         let key = Some("idem-1".to_string());
-        start(EXEC, TENANT, &self.def, input, key, &ctx(T0, 1))
+        start(
+            NewExecution {
+                idempotency_key: key,
+                ..NewExecution::of(EXEC, TENANT, &self.def, input)
+            },
+            &ctx(T0, 1),
+        )
     }
 
     /// A new execution created at T0 with lease token 1.

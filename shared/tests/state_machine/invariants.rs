@@ -4,8 +4,8 @@ use std::collections::HashSet;
 
 use serde_json::{json, Value};
 use stepline::domain::{
-    decide, launch_id, start, Action, Context, Decision, Event, Execution, Outcome, Payload,
-    PipelineDef, RetryPolicy, Skip, Status, StepError, StepStatus,
+    decide, launch_id, start, Action, Context, Decision, Event, Execution, NewExecution, Outcome,
+    Payload, PipelineDef, RetryPolicy, Skip, Status, StepError, StepStatus,
 };
 use uuid::Uuid;
 
@@ -323,7 +323,7 @@ fn walk(seed: u64, seen: &mut Seen) {
     let def = walk_def();
     let mut rng = Rng(seed);
     let mut now = T0;
-    let (mut record, actions) = start(EXEC, TENANT, &def, input(), None, &ctx(now, 0));
+    let (mut record, actions) = start(NewExecution::of(EXEC, TENANT, &def, input()), &ctx(now, 0));
     let mut issued = Issued {
         work: vec![launch_work_of(&actions)],
         ..Issued::default()

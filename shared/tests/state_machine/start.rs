@@ -2,7 +2,8 @@
 //! the creating write).
 
 use stepline::domain::{
-    launch_id, start, start_launched, Action, Context, Decision, Event, Payload, Status, StepStatus,
+    launch_id, start, start_launched, Action, Context, Decision, Event, NewExecution, Payload,
+    Status, StepStatus,
 };
 
 use crate::fixtures::*;
@@ -43,7 +44,8 @@ fn start_creates_queued_record_with_first_lease_and_launch_work() {
 #[test]
 fn submitting_launches_the_first_step_in_the_creating_write() {
     let m = Machine::of(three_steps());
-    let (record, actions) = start_launched(EXEC, TENANT, &m.def, input(), None, &ctx(T0, 1));
+    let (record, actions) =
+        start_launched(NewExecution::of(EXEC, TENANT, &m.def, input()), &ctx(T0, 1));
     assert_eq!(record.version, 1, "one write: the create");
     assert_eq!(record.status, Status::Running);
     assert_eq!((record.step, record.attempt), (0, 1));
@@ -58,7 +60,7 @@ fn submitting_launches_the_first_step_in_the_creating_write() {
     assert_eq!(request_of(&actions), (0, 1, id, T0 + 60_000));
     assert_record_consistent(&record, &m.def);
     // The same record the lease-and-launch-work path reaches, but for the lease.
-    let (queued, actions) = start(EXEC, TENANT, &m.def, input(), None, &ctx(T0, 1));
+    let (queued, actions) = start(NewExecution::of(EXEC, TENANT, &m.def, input()), &ctx(T0, 1));
     let Action::EnqueueLaunch {
         generation, token, ..
     } = actions[0]
@@ -77,11 +79,7 @@ fn submitting_launches_the_first_step_in_the_creating_write() {
 
     // With lifecycle events, the start is announced in the same write.
     let (record, actions) = start_launched(
-        EXEC,
-        TENANT,
-        &m.def,
-        input(),
-        None,
+        NewExecution::of(EXEC, TENANT, &m.def, input()),
         &Context {
             lifecycle: true,
             ..ctx(T0, 1)

@@ -3,7 +3,9 @@
 
 use serde_json::json;
 use stepline::domain::machine::MAX_HEARTBEAT_TIMEOUTS;
-use stepline::domain::{launch_id, reply_token, start, Decision, Outcome, Rejection, Skip};
+use stepline::domain::{
+    launch_id, reply_token, start, Decision, NewExecution, Outcome, Rejection, Skip,
+};
 
 use crate::fixtures::*;
 
@@ -12,7 +14,10 @@ fn a_new_execution_has_a_secret_of_its_own() {
     let m = Machine::of(three_steps());
     let (a, _) = m.started();
     assert_eq!(a.secret.len(), 32);
-    let (b, _) = start(EXEC, TENANT, &m.def, input(), None, &ctx(T0, 99));
+    let (b, _) = start(
+        NewExecution::of(EXEC, TENANT, &m.def, input()),
+        &ctx(T0, 99),
+    );
     assert_ne!(
         a.secret, b.secret,
         "secrets come from the decision's random token"
