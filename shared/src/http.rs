@@ -214,13 +214,7 @@ pub struct ResultView {
 }
 
 /// Cancel and re-drive responses: the execution after the change.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ExecutionState {
-    pub execution_id: Uuid,
-    pub status: Status,
-    pub version: u64,
-}
+pub type ExecutionState = crate::coordinator::RedriveResponse;
 
 /// `GET /executions/{id}/interactions` (one entry per interaction of the pending await unit).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -497,17 +491,11 @@ async fn result(coordinator: &Coordinator, id: Uuid) -> Result<Reply, ApiError> 
 }
 
 async fn cancel(coordinator: &Coordinator, id: Uuid, body: CancelBody) -> Result<Reply, ApiError> {
-    let response = coordinator
-        .cancel(CancelRequest {
-            execution_id: id,
-            reason: body.reason,
-        })
-        .await?;
-    Ok(Reply::ok(&ExecutionState {
-        execution_id: response.execution_id,
-        status: response.status,
-        version: response.version,
-    }))
+    let request = CancelRequest {
+        execution_id: id,
+        reason: body.reason,
+    };
+    Ok(Reply::ok(&coordinator.cancel(request).await?))
 }
 
 async fn redrive(
@@ -515,18 +503,12 @@ async fn redrive(
     id: Uuid,
     body: RedriveBody,
 ) -> Result<Reply, ApiError> {
-    let response = coordinator
-        .redrive(RedriveRequest {
-            execution_id: id,
-            expected_version: body.expected_version,
-            reason: body.reason,
-        })
-        .await?;
-    Ok(Reply::ok(&ExecutionState {
-        execution_id: response.execution_id,
-        status: response.status,
-        version: response.version,
-    }))
+    let request = RedriveRequest {
+        execution_id: id,
+        expected_version: body.expected_version,
+        reason: body.reason,
+    };
+    Ok(Reply::ok(&coordinator.redrive(request).await?))
 }
 
 /// The interactions of the await unit the execution is waiting on (none when it is not waiting).

@@ -97,6 +97,15 @@ pub enum Registration {
     Unchanged,
 }
 
+/// An activation to append to a pipeline's history: which release, when (epoch ms), and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActivationRequest<'a> {
+    pub pipeline_id: &'a str,
+    pub release_version: &'a str,
+    pub at: i64,
+    pub reason: &'a str,
+}
+
 /// The release registry: immutable release descriptors and their append-only activation history.
 #[async_trait]
 pub trait ReleaseRegistry: Send + Sync {
@@ -109,13 +118,7 @@ pub trait ReleaseRegistry: Send + Sync {
     /// Registers an immutable release; a different descriptor under the same version is `Conflict`.
     async fn register(&self, release: &Release) -> Result<Registration, StoreError>;
     /// Appends an activation of a registered release (`Missing` if it is not registered).
-    async fn activate(
-        &self,
-        pipeline_id: &str,
-        release_version: &str,
-        at: i64,
-        reason: &str,
-    ) -> Result<Activation, StoreError>;
+    async fn activate(&self, request: ActivationRequest<'_>) -> Result<Activation, StoreError>;
     /// Activations, oldest first.
     async fn history(&self, pipeline_id: &str) -> Result<Vec<Activation>, StoreError>;
     /// The latest activation.

@@ -416,12 +416,6 @@ impl ExecutionStore for SimStore {
     }
 
     async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError> {
-        let DueQuery {
-            shard,
-            now,
-            limit,
-            after,
-        } = query;
         YieldOnce(false).await;
         let mut w = self.0.lock().expect("world");
         match w.fate() {
@@ -429,11 +423,9 @@ impl ExecutionStore for SimStore {
                 let entries = w
                     .records
                     .values()
-                    .filter(|r| due_shard(r.id, 2) == shard)
+                    .filter(|r| due_shard(r.id, 2) == query.shard)
                     .filter_map(|r| w.deferrals.due_at(r).map(|d| (d, r.id)));
-                Ok(crate::adapters::memory::due_page(
-                    entries, now, limit, after,
-                ))
+                Ok(crate::adapters::memory::due_page(entries, query))
             }
             _ => Err(crashed()),
         }
@@ -700,8 +692,13 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         Vec::new(),
     )))
     .expect("register");
-    block_on(registry.activate(&def.pipeline_id, &def.release_version, 0, "sim"))
-        .expect("activate");
+    block_on(registry.activate(crate::ports::ActivationRequest {
+        pipeline_id: &def.pipeline_id,
+        release_version: &def.release_version,
+        at: 0,
+        reason: "sim",
+    }))
+    .expect("activate");
 
     // Plans: mostly clean, some transient failures, some permanent, some exhausting the budget.
     let mut plans = Vec::new();

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{settings, sqs, task_pipeline};
+use common::{activation, settings, sqs, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
 use stepline::domain::{launch_id, PipelineDef, Status};
@@ -52,7 +52,7 @@ async fn setup() -> (
         .register(&Release::new(def(), Vec::new()))
         .await
         .unwrap();
-    registry.activate("hot", "1", 0, "test").await.unwrap();
+    registry.activate(activation("hot")).await.unwrap();
     let sender = Arc::new(RecordingSender::default());
     let coordinator = Coordinator::new(
         store.clone(),

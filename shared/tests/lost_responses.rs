@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use common::{settings, sqs, task_pipeline};
+use common::{activation, settings, sqs, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
 use stepline::domain::{launch_id, PipelineDef};
@@ -54,7 +54,7 @@ async fn coordinator(store: Arc<InMemoryExecutionStore>, sender: Arc<FlakySender
         .register(&Release::new(def(), Vec::new()))
         .await
         .unwrap();
-    registry.activate("lossy", "1", 0, "test").await.unwrap();
+    registry.activate(activation("lossy")).await.unwrap();
     Coordinator::new(store, registry, sender, Arc::new(SystemClock), settings())
 }
 

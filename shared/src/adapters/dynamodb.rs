@@ -23,8 +23,8 @@ use uuid::Uuid;
 use crate::domain::release::{Activation, Release};
 use crate::domain::Execution;
 use crate::ports::{
-    Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, Registration, ReleaseRegistry,
-    StoreError,
+    ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, Registration,
+    ReleaseRegistry, StoreError,
 };
 
 /// Name of the due-time GSI (see template.yaml).
@@ -224,15 +224,9 @@ impl ExecutionStore for DynamoDbExecutionStore {
     }
 
     async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError> {
-        let DueQuery {
-            shard,
-            now,
-            limit,
-            after,
-        } = query;
-        let shard_key = format!("s{shard}");
+        let shard_key = format!("s{}", query.shard);
         // A GSI's start key holds the index keys and the table key of the last item read.
-        let start = after.map(|c| {
+        let start = query.after.map(|c| {
             Item::from([
                 (PK.to_string(), s(execution_key(c.id))),
                 (DUE_SHARD.to_string(), s(shard_key.clone())),
@@ -248,8 +242,8 @@ impl ExecutionStore for DynamoDbExecutionStore {
             .expression_attribute_names("#shard", DUE_SHARD)
             .expression_attribute_names("#due", DUE_AT)
             .expression_attribute_values(":shard", s(shard_key))
-            .expression_attribute_values(":now", n(now))
-            .limit(limit)
+            .expression_attribute_values(":now", n(query.now))
+            .limit(query.limit)
             .set_exclusive_start_key(start)
             .send()
             .await
@@ -452,13 +446,13 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
         }
     }
 
-    async fn activate(
-        &self,
-        pipeline_id: &str,
-        release_version: &str,
-        at: i64,
-        reason: &str,
-    ) -> Result<Activation, StoreError> {
+    async fn activate(&self, request: ActivationRequest<'_>) -> Result<Activation, StoreError> {
+        let ActivationRequest {
+            pipeline_id,
+            release_version,
+            at,
+            reason,
+        } = request;
         if self.get(pipeline_id, release_version).await?.is_none() {
             return Err(StoreError::Missing(format!(
                 "release {release_version} of pipeline {pipeline_id}"

@@ -12,8 +12,8 @@ use crate::adapters::dynamodb::due_shard;
 use crate::domain::release::{Activation, Release};
 use crate::domain::Execution;
 use crate::ports::{
-    Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, MessageSender, OutMessage, Registration,
-    ReleaseRegistry, SendError, StoreError,
+    ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, MessageSender,
+    OutMessage, Registration, ReleaseRegistry, SendError, StoreError,
 };
 
 #[derive(Default)]
@@ -59,12 +59,10 @@ impl Deferrals {
 
 /// One page of due entries, as a Query of one shard returns it: due by `now`, earliest first, after
 /// the cursor, at most `limit`.
-pub(crate) fn due_page(
-    entries: impl Iterator<Item = (i64, Uuid)>,
-    now: i64,
-    limit: i32,
-    after: Option<DueCursor>,
-) -> DuePage {
+pub(crate) fn due_page(entries: impl Iterator<Item = (i64, Uuid)>, query: DueQuery) -> DuePage {
+    let DueQuery {
+        now, limit, after, ..
+    } = query;
     let mut due: Vec<DueCursor> = entries
         .filter(|(d, _)| *d <= now)
         .map(|(due_at, id)| DueCursor { due_at, id })
@@ -149,19 +147,13 @@ impl ExecutionStore for InMemoryExecutionStore {
     }
 
     async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError> {
-        let DueQuery {
-            shard,
-            now,
-            limit,
-            after,
-        } = query;
         let records = self.records.lock().expect("store");
         let deferrals = self.deferrals.lock().expect("store");
         let entries = records
             .values()
-            .filter(|r| due_shard(r.id, self.shards) == shard)
+            .filter(|r| due_shard(r.id, self.shards) == query.shard)
             .filter_map(|r| deferrals.due_at(r).map(|d| (d, r.id)));
-        Ok(due_page(entries, now, limit, after))
+        Ok(due_page(entries, query))
     }
 
     async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
@@ -226,13 +218,13 @@ impl ReleaseRegistry for InMemoryReleaseRegistry {
         }
     }
 
-    async fn activate(
-        &self,
-        pipeline_id: &str,
-        release_version: &str,
-        at: i64,
-        reason: &str,
-    ) -> Result<Activation, StoreError> {
+    async fn activate(&self, request: ActivationRequest<'_>) -> Result<Activation, StoreError> {
+        let ActivationRequest {
+            pipeline_id,
+            release_version,
+            at,
+            reason,
+        } = request;
         if self.get(pipeline_id, release_version).await?.is_none() {
             return Err(StoreError::Missing(format!(
                 "release {release_version} of pipeline {pipeline_id}"

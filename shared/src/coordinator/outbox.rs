@@ -43,10 +43,10 @@ impl Coordinator {
                     outbox.push(
                         &self.settings.launch_queue,
                         source,
-                        OutMessage::delayed(
-                            serde_json::to_string(&work).expect("launch work serializes"),
-                            *delay_secs,
-                        ),
+                        OutMessage {
+                            delay_secs: *delay_secs,
+                            ..json(&work)
+                        },
                         None,
                     );
                 }
@@ -78,14 +78,7 @@ impl Coordinator {
                         header,
                         payload: input.value(),
                     };
-                    outbox.push(
-                        &step_def.queue,
-                        source,
-                        OutMessage::new(
-                            serde_json::to_string(&envelope).expect("request serializes"),
-                        ),
-                        None,
-                    );
+                    outbox.push(&step_def.queue, source, json(&envelope), None);
                 }
                 Action::NotifyCancel { step, launch_id } => {
                     let Some(step_def) = definition.step(*step) else {
@@ -104,14 +97,7 @@ impl Coordinator {
                         header,
                         payload: &Value::Null,
                     };
-                    outbox.push(
-                        &step_def.queue,
-                        source,
-                        OutMessage::new(
-                            serde_json::to_string(&envelope).expect("notice serializes"),
-                        ),
-                        None,
-                    );
+                    outbox.push(&step_def.queue, source, json(&envelope), None);
                 }
                 Action::SendAwaitNotice { unit } => {
                     let (Some(await_unit), Some(step_def)) =
@@ -153,7 +139,7 @@ impl Coordinator {
                     outbox.push(
                         &step_def.queue,
                         source,
-                        OutMessage::new(serde_json::to_string(&notice).expect("notice serializes")),
+                        json(&notice),
                         Some((record.id, Event::AwaitNoticeSent { unit: *unit })),
                     );
                 }
@@ -177,9 +163,7 @@ impl Coordinator {
                     outbox.push(
                         &parent.complete_to,
                         source,
-                        OutMessage::new(
-                            serde_json::to_string(&message).expect("message serializes"),
-                        ),
+                        json(&message),
                         Some((record.id, Event::ParentNotified)),
                     );
                 }
@@ -234,9 +218,7 @@ impl Coordinator {
                     outbox.push(
                         &self.settings.execution_dlq,
                         source,
-                        OutMessage::new(
-                            serde_json::to_string(&envelope).expect("envelope serializes"),
-                        ),
+                        json(&envelope),
                         Some((record.id, Event::DeadLetterSent { id: *id })),
                     );
                 }
@@ -291,12 +273,7 @@ impl Coordinator {
                     unit: await_unit.id,
                 },
             ));
-            outbox.push(
-                start_queue,
-                source,
-                OutMessage::new(serde_json::to_string(&event).expect("start event serializes")),
-                then,
-            );
+            outbox.push(start_queue, source, json(&event), then);
         }
         tracing::info!(execution_id = %record.id, step = %step_def.id, children = count, "fan-out started");
     }
@@ -386,6 +363,11 @@ impl Coordinator {
         }
         failures
     }
+}
+
+/// A message of a wire type.
+fn json(body: &impl serde::Serialize) -> OutMessage {
+    OutMessage::new(serde_json::to_string(body).expect("wire types serialize"))
 }
 
 /// Messages staged during a batch, grouped by destination queue so each queue gets `SendMessageBatch`es.

@@ -3,7 +3,7 @@
 
 use super::{Coordinator, CoordinatorError};
 use crate::domain::release::{Activation, Release};
-use crate::ports::{Registration, StoreError};
+use crate::ports::{ActivationRequest, Registration, StoreError};
 
 impl Coordinator {
     /// Registers an immutable release after checking it against its definition. Registering the
@@ -37,7 +37,12 @@ impl Coordinator {
         super::requests::require_reason(reason, "an activation")?;
         let activation = self
             .registry
-            .activate(pipeline_id, release_version, self.now(), reason)
+            .activate(ActivationRequest {
+                pipeline_id,
+                release_version,
+                at: self.now(),
+                reason,
+            })
             .await
             .map_err(|e| match e {
                 StoreError::Missing(_) => CoordinatorError::UnknownRelease {

@@ -56,9 +56,7 @@ impl Coordinator {
         let event = Event::Cancel {
             reason: request.reason,
         };
-        let applied = self.apply(request.execution_id, &event, "cancel").await?;
-        tracing::info!(execution_id = %applied.record.id, version = applied.record.version, "execution cancelled");
-        Ok(RedriveResponse::from(&applied.record))
+        self.operate(request.execution_id, event, "cancel").await
     }
 
     /// Re-drive: reopens the failed step with a new attempt and a new retry budget, keeping the
@@ -72,8 +70,18 @@ impl Coordinator {
             expected_version: request.expected_version,
             reason: request.reason,
         };
-        let applied = self.apply(request.execution_id, &event, "redrive").await?;
-        tracing::info!(execution_id = %applied.record.id, version = applied.record.version, "execution re-driven");
+        self.operate(request.execution_id, event, "redrive").await
+    }
+
+    /// An operator's event on one execution, applied and carried out.
+    async fn operate(
+        &self,
+        id: Uuid,
+        event: Event,
+        role: &str,
+    ) -> Result<RedriveResponse, CoordinatorError> {
+        let applied = self.apply(id, &event, role).await?;
+        tracing::info!(execution_id = %id, version = applied.record.version, status = %applied.record.status, role, "operator request applied");
         Ok(RedriveResponse::from(&applied.record))
     }
 

@@ -535,9 +535,7 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             record,
             def,
             ctx,
-            *launch_id,
-            *step,
-            *attempt,
+            (*launch_id, *step, *attempt),
             fingerprint,
             outcome,
         ),
@@ -550,7 +548,7 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             launch_id,
             step,
             attempt,
-        } => heartbeat(record, def, ctx, *launch_id, *step, *attempt),
+        } => heartbeat(record, def, ctx, (*launch_id, *step, *attempt)),
         Event::FromWorker { sender, event } => match authenticate(record, sender, event) {
             Ok(()) => transition(record, def, ctx, event),
             Err(rejection) => Decision::Reject(rejection),
@@ -774,14 +772,12 @@ fn launch_work(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A worker's reply to launch `(reply_launch, step, attempt)`.
 fn reply(
     record: &Execution,
     def: &PipelineDef,
     ctx: &Context,
-    reply_launch: Uuid,
-    step: u32,
-    attempt: u32,
+    (reply_launch, step, attempt): (Uuid, u32, u32),
     fingerprint: &str,
     outcome: &Outcome,
 ) -> Decision {
@@ -900,13 +896,12 @@ fn is_current(record: &Execution, launch: Uuid, step: u32, attempt: u32) -> bool
         && record.launch_id == Some(launch)
 }
 
+/// A running step's heartbeat for launch `(reply_launch, step, attempt)`.
 fn heartbeat(
     record: &Execution,
     def: &PipelineDef,
     ctx: &Context,
-    reply_launch: Uuid,
-    step: u32,
-    attempt: u32,
+    (reply_launch, step, attempt): (Uuid, u32, u32),
 ) -> Decision {
     if !is_current(record, reply_launch, step, attempt) {
         return Decision::Skip(if record.status.is_terminal() {

@@ -10,6 +10,17 @@ pub fn task_pipeline(pipeline_id: &str, steps: &[&str]) -> PipelineDef {
     PipelineDef::new(pipeline_id, "1", steps.iter().map(step))
 }
 
+/// The activation of release "1" of `pipeline_id`, at time 0.
+#[allow(dead_code)]
+pub fn activation(pipeline_id: &str) -> stepline::ports::ActivationRequest<'_> {
+    stepline::ports::ActivationRequest {
+        pipeline_id,
+        release_version: "1",
+        at: 0,
+        reason: "test",
+    }
+}
+
 /// Settings whose queues are plain names (what the recording sender records).
 pub fn settings() -> Settings {
     Settings {
