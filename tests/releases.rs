@@ -16,7 +16,7 @@ use stepline::envelope::{Identity, RequestHeader, REASON_ATTRIBUTE};
 use stepline::ports::{Registration, StoreError};
 use stepline::release::Release;
 use stepline::worker::{StepFunction, Worker};
-use stepline::SubmitRequest;
+use stepline::{CoordinatorError, SubmitRequest};
 use stepline_local::runner::Binding;
 use stepline_local::stack::SqsSource;
 use stepline_local::{functions, worker_handler};
@@ -133,8 +133,9 @@ async fn executions_stay_on_their_release_across_activation_and_rollback() -> an
         first.push(stack.submit(order_worker::sample_order(n)).await?);
     }
     // Activate release 2 while they run.
-    registry
-        .activate("orders", "2", stack.api.now(), "roll out v2")
+    stack
+        .api
+        .activate_release("orders", "2", "roll out v2")
         .await?;
     let mut running = 0;
     for id in &first {
@@ -179,8 +180,9 @@ async fn executions_stay_on_their_release_across_activation_and_rollback() -> an
     );
 
     // Rollback: release 1 active again; new executions run on release 1's workers.
-    registry
-        .activate("orders", "1", stack.api.now(), "rollback")
+    stack
+        .api
+        .activate_release("orders", "1", "rollback")
         .await?;
     let back = stack.submit(order_worker::sample_order(9)).await?;
     let record = stack.wait_terminal(back).await?;
@@ -315,8 +317,11 @@ async fn release_descriptors_are_immutable() -> anyhow::Result<()> {
     );
     assert_eq!(registry.get("orders", "2").await?, Some(release));
     assert!(matches!(
-        registry.activate("orders", "9", 0, "no such release").await,
-        Err(StoreError::Missing(_))
+        stack
+            .api
+            .activate_release("orders", "9", "no such release")
+            .await,
+        Err(CoordinatorError::UnknownRelease { .. })
     ));
     Ok(())
 }

@@ -131,16 +131,9 @@ pub fn worker_on(
     contract: &Contract,
     steps: Arc<dyn StepFunction>,
 ) -> Worker {
-    let worker = Worker::new(
-        Identity {
-            pipeline_id: contract.pipeline_id.clone(),
-            contract_version: contract.contract_version.clone(),
-            release_version: config.release_version.clone(),
-        },
-        Arc::new(SqsSender::new(sqs.clone())),
-        steps,
-    )
-    .with_visibility(Arc::new(SqsVisibilityExtender::new(sqs)));
+    let identity = Identity::of(contract, &config.release_version);
+    let worker = Worker::new(identity, Arc::new(SqsSender::new(sqs.clone())), steps)
+        .with_visibility(Arc::new(SqsVisibilityExtender::new(sqs)));
     match &config.request_dlq_url {
         Some(dlq) => worker.with_dead_letter_queue(dlq.clone()),
         None => worker,

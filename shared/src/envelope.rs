@@ -35,6 +35,17 @@ pub struct Identity {
     pub release_version: String,
 }
 
+impl Identity {
+    /// The identity of code built from `contract`, deployed as `release_version`.
+    pub fn of(contract: &crate::domain::contract::Contract, release_version: &str) -> Self {
+        Self {
+            pipeline_id: contract.pipeline_id.clone(),
+            contract_version: contract.contract_version.clone(),
+            release_version: release_version.to_string(),
+        }
+    }
+}
+
 impl std::fmt::Display for Identity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -205,6 +216,17 @@ pub struct InteractionMessage {
 }
 
 impl InteractionMessage {
+    /// The approval of the interaction `link` names, with `payload`.
+    pub fn approving(link: &ParentLink, payload: Value) -> Self {
+        Self {
+            kind: INTERACTION_KIND.to_string(),
+            execution_id: link.execution_id,
+            interaction: link.interaction.clone(),
+            token: link.token.clone(),
+            verdict: crate::domain::Verdict::Approved,
+            payload,
+        }
+    }
     /// Fingerprint of the answer (verdict and payload): the same answer twice is one completion.
     pub fn answer_fingerprint(verdict: crate::domain::Verdict, payload: &Value) -> String {
         fingerprint(

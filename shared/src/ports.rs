@@ -106,6 +106,19 @@ pub struct ActivationRequest<'a> {
     pub reason: &'a str,
 }
 
+impl ActivationRequest<'_> {
+    /// The activation this request appends at `sequence`.
+    pub fn at_sequence(&self, sequence: u64) -> Activation {
+        Activation {
+            pipeline_id: self.pipeline_id.to_string(),
+            release_version: self.release_version.to_string(),
+            sequence,
+            at: self.at,
+            reason: self.reason.to_string(),
+        }
+    }
+}
+
 /// The release registry: immutable release descriptors and their append-only activation history.
 #[async_trait]
 pub trait ReleaseRegistry: Send + Sync {
@@ -118,7 +131,19 @@ pub trait ReleaseRegistry: Send + Sync {
     /// Registers an immutable release; a different descriptor under the same version is `Conflict`.
     async fn register(&self, release: &Release) -> Result<Registration, StoreError>;
     /// Appends an activation of a registered release (`Missing` if it is not registered).
-    async fn activate(&self, request: ActivationRequest<'_>) -> Result<Activation, StoreError>;
+    async fn activate(&self, request: ActivationRequest<'_>) -> Result<Activation, StoreError> {
+        let (pipeline, release) = (request.pipeline_id, request.release_version);
+        if self.get(pipeline, release).await?.is_none() {
+            let missing = format!("release {release} of pipeline {pipeline}");
+            return Err(StoreError::Missing(missing));
+        }
+        self.append_activation(request).await
+    }
+    /// Appends an activation at the pipeline's next sequence (`activate`, once the release is known).
+    async fn append_activation(
+        &self,
+        request: ActivationRequest<'_>,
+    ) -> Result<Activation, StoreError>;
     /// Activations, oldest first.
     async fn history(&self, pipeline_id: &str) -> Result<Vec<Activation>, StoreError>;
     /// The latest activation.

@@ -101,17 +101,10 @@ impl TestStack {
         let (queue, _) = local.stack.queue("OrderRequestQueue")?;
         let mut pipeline = order_worker::pipeline(queue);
         tune(&mut pipeline);
-        api.registry()
-            .register(&Release::new(pipeline.clone(), Vec::new()))
-            .await?;
-        api.registry()
-            .activate(
-                &pipeline.pipeline_id,
-                &pipeline.release_version,
-                api.now(),
-                "test",
-            )
-            .await?;
+        let release = Release::new(pipeline.clone(), Vec::new());
+        api.register_release(&release).await?;
+        let (id, version) = (&pipeline.pipeline_id, &pipeline.release_version);
+        api.activate_release(id, version, "test").await?;
         Ok(Self {
             local,
             api,

@@ -71,12 +71,10 @@ impl StepFunction for RestaurantSteps {
     async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
         match request.step_id.as_str() {
             "validate" => {
-                let items = input["items"]
-                    .as_array()
-                    .filter(|i| !i.is_empty())
-                    .ok_or_else(|| {
-                        StepError::new("INVALID_ORDER", "an order needs at least one item", false)
-                    })?;
+                let Some(items) = input["items"].as_array().filter(|i| !i.is_empty()) else {
+                    let message = "an order needs at least one item";
+                    return Err(StepError::new("INVALID_ORDER", message, false));
+                };
                 Ok(json!({"orderId": input["orderId"], "table": input["table"], "items": items}))
             }
             "notify" => {

@@ -153,18 +153,7 @@ impl LocalStack {
     pub async fn release(&self, def: PipelineDef, artifacts: Vec<Artifact>) -> Result<Release> {
         let release = Release::new(def, artifacts);
         let api = self.coordinator(functions::REDRIVE)?;
-        let registry = api.registry();
-        registry.register(&release).await?;
-        if registry.active(&release.pipeline_id).await?.is_none() {
-            registry
-                .activate(
-                    &release.pipeline_id,
-                    &release.release_version,
-                    api.now(),
-                    "local stack",
-                )
-                .await?;
-        }
+        api.release_unless_active(&release, "local stack").await?;
         Ok(release)
     }
 

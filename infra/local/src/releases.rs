@@ -77,27 +77,11 @@ pub async fn run(local: &LocalStack, pipeline: &str, action: ReleaseAction) -> R
         ReleaseAction::List => json(&registry.list(pipeline).await?),
         ReleaseAction::Active => json(&registry.active(pipeline).await?),
         ReleaseAction::History => json(&registry.history(pipeline).await?),
-        ReleaseAction::Activate { release, reason } => json(
-            &registry
-                .activate(pipeline, &release, api.now(), &reason)
-                .await?,
-        ),
+        ReleaseAction::Activate { release, reason } => {
+            json(&api.activate_release(pipeline, &release, &reason).await?)
+        }
         ReleaseAction::Rollback { reason } => {
-            let history = registry.history(pipeline).await?;
-            let current = history.last().map(|a| a.release_version.clone());
-            let Some(previous) = history
-                .iter()
-                .rev()
-                .map(|a| &a.release_version)
-                .find(|r| Some(*r) != current.as_ref())
-            else {
-                bail!("no earlier release to roll back to");
-            };
-            json(
-                &registry
-                    .activate(pipeline, previous, api.now(), &reason)
-                    .await?,
-            )
+            json(&api.roll_back_release(pipeline, &reason).await?)
         }
         ReleaseAction::Drift { release } => {
             let Some(registered) = registry.get(pipeline, &release).await? else {

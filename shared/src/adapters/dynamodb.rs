@@ -179,15 +179,22 @@ impl DynamoDbExecutionStore {
         }
         Ok(item)
     }
+
+    /// An UpdateItem of one execution's item.
+    fn update(
+        &self,
+        id: Uuid,
+    ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
+        let item = self.client.update_item().table_name(&self.table);
+        item.key(PK, s(execution_key(id)))
+    }
 }
 
 #[async_trait]
 impl ExecutionStore for DynamoDbExecutionStore {
     async fn get(&self, id: Uuid) -> Result<Option<Execution>, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
+        let read = self.client.get_item().table_name(&self.table);
+        let out = read
             .key(PK, s(execution_key(id)))
             .consistent_read(true)
             .send()
@@ -272,10 +279,7 @@ impl ExecutionStore for DynamoDbExecutionStore {
         // Counted first (the count decides the delay), then moved; both only while the item is in the
         // index. A full write of the record drops both attributes.
         let counted = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key(PK, s(execution_key(id)))
+            .update(id)
             .update_expression("ADD #failures :one")
             .condition_expression("attribute_exists(#due)")
             .expression_attribute_names("#failures", CLAIM_FAILURES)
@@ -298,10 +302,7 @@ impl ExecutionStore for DynamoDbExecutionStore {
         };
         let until = due_key(backoff.until(now, failures), self.granularity_ms);
         let moved = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key(PK, s(execution_key(id)))
+            .update(id)
             .update_expression("SET #due = :until")
             .condition_expression("attribute_exists(#due) AND #due < :until")
             .expression_attribute_names("#due", DUE_AT)
@@ -446,33 +447,17 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
         }
     }
 
-    async fn activate(&self, request: ActivationRequest<'_>) -> Result<Activation, StoreError> {
-        let ActivationRequest {
-            pipeline_id,
-            release_version,
-            at,
-            reason,
-        } = request;
-        if self.get(pipeline_id, release_version).await?.is_none() {
-            return Err(StoreError::Missing(format!(
-                "release {release_version} of pipeline {pipeline_id}"
-            )));
-        }
+    async fn append_activation(
+        &self,
+        request: ActivationRequest<'_>,
+    ) -> Result<Activation, StoreError> {
         // Append at the next sequence; a concurrent activation taking it makes us retry on top.
         for _ in 0..5 {
-            let sequence = self
-                .active(pipeline_id)
-                .await?
-                .map_or(1, |a| a.sequence + 1);
-            let activation = Activation {
-                pipeline_id: pipeline_id.to_string(),
-                release_version: release_version.to_string(),
-                sequence,
-                at,
-                reason: reason.to_string(),
-            };
+            let pipeline_id = request.pipeline_id;
+            let latest = self.active(pipeline_id).await?;
+            let activation = request.at_sequence(latest.map_or(1, |a| a.sequence + 1));
             let body = serde_json::to_string(&activation).expect("activation serializes");
-            let sk = format!("{ACTIVATION_PREFIX}{sequence:012}");
+            let sk = format!("{ACTIVATION_PREFIX}{:012}", activation.sequence);
             match self.put_new(pipeline_id, sk, body).await {
                 Ok(()) => return Ok(activation),
                 Err(StoreError::Conflict) => continue,

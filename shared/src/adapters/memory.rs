@@ -218,31 +218,16 @@ impl ReleaseRegistry for InMemoryReleaseRegistry {
         }
     }
 
-    async fn activate(&self, request: ActivationRequest<'_>) -> Result<Activation, StoreError> {
-        let ActivationRequest {
-            pipeline_id,
-            release_version,
-            at,
-            reason,
-        } = request;
-        if self.get(pipeline_id, release_version).await?.is_none() {
-            return Err(StoreError::Missing(format!(
-                "release {release_version} of pipeline {pipeline_id}"
-            )));
-        }
+    async fn append_activation(
+        &self,
+        request: ActivationRequest<'_>,
+    ) -> Result<Activation, StoreError> {
         let mut activations = self.activations.lock().expect("registry");
-        let sequence = activations
+        let earlier = activations
             .iter()
-            .filter(|a| a.pipeline_id == pipeline_id)
-            .count() as u64
-            + 1;
-        let activation = Activation {
-            pipeline_id: pipeline_id.to_string(),
-            release_version: release_version.to_string(),
-            sequence,
-            at,
-            reason: reason.to_string(),
-        };
+            .filter(|a| a.pipeline_id == request.pipeline_id)
+            .count() as u64;
+        let activation = request.at_sequence(earlier + 1);
         activations.push(activation.clone());
         Ok(activation)
     }

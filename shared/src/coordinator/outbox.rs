@@ -9,12 +9,12 @@ use uuid::Uuid;
 
 use super::Coordinator;
 use crate::domain::{
-    self, Action, AwaitUnit, Event, Execution, ParentLink, PipelineDef, StepDef, StepKind, Verdict,
+    self, Action, AwaitUnit, Event, Execution, ParentLink, PipelineDef, StepDef, StepKind,
 };
 use crate::envelope::{
     AwaitNotice, DeadLetterEnvelope, Identity, InteractionMessage, LaunchWork, NoticeInteraction,
     RequestEnvelope, RequestHeader, StartDetail, StartEvent, AWAIT_NOTICE_KIND, CANCEL_KIND,
-    DEAD_LETTER_KIND, INTERACTION_KIND, REQUEST_KIND, START_DETAIL_TYPE, START_SOURCE,
+    DEAD_LETTER_KIND, REQUEST_KIND, START_DETAIL_TYPE, START_SOURCE,
 };
 use crate::ports::{BusEvent, OutMessage, SendError};
 
@@ -147,19 +147,14 @@ impl Coordinator {
                     let Some(parent) = &record.parent else {
                         continue;
                     };
-                    let message = InteractionMessage {
-                        kind: INTERACTION_KIND.to_string(),
-                        execution_id: parent.execution_id,
-                        interaction: parent.interaction.clone(),
-                        token: parent.token.clone(),
-                        verdict: Verdict::Approved,
-                        payload: serde_json::json!({
-                            "executionId": record.id,
-                            "status": record.status,
-                            "result": record.result.as_ref().map(|r| r.value().clone()),
-                            "error": record.error,
-                        }),
-                    };
+                    // A child's end completes its interaction of the parent's fan-out.
+                    let result = serde_json::json!({
+                        "executionId": record.id,
+                        "status": record.status,
+                        "result": record.result.as_ref().map(|r| r.value().clone()),
+                        "error": record.error,
+                    });
+                    let message = InteractionMessage::approving(parent, result);
                     outbox.push(
                         &parent.complete_to,
                         source,

@@ -45,26 +45,22 @@ impl From<&Execution> for RedriveResponse {
     }
 }
 
+/// An operator request's answer: the execution after the change.
+type Changed = Result<RedriveResponse, CoordinatorError>;
+
 impl Coordinator {
     /// Records the cancellation (no further launch; a reply arriving later does not advance) and tells
     /// an in-flight worker, best effort.
-    pub async fn cancel(
-        &self,
-        request: CancelRequest,
-    ) -> Result<RedriveResponse, CoordinatorError> {
+    pub async fn cancel(&self, request: CancelRequest) -> Changed {
         require_reason(&request.reason, "a cancellation")?;
-        let event = Event::Cancel {
-            reason: request.reason,
-        };
-        self.operate(request.execution_id, event, "cancel").await
+        let reason = request.reason;
+        self.operate(request.execution_id, Event::Cancel { reason }, "cancel")
+            .await
     }
 
     /// Re-drive: reopens the failed step with a new attempt and a new retry budget, keeping the
     /// execution's pinned release.
-    pub async fn redrive(
-        &self,
-        request: RedriveRequest,
-    ) -> Result<RedriveResponse, CoordinatorError> {
+    pub async fn redrive(&self, request: RedriveRequest) -> Changed {
         require_reason(&request.reason, "a re-drive")?;
         let event = Event::Redrive {
             expected_version: request.expected_version,
@@ -74,12 +70,7 @@ impl Coordinator {
     }
 
     /// An operator's event on one execution, applied and carried out.
-    async fn operate(
-        &self,
-        id: Uuid,
-        event: Event,
-        role: &str,
-    ) -> Result<RedriveResponse, CoordinatorError> {
+    async fn operate(&self, id: Uuid, event: Event, role: &str) -> Changed {
         let applied = self.apply(id, &event, role).await?;
         tracing::info!(execution_id = %id, version = applied.record.version, status = %applied.record.status, role, "operator request applied");
         Ok(RedriveResponse::from(&applied.record))
