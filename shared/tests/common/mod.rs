@@ -1,8 +1,13 @@
 //! Fixtures shared by the coordinator tests over in-memory ports.
 
+use std::sync::Arc;
+
+use stepline::adapters::InMemoryReleaseRegistry;
 use stepline::aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use stepline::domain::{PipelineDef, StepDef};
-use stepline::Settings;
+use stepline::ports::{ExecutionStore, MessageSender, ReleaseRegistry, SystemClock};
+use stepline::release::Release;
+use stepline::{Coordinator, Settings};
 
 /// A pipeline of task steps named `steps`, every one on the `requests` queue.
 pub fn task_pipeline(pipeline_id: &str, steps: &[&str]) -> PipelineDef {
@@ -25,6 +30,25 @@ pub fn settings() -> Settings {
         claim_limit: 10,
         instance: "test".into(),
     }
+}
+
+/// A coordinator on the system clock over `store` and `sender`, `def`'s release registered and active.
+pub async fn coordinator_of(
+    def: PipelineDef,
+    store: Arc<dyn ExecutionStore>,
+    sender: Arc<dyn MessageSender>,
+) -> Coordinator {
+    let registry = Arc::new(InMemoryReleaseRegistry::default());
+    let (pipeline_id, version) = (def.pipeline_id.clone(), def.release_version.clone());
+    registry
+        .register(&Release::new(def, Vec::new()))
+        .await
+        .unwrap();
+    registry
+        .activate(&pipeline_id, &version, 0, "test")
+        .await
+        .unwrap();
+    Coordinator::new(store, registry, sender, Arc::new(SystemClock), settings())
 }
 
 /// An SQS event of one message.
