@@ -6,13 +6,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{activation, settings, sqs, task_pipeline};
+use common::{coordinator_of, settings, sqs, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
 use stepline::domain::{launch_id, PipelineDef, Status};
 use stepline::envelope::{ReplyEnvelope, ReplyOutcome};
-use stepline::ports::{ReleaseRegistry, SystemClock};
-use stepline::release::Release;
+use stepline::ports::SystemClock;
 use stepline::{handlers, Coordinator, SubmitRequest};
 use uuid::Uuid;
 
@@ -47,20 +46,8 @@ async fn setup() -> (
     Uuid,
 ) {
     let store = Arc::new(InMemoryExecutionStore::default());
-    let registry = Arc::new(InMemoryReleaseRegistry::default());
-    registry
-        .register(&Release::new(def(), Vec::new()))
-        .await
-        .unwrap();
-    registry.activate(activation("hot")).await.unwrap();
     let sender = Arc::new(RecordingSender::default());
-    let coordinator = Coordinator::new(
-        store.clone(),
-        registry,
-        sender.clone(),
-        Arc::new(SystemClock),
-        settings(),
-    );
+    let coordinator = coordinator_of(def(), store.clone(), sender.clone()).await;
     let submitted = coordinator
         .submit(SubmitRequest {
             pipeline_id: "hot".into(),

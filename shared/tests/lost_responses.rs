@@ -10,14 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use common::{activation, settings, sqs, task_pipeline};
+use common::{coordinator_of, sqs, task_pipeline};
 use serde_json::json;
-use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
+use stepline::adapters::{InMemoryExecutionStore, RecordingSender};
 use stepline::domain::{launch_id, PipelineDef};
 use stepline::envelope::{ReplyEnvelope, ReplyOutcome, RequestHeader};
-use stepline::ports::{MessageSender, OutMessage, ReleaseRegistry, SendError, SystemClock};
-use stepline::release::Release;
-use stepline::{handlers, Coordinator, SubmitRequest};
+use stepline::ports::{MessageSender, OutMessage, SendError};
+use stepline::{handlers, SubmitRequest};
 
 /// Records what is sent; fails every send while `down` is set.
 #[derive(Default)]
@@ -48,16 +47,6 @@ fn def() -> PipelineDef {
     task_pipeline("lossy", &["a", "b"])
 }
 
-async fn coordinator(store: Arc<InMemoryExecutionStore>, sender: Arc<FlakySender>) -> Coordinator {
-    let registry = Arc::new(InMemoryReleaseRegistry::default());
-    registry
-        .register(&Release::new(def(), Vec::new()))
-        .await
-        .unwrap();
-    registry.activate(activation("lossy")).await.unwrap();
-    Coordinator::new(store, registry, sender, Arc::new(SystemClock), settings())
-}
-
 fn submit_request() -> SubmitRequest {
     SubmitRequest {
         pipeline_id: "lossy".into(),
@@ -86,7 +75,7 @@ fn requests(sender: &FlakySender) -> Vec<RequestHeader> {
 async fn a_reply_whose_commit_response_was_lost_still_sends_the_next_request() {
     let store = Arc::new(InMemoryExecutionStore::default());
     let sender = Arc::new(FlakySender::default());
-    let coordinator = coordinator(store.clone(), sender.clone()).await;
+    let coordinator = coordinator_of(def(), store.clone(), sender.clone()).await;
     let id = coordinator
         .submit(submit_request())
         .await
@@ -111,7 +100,7 @@ async fn a_reply_whose_commit_response_was_lost_still_sends_the_next_request() {
 async fn a_submit_whose_create_response_was_lost_sends_its_first_request() {
     let store = Arc::new(InMemoryExecutionStore::default());
     let sender = Arc::new(FlakySender::default());
-    let coordinator = coordinator(store.clone(), sender.clone()).await;
+    let coordinator = coordinator_of(def(), store.clone(), sender.clone()).await;
     store.lose_next_response();
 
     let submitted = coordinator.submit(submit_request()).await.unwrap();
@@ -126,7 +115,7 @@ async fn a_submit_whose_create_response_was_lost_sends_its_first_request() {
 async fn a_duplicate_submit_re_sends_a_first_request_that_may_not_have_gone_out() {
     let store = Arc::new(InMemoryExecutionStore::default());
     let sender = Arc::new(FlakySender::default());
-    let coordinator = coordinator(store.clone(), sender.clone()).await;
+    let coordinator = coordinator_of(def(), store.clone(), sender.clone()).await;
     // The first submitter commits, then its send fails (as if it died before sending).
     sender.down.store(true, Ordering::SeqCst);
     let first = coordinator.submit(submit_request()).await.unwrap();

@@ -200,6 +200,44 @@ fn worker() -> (Worker, Arc<RecordingSender>, Arc<Steps>) {
     (worker, sender, steps)
 }
 
+/// A worker whose sender refuses everything sent to `refused`.
+fn refusing_worker(refused: &str) -> (Worker, Arc<RefusingSender>) {
+    let sender = Arc::new(RefusingSender {
+        refused: refused.into(),
+        attempts: AtomicUsize::new(0),
+        inner: RecordingSender::default(),
+    });
+    let worker = Worker::new(identity(), sender.clone(), Arc::new(Steps::default()));
+    (worker, sender)
+}
+
+/// A worker under `heartbeat` (the default when `None`) whose visibility extensions are recorded.
+fn extending_worker(
+    heartbeat: Option<Heartbeat>,
+) -> (Worker, Arc<RecordingSender>, Arc<Steps>, Arc<Extender>) {
+    let (worker, sender, steps) = worker();
+    let extender = Arc::new(Extender::default());
+    let worker = match heartbeat {
+        Some(heartbeat) => worker.with_heartbeat(heartbeat),
+        None => worker,
+    };
+    (
+        worker.with_visibility(extender.clone()),
+        sender,
+        steps,
+        extender,
+    )
+}
+
+/// The outcome status of every reply sent so far, in order.
+fn statuses(sender: &RecordingSender) -> Vec<String> {
+    sender
+        .drain()
+        .iter()
+        .map(|(_, m)| status(&m.body))
+        .collect()
+}
+
 #[tokio::test]
 async fn a_request_runs_and_is_replied_to_its_reply_queue() {
     let (worker, sender, steps) = worker();
@@ -380,13 +418,8 @@ async fn without_a_dead_letter_queue_rejects_are_batch_item_failures() {
 
 #[tokio::test]
 async fn a_failed_dead_letter_send_falls_back_to_a_batch_item_failure() {
-    let sender = Arc::new(RefusingSender {
-        refused: DLQ.into(),
-        attempts: AtomicUsize::new(0),
-        inner: RecordingSender::default(),
-    });
-    let steps = Arc::new(Steps::default());
-    let worker = Worker::new(identity(), sender.clone(), steps.clone()).with_dead_letter_queue(DLQ);
+    let (worker, sender) = refusing_worker(DLQ);
+    let worker = worker.with_dead_letter_queue(DLQ);
 
     let response = worker
         .handle(event(vec![
@@ -408,13 +441,7 @@ async fn a_failed_dead_letter_send_falls_back_to_a_batch_item_failure() {
 
 #[tokio::test]
 async fn a_failed_reply_is_a_batch_item_failure() {
-    let sender = Arc::new(RefusingSender {
-        refused: REPLY_QUEUE.into(),
-        attempts: AtomicUsize::new(0),
-        inner: RecordingSender::default(),
-    });
-    let steps = Arc::new(Steps::default());
-    let worker = Worker::new(identity(), sender.clone(), steps);
+    let (worker, sender) = refusing_worker(REPLY_QUEUE);
 
     let response = worker
         .handle(event(vec![request("m1", &header(9), &json!({}))]))
@@ -545,13 +572,10 @@ async fn a_failed_reply_is_not_rerun_on_redelivery() {
 #[tokio::test]
 async fn the_same_launch_twice_in_one_batch_runs_once() {
     let (worker, sender, steps) = worker();
-    let h = header(22);
+    let delivery = |id: &str| request(id, &header(22), &json!({"sleep_ms": 20}));
 
     let response = worker
-        .handle(event(vec![
-            request("m1", &h, &json!({"sleep_ms": 20})),
-            request("m2", &h, &json!({"sleep_ms": 20})),
-        ]))
+        .handle(event(vec![delivery("m1"), delivery("m2")]))
         .await;
 
     assert!(failed_ids(&response).is_empty());
@@ -585,12 +609,8 @@ async fn the_reply_cache_forgets_the_oldest_launch_beyond_its_capacity() {
 
 #[tokio::test]
 async fn a_slow_step_sends_heartbeats_and_extends_visibility_before_its_reply() {
-    let (worker, sender, steps) = worker();
-    let extender = Arc::new(Extender::default());
     let interval = Duration::from_millis(20);
-    let worker = worker
-        .with_heartbeat(Heartbeat::Every(interval))
-        .with_visibility(extender.clone());
+    let (worker, sender, steps, extender) = extending_worker(Some(Heartbeat::Every(interval)));
     let h = header(30);
 
     let response = worker
@@ -634,9 +654,7 @@ async fn a_slow_step_sends_heartbeats_and_extends_visibility_before_its_reply() 
 
 #[tokio::test]
 async fn the_default_heartbeat_follows_the_deadline() {
-    let (worker, sender, _) = worker();
-    let extender = Arc::new(Extender::default());
-    let worker = worker.with_visibility(extender.clone());
+    let (worker, sender, _, extender) = extending_worker(None);
     let mut h = header(31);
     // A third of 3.3 s: one beat at ~1.1 s into a 1.6 s step.
     h.deadline = now_ms() + 3_300;
@@ -645,22 +663,13 @@ async fn the_default_heartbeat_follows_the_deadline() {
         .handle(event(vec![request("m1", &h, &json!({"sleep_ms": 1_600}))]))
         .await;
 
-    let statuses: Vec<String> = sender
-        .drain()
-        .iter()
-        .map(|(_, m)| status(&m.body))
-        .collect();
-    assert_eq!(statuses, vec!["RUNNING", "SUCCEEDED"]);
+    assert_eq!(statuses(&sender), vec!["RUNNING", "SUCCEEDED"]);
     assert_eq!(extender.calls.lock().unwrap().len(), 1);
 }
 
 #[tokio::test]
 async fn heartbeats_can_be_turned_off() {
-    let (worker, sender, _) = worker();
-    let extender = Arc::new(Extender::default());
-    let worker = worker
-        .with_heartbeat(Heartbeat::Off)
-        .with_visibility(extender.clone());
+    let (worker, sender, _, extender) = extending_worker(Some(Heartbeat::Off));
     let mut h = header(32);
     h.deadline = now_ms(); // the default would beat every second
 
@@ -668,12 +677,7 @@ async fn heartbeats_can_be_turned_off() {
         .handle(event(vec![request("m1", &h, &json!({"sleep_ms": 1_200}))]))
         .await;
 
-    let statuses: Vec<String> = sender
-        .drain()
-        .iter()
-        .map(|(_, m)| status(&m.body))
-        .collect();
-    assert_eq!(statuses, vec!["SUCCEEDED"]);
+    assert_eq!(statuses(&sender), vec!["SUCCEEDED"]);
     assert!(extender.calls.lock().unwrap().is_empty());
 }
 

@@ -32,6 +32,9 @@ pub const DEADLINE1: i64 = RESENT_AT + TIMEOUT_MS[0];
 /// When `timed_out()` declared attempt 1 of step 0 timed out.
 pub const TIMED_OUT_AT: i64 = DEADLINE1 + 10;
 
+/// When `cancelled()` cancelled the running attempt 1 of step 0.
+pub const CANCELLED_AT: i64 = T0 + 2_000;
+
 /// Timeout of every step of the await and fan-out pipelines (an await step's deadline).
 pub const WAIT_SECS: u32 = 600;
 /// When `waiting()` parked the execution on its await unit.
@@ -599,6 +602,13 @@ impl Machine {
         self.commit(&self.running(), at, 3, &err_reply(0, 1, &fatal()))
     }
 
+    /// `failed_at(at)` and the id of the dead-letter envelope its commit sends.
+    #[track_caller]
+    pub fn dead_lettered(&self, at: i64) -> (Execution, Uuid) {
+        let (failed, actions) = self.failed_at(at);
+        (failed, dead_letter_of(&actions))
+    }
+
     /// Attempt 1 of step 0 found past its deadline by the sweeper and re-sent at `RESENT_AT`.
     pub fn resent(&self) -> Execution {
         self.claim_and_launch(&self.running(), (DEADLINE0, 3), RESENT_AT)
@@ -634,25 +644,40 @@ impl Machine {
         record
     }
 
-    /// `exhausted()` re-driven at `at` (token 50), its new attempt 4 launched 100 ms later.
-    pub fn redriven(&self, at: i64) -> (Execution, Vec<Action>) {
+    /// `exhausted()` and its redrive at `at` (token 50): the FAILED record, the QUEUED one and the
+    /// launch work the redrive enqueued.
+    pub fn requeued(&self, at: i64) -> (Execution, Execution, Vec<Action>) {
         let failed = self.exhausted();
         let event = redrive(failed.version, "gateway fixed");
         let (requeued, actions) = self.commit(&failed, at, 50, &event);
+        (failed, requeued, actions)
+    }
+
+    /// `exhausted()` re-driven at `at` (token 50), its new attempt 4 launched 100 ms later.
+    pub fn redriven(&self, at: i64) -> (Execution, Vec<Action>) {
+        let (_, requeued, actions) = self.requeued(at);
         self.launch(&requeued, at + 100, 51, &actions)
     }
 
-    /// All three steps succeeded.
-    pub fn succeeded(&self) -> Execution {
+    /// The last step's success applied under `ctx` after the first two steps succeeded.
+    pub fn succeed_in(&self, ctx: &Context) -> (Execution, Vec<Action>) {
         let record = self.running_at_step(2);
-        self.commit(&record, T0 + 10_000, 30, &ok_reply(2, 1, output(2)))
-            .0
+        self.commit_in(&record, ctx, &ok_reply(2, 1, output(2)))
+    }
+
+    /// All three steps succeeded, the last at `T0 + 10_000` (token 30).
+    pub fn succeeded(&self) -> Execution {
+        self.succeed_in(&ctx(T0 + 10_000, 30)).0
+    }
+
+    /// The running attempt 1 of step 0 cancelled for `reason` at `CANCELLED_AT` (token 9).
+    pub fn cancel_running(&self, reason: &str) -> (Execution, Vec<Action>) {
+        self.commit(&self.running(), CANCELLED_AT, 9, &cancel(reason))
     }
 
     /// Cancelled while attempt 1 of step 0 was running.
     pub fn cancelled(&self) -> Execution {
-        let reason = cancel("customer withdrew the order");
-        self.commit(&self.running(), T0 + 2_000, 9, &reason).0
+        self.cancel_running("customer withdrew the order").0
     }
 
     /// A finished execution whose lifecycle events were never confirmed published.

@@ -1,24 +1,18 @@
 //! Fixtures shared by the coordinator tests over in-memory ports.
 
+use std::sync::Arc;
+
+use stepline::adapters::InMemoryReleaseRegistry;
 use stepline::aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use stepline::domain::{PipelineDef, StepDef};
-use stepline::Settings;
+use stepline::ports::{ExecutionStore, MessageSender, ReleaseRegistry, SystemClock};
+use stepline::release::Release;
+use stepline::{Coordinator, Settings};
 
 /// A pipeline of task steps named `steps`, every one on the `requests` queue.
 pub fn task_pipeline(pipeline_id: &str, steps: &[&str]) -> PipelineDef {
     let step = |id: &&str| StepDef::task(*id, "requests").timeout_secs(60);
     PipelineDef::new(pipeline_id, "1", steps.iter().map(step))
-}
-
-/// The activation of release "1" of `pipeline_id`, at time 0.
-#[allow(dead_code)]
-pub fn activation(pipeline_id: &str) -> stepline::ports::ActivationRequest<'_> {
-    stepline::ports::ActivationRequest {
-        pipeline_id,
-        release_version: "1",
-        at: 0,
-        reason: "test",
-    }
 }
 
 /// Settings whose queues are plain names (what the recording sender records).
@@ -36,6 +30,25 @@ pub fn settings() -> Settings {
         claim_limit: 10,
         instance: "test".into(),
     }
+}
+
+/// A coordinator on the system clock over `store` and `sender`, `def`'s release registered and active.
+pub async fn coordinator_of(
+    def: PipelineDef,
+    store: Arc<dyn ExecutionStore>,
+    sender: Arc<dyn MessageSender>,
+) -> Coordinator {
+    let registry = Arc::new(InMemoryReleaseRegistry::default());
+    let release = Release::new(def, Vec::new());
+    registry.register(&release).await.unwrap();
+    let activation = stepline::ports::ActivationRequest {
+        pipeline_id: &release.pipeline_id,
+        release_version: &release.release_version,
+        at: 0,
+        reason: "test",
+    };
+    registry.activate(activation).await.unwrap();
+    Coordinator::new(store, registry, sender, Arc::new(SystemClock), settings())
 }
 
 /// An SQS event of one message.

@@ -9,8 +9,7 @@ fn cancel_of_running_execution_cancels_it_and_clears_due_time() {
     let m = Machine::of(three_steps());
     let record = m.running();
 
-    let cancel = cancel("customer withdrew the order");
-    let (next, actions) = m.commit(&record, T0 + 2_000, 9, &cancel);
+    let (next, actions) = m.cancel_running("customer withdrew the order");
 
     assert_eq!(next.status, Status::Cancelled);
     assert_eq!(

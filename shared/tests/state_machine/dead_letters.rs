@@ -10,9 +10,8 @@ use crate::fixtures::*;
 fn terminal_failure_marks_a_dead_letter_in_the_same_commit_and_sends_it() {
     let m = Machine::of(three_steps());
     let at = T0 + 7_000;
-    let (failed, actions) = m.failed_at(at);
+    let (failed, id) = m.dead_lettered(at);
 
-    let id = dead_letter_of(&actions);
     assert_eq!(failed.status, Status::Failed);
     assert_eq!(failed.dead_letter, Some(DeadLetterMark { id, sent: false }));
     assert_eq!(failed.wake_at, Some(at + LEASE_MS));
@@ -28,8 +27,7 @@ fn terminal_failure_marks_a_dead_letter_in_the_same_commit_and_sends_it() {
 fn dead_letter_sent_marks_it_sent_and_takes_the_execution_off_the_due_index() {
     let m = Machine::of(three_steps());
     let at = T0 + 7_000;
-    let (failed, actions) = m.failed_at(at);
-    let id = dead_letter_of(&actions);
+    let (failed, id) = m.dead_lettered(at);
 
     let (next, actions) = m.commit(&failed, at + 50, 4, &Event::DeadLetterSent { id });
 
@@ -49,8 +47,7 @@ fn dead_letter_sent_marks_it_sent_and_takes_the_execution_off_the_due_index() {
 fn claim_of_failed_execution_whose_dead_letter_is_unsent_sends_it_again() {
     let m = Machine::of(three_steps());
     let at = T0 + 7_000;
-    let (failed, actions) = m.failed_at(at);
-    let id = dead_letter_of(&actions);
+    let (failed, id) = m.dead_lettered(at);
     assert_eq!(
         m.skipped(&failed, at + LEASE_MS - 1, 4, &Event::Claim),
         Skip::Terminal
@@ -70,9 +67,9 @@ fn claim_of_failed_execution_whose_dead_letter_is_unsent_sends_it_again() {
         Some(at + 2 * LEASE_MS),
         "looked at again a lease later"
     );
-    assert_eq!(next.lease, None);
     assert_eq!(
-        next.generation, failed.generation,
+        (next.lease, next.generation),
+        (None, failed.generation),
         "no lease is taken to re-send a dead letter"
     );
 }
@@ -80,17 +77,15 @@ fn claim_of_failed_execution_whose_dead_letter_is_unsent_sends_it_again() {
 #[test]
 fn dead_letter_sent_for_another_failure_is_skipped_as_stale() {
     let m = Machine::of(three_steps());
-    let failed = m.exhausted();
-    let first = failed.dead_letter.as_ref().expect("dead letter marked").id;
     let at = T0 + 100_000;
-    let redrive = redrive(failed.version, "gateway fixed");
-    let (requeued, actions) = m.commit(&failed, at, 50, &redrive);
+    let (failed, requeued, actions) = m.requeued(at);
+    let first = failed.dead_letter.as_ref().expect("dead letter marked").id;
     assert_eq!(
         m.skipped(&requeued, at + 1, 51, &Event::DeadLetterSent { id: first }),
         Skip::Stale
     );
 
-    let (launched, _) = m.commit(&requeued, at + 100, 51, &launch_work_of(&actions));
+    let (launched, _) = m.launch(&requeued, at + 100, 51, &actions);
     let (failed_again, actions) = m.commit(&launched, at + 200, 52, &err_reply(0, 4, &fatal()));
     let second = dead_letter_of(&actions);
     assert_ne!(second, first, "each failure has its own dead-letter id");

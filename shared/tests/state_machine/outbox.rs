@@ -71,9 +71,7 @@ fn an_outbox_is_dropped_at_once_when_lifecycle_events_are_switched_off() {
 #[test]
 fn a_commit_with_lifecycle_events_on_fills_the_outbox_and_publishes_it() {
     let m = Machine::of(three_steps());
-    let record = m.running_at_step(2);
-    let at = lifecycle_ctx(T0 + 10_000, 30);
-    let (done, actions) = m.commit_in(&record, &at, &ok_reply(2, 1, output(2)));
+    let (done, actions) = m.succeed_in(&lifecycle_ctx(T0 + 10_000, 30));
     let kinds: Vec<_> = done
         .events
         .iter()
@@ -95,16 +93,14 @@ fn a_commit_with_lifecycle_events_on_fills_the_outbox_and_publishes_it() {
         "due until the events are confirmed published"
     );
     // Lifecycle events off: nothing in the outbox, nothing to publish.
-    let (quiet, actions) = m.commit(&record, T0 + 10_000, 30, &ok_reply(2, 1, output(2)));
+    let (quiet, actions) = m.succeed_in(&ctx(T0 + 10_000, 30));
     assert!(quiet.events.is_empty() && actions.is_empty());
 }
 
 #[test]
 fn events_published_leave_the_outbox_and_a_redelivery_is_a_duplicate() {
     let m = Machine::of(three_steps());
-    let record = m.running_at_step(2);
-    let at = lifecycle_ctx(T0 + 10_000, 30);
-    let (done, _) = m.commit_in(&record, &at, &ok_reply(2, 1, output(2)));
+    let (done, _) = m.succeed_in(&lifecycle_ctx(T0 + 10_000, 30));
     let first = Event::EventsPublished { through: 0 };
     let (half, actions) = m.commit_in(&done, &lifecycle_ctx(T0 + 10_050, 31), &first);
     assert!(actions.is_empty(), "a confirmation publishes nothing");

@@ -1,7 +1,7 @@
 //! Every event delivered twice: the second delivery is skipped, rejected or (for events that carry
 //! no identity) applied again, never applied as new.
 
-use stepline::domain::{launch_id, Event, Rejection, Skip, Status};
+use stepline::domain::{launch_id, Action, Event, Execution, Rejection, Skip, Status};
 
 use crate::fixtures::*;
 
@@ -28,29 +28,36 @@ fn launch_work_delivered_twice_is_fenced_because_its_lease_was_consumed() {
 
     // QUEUED -> RUNNING.
     let (record, actions) = m.started();
-    let work = launch_work_of(&actions);
-    let (launched, _) = m.commit(&record, LAUNCHED_AT, 2, &work);
-    assert_eq!(m.skipped(&launched, LAUNCHED_AT, 2, &work), Skip::Fenced);
+    let launched = launched_once(&m, &record, (LAUNCHED_AT, 2), &actions);
 
     // The resend past the deadline.
     let (claimed, actions) = m.commit(&launched, DEADLINE0, 3, &Event::Claim);
-    let work = launch_work_of(&actions);
-    let (resent, _) = m.commit(&claimed, RESENT_AT, 4, &work);
-    assert_eq!(m.skipped(&resent, RESENT_AT, 4, &work), Skip::Fenced);
+    let resent = launched_once(&m, &claimed, (RESENT_AT, 4), &actions);
 
     // The timeout: the retry lease it takes is a new generation and token.
     let (claimed, actions) = m.commit(&resent, DEADLINE1, 5, &Event::Claim);
-    let work = launch_work_of(&actions);
-    let (waiting, _) = m.commit(&claimed, TIMED_OUT_AT, 6, &work);
+    let waiting = launched_once(&m, &claimed, (TIMED_OUT_AT, 6), &actions);
     assert_eq!(waiting.status, Status::WaitRetry);
-    assert_eq!(m.skipped(&waiting, TIMED_OUT_AT, 6, &work), Skip::Fenced);
 
     // WAIT_RETRY -> RUNNING (next attempt).
     let (record, actions) = m.failed_once(T0 + 7_000);
-    let work = launch_work_of(&actions);
-    let (second, _) = m.commit(&record, T0 + 9_000, 4, &work);
+    let second = launched_once(&m, &record, (T0 + 9_000, 4), &actions);
     assert_eq!(second.attempt, 2);
-    assert_eq!(m.skipped(&second, T0 + 9_000, 4, &work), Skip::Fenced);
+}
+
+/// Applies the launch work `actions` enqueued at `at` under token `tok`, and checks that the same work
+/// delivered again is fenced.
+#[track_caller]
+fn launched_once(
+    m: &Machine,
+    record: &Execution,
+    (at, tok): (i64, u128),
+    actions: &[Action],
+) -> Execution {
+    let work = launch_work_of(actions);
+    let (launched, _) = m.commit(record, at, tok, &work);
+    assert_eq!(m.skipped(&launched, at, tok, &work), Skip::Fenced);
+    launched
 }
 
 #[test]
@@ -130,11 +137,9 @@ fn redrive_delivered_twice_is_rejected_the_second_time() {
 #[test]
 fn redrive_replayed_after_execution_failed_again_is_rejected_as_version_mismatch() {
     let m = Machine::of(three_steps());
-    let failed = m.exhausted();
-    let event = redrive(failed.version, "gateway fixed");
     let at = T0 + 100_000;
-    let (requeued, actions) = m.commit(&failed, at, 50, &event);
-    let (launched, _) = m.commit(&requeued, at + 100, 51, &launch_work_of(&actions));
+    let event = redrive(m.exhausted().version, "gateway fixed");
+    let (launched, _) = m.redriven(at);
     let (failed_again, _) = m.commit(&launched, at + 200, 52, &err_reply(0, 4, &fatal()));
     assert_eq!(failed_again.status, Status::Failed);
 
@@ -150,12 +155,10 @@ fn redrive_replayed_after_execution_failed_again_is_rejected_as_version_mismatch
 #[test]
 fn cancel_delivered_twice_is_rejected_as_already_terminal() {
     let m = Machine::of(three_steps());
-    let record = m.running();
-    let cancel = cancel("stop");
-    let (next, _) = m.commit(&record, T0 + 2_000, 9, &cancel);
+    let (next, _) = m.cancel_running("stop");
 
     assert_eq!(
-        m.rejected(&next, T0 + 2_000, 9, &cancel),
+        m.rejected(&next, CANCELLED_AT, 9, &cancel("stop")),
         Rejection::AlreadyTerminal(Status::Cancelled)
     );
 }
@@ -163,10 +166,8 @@ fn cancel_delivered_twice_is_rejected_as_already_terminal() {
 #[test]
 fn dead_letter_sent_delivered_twice_is_skipped_as_duplicate() {
     let m = Machine::of(three_steps());
-    let (failed, actions) = m.failed_at(T0 + 7_000);
-    let event = Event::DeadLetterSent {
-        id: dead_letter_of(&actions),
-    };
+    let (failed, id) = m.dead_lettered(T0 + 7_000);
+    let event = Event::DeadLetterSent { id };
     let (reported, _) = m.commit(&failed, T0 + 7_050, 4, &event);
 
     assert_eq!(m.skipped(&reported, T0 + 7_050, 4, &event), Skip::Duplicate);

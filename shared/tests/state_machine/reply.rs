@@ -413,8 +413,7 @@ fn late_success_of_superseded_attempt_of_current_step_is_adopted() {
 #[test]
 fn late_failure_of_superseded_attempt_is_skipped_as_stale() {
     let m = Machine::of(three_steps());
-    let (waiting, actions) = m.timed_out();
-    let (second, _) = m.commit(&waiting, TIMED_OUT_AT + 2_000, 7, &launch_work_of(&actions));
+    let second = m.second_attempt();
 
     for late in [err_reply(0, 1, &retryable()), err_reply(0, 1, &fatal())] {
         assert_eq!(
@@ -430,16 +429,13 @@ fn late_failure_of_superseded_attempt_is_skipped_as_stale() {
 #[test]
 fn late_reply_of_an_earlier_step_is_skipped_as_stale() {
     let m = Machine::of(three_steps());
-    let (waiting, actions) = m.timed_out();
-    let (second, _) = m.commit(&waiting, TIMED_OUT_AT + 2_000, 7, &launch_work_of(&actions));
+    let second = m.second_attempt();
     let (next_step, _) = m.commit(&second, TIMED_OUT_AT + 3_000, 8, &ok_reply(0, 2, output(0)));
     assert_eq!(next_step.step, 1);
 
     let late = ok_reply(0, 1, json!({"late": true}));
-    assert_eq!(
-        m.skipped(&next_step, TIMED_OUT_AT + 4_000, 9, &late),
-        Skip::Stale
-    );
+    let skip = m.skipped(&next_step, TIMED_OUT_AT + 4_000, 9, &late);
+    assert_eq!(skip, Skip::Stale);
 }
 
 /// After a STEP_TIMEOUT the record is WAIT_RETRY with `attempt` still equal to the timed-out attempt:
@@ -463,9 +459,6 @@ fn late_success_of_timed_out_attempt_is_adopted_while_its_retry_waits() {
     }
 }
 
-/// Attempts are 1-based: attempt 0 of a step was never launched and its launch id never saved, so a
-/// success for it is not adopted (it would complete the running step of any execution whose id is
-/// known, launch ids being derived).
 /// A redrive after a STEP_TIMEOUT leaves the record QUEUED with `attempt` at the timed-out attempt,
 /// which never answered: its late success is adopted there too, and the new budget's launch work is
 /// fenced.
@@ -489,6 +482,9 @@ fn late_success_of_timed_out_attempt_is_adopted_after_a_redrive() {
     );
 }
 
+/// Attempts are 1-based: attempt 0 of a step was never launched and its launch id never saved, so a
+/// success for it is not adopted (it would complete the running step of any execution whose id is
+/// known, launch ids being derived).
 #[test]
 fn success_for_never_launched_attempt_zero_is_not_applied() {
     let m = Machine::of(three_steps());
