@@ -160,7 +160,7 @@ fn start_command(event: StartEvent) -> Result<Command, MessageError> {
             event.detail_type
         )));
     }
-    Ok(Command::Start(SubmitRequest {
+    let request = SubmitRequest {
         pipeline_id: event.detail.pipeline_id,
         release_version: event.detail.release_version,
         tenant: event.detail.tenant,
@@ -168,7 +168,11 @@ fn start_command(event: StartEvent) -> Result<Command, MessageError> {
         // A redelivered event (same id) starts nothing new.
         idempotency_key: Some(format!("event:{}", event.id)),
         parent: event.detail.parent,
-    }))
+    };
+    Ok(Command::Start {
+        event: event.id,
+        request,
+    })
 }
 
 /// A message of the reply queue: a worker's reply, or an interaction's completion.

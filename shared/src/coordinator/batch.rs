@@ -42,8 +42,11 @@ pub enum Command {
         role: &'static str,
         hot: bool,
     },
-    /// Start an execution (idempotent on the request's key).
-    Start(SubmitRequest),
+    /// Start an execution asked for by event `event` (idempotent on the request's key).
+    Start {
+        event: String,
+        request: SubmitRequest,
+    },
 }
 
 /// One message of a batch: its id and body (kept for the DLQ), and what it asks, or why it cannot be
@@ -215,8 +218,7 @@ impl Coordinator {
                     Some(skip) => Handled::Skipped(skip),
                 })
             }
-            Command::Start(request) => {
-                let event = request.idempotency_key.clone().unwrap_or_default();
+            Command::Start { event, request } => {
                 let submitted = self
                     .submit_into(outbox, index, request)
                     .await

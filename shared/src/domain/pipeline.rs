@@ -226,7 +226,15 @@ impl PipelineDef {
             if !seen.insert(step.id.as_str()) {
                 return Err(format!("duplicate step id {:?}", step.id));
             }
-            if step.queue.is_empty() {
+            // A fan-out step starts child executions (through the start queue): no worker of its own.
+            if step.kind == StepKind::FanOut {
+                if step.child_pipeline.as_deref().is_none_or(str::is_empty) {
+                    return Err(format!(
+                        "fan-out step {:?} names no child pipeline",
+                        step.id
+                    ));
+                }
+            } else if step.queue.is_empty() {
                 return Err(format!("step {:?} has no queue", step.id));
             }
             if step.retry.max_attempts == 0 {
@@ -266,6 +274,21 @@ mod tests {
         let step = StepDef::task("a", "q").timeout_secs(1);
         let def = PipelineDef::new("p", "1", [step.clone(), step]);
         assert!(def.validate().unwrap_err().contains("duplicate"));
+    }
+
+    #[test]
+    fn a_fan_out_step_needs_a_child_pipeline_not_a_queue() {
+        let fan_out = |child: &str| {
+            let first = StepDef::task("a", "q").timeout_secs(1);
+            PipelineDef::new("p", "1", [first, StepDef::fan_out("b", child)])
+        };
+        assert_eq!(fan_out("children").validate(), Ok(()));
+        assert!(fan_out("")
+            .validate()
+            .unwrap_err()
+            .contains("child pipeline"));
+        let no_queue = PipelineDef::new("p", "1", [StepDef::task("a", "").timeout_secs(1)]);
+        assert!(no_queue.validate().unwrap_err().contains("no queue"));
     }
 
     #[test]
