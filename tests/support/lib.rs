@@ -26,44 +26,19 @@ pub use stepline_local;
 /// The workspace's function binaries, run under the test-served Lambda Runtime API.
 pub mod binaries {
     use std::collections::BTreeMap;
-    use std::path::PathBuf;
-    use std::process::Command;
 
     use anyhow::Result;
     use stepline_local::runtime_api::Function;
 
     /// Builds every function binary (the test suite itself only builds libraries and tests).
     pub fn build() -> Result<()> {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--workspace", "--bins", "--quiet"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()?;
-        anyhow::ensure!(status.success(), "building the function binaries failed");
-        Ok(())
-    }
-
-    /// Where cargo puts the workspace's binaries (next to the test executables' directory).
-    fn dir() -> PathBuf {
-        let exe = std::env::current_exe().expect("test executable");
-        exe.parent()
-            .and_then(|deps| deps.parent())
-            .expect("target dir")
-            .to_path_buf()
+        stepline_local::binaries::build(&[])
     }
 
     /// Starts a workspace binary under the test-served Runtime API.
     pub async fn start(binary: &str, env: &BTreeMap<String, String>) -> Result<Function> {
-        Function::start(&dir().join(binary), env).await
+        Function::start(&stepline_local::binaries::dir().join(binary), env).await
     }
-}
-
-/// Refuses to run against real AWS by accident: the suite needs `AWS_ENDPOINT_URL` (infra/test.sh sets it).
-fn require_emulator() {
-    assert!(
-        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
-        "AWS_ENDPOINT_URL is not set: run the suite through infra/test.sh (it starts the emulator)"
-    );
 }
 
 pub struct TestStack {
@@ -94,7 +69,7 @@ impl TestStack {
         lifecycle: bool,
         tune: impl FnOnce(&mut PipelineDef),
     ) -> Result<Self> {
-        require_emulator();
+        stepline_local::require_emulator();
         let params = [("LifecycleEvents".to_string(), lifecycle.to_string())].into();
         let local = LocalStack::up_with(&fresh_stage(prefix), &params).await?;
         let api = local.coordinator(functions::REDRIVE)?;

@@ -20,7 +20,9 @@ use stepline::envelope::RequestHeader;
 use stepline::worker::StepFunction;
 use stepline::SubmitRequest;
 use stepline_local::releases::ReleaseAction;
-use stepline_local::{fresh_stage, functions, Binding, LocalStack, RunnerOptions};
+use stepline_local::{
+    example_contracts, fresh_stage, functions, Binding, ExampleCode, LocalStack, RunnerOptions,
+};
 use uuid::Uuid;
 
 #[derive(Parser)]
@@ -162,7 +164,7 @@ async fn main() -> Result<()> {
             let local = LocalStack::find(&stage).await.with_context(|| {
                 format!("finding stage {stage} (`stepline-local run --stage {stage}` creates it)")
             })?;
-            stepline_local::releases::run(&local, &pipeline, action).await
+            stepline_local::releases::run(&local, &ExampleCode, &pipeline, action).await
         }
         Command::Provision { stage } => {
             let local = LocalStack::up(&stage).await?;
@@ -350,25 +352,7 @@ async fn demo(
 }
 
 fn contract(write: bool, check: bool) -> Result<()> {
-    let examples = [
-        (
-            "examples/order-worker/pipeline-contract.json",
-            order_worker::contract(),
-        ),
-        (
-            "examples/restaurant-approval/pipeline-contract.json",
-            restaurant_approval::contract(),
-        ),
-        (
-            "examples/csv-payments/pipeline-contract.json",
-            csv_payments::batch_contract(),
-        ),
-        (
-            "examples/csv-payments/payment-contract.json",
-            csv_payments::payment_contract(),
-        ),
-    ];
-    for (file, contract) in examples {
+    for (file, contract) in example_contracts() {
         let path = stepline_local::workspace_root().join(file);
         let text = contract.to_file_text();
         if write {

@@ -33,7 +33,7 @@ impl Template {
         Self::parse(include_str!("../../../template.yaml")).expect("the project's template parses")
     }
 
-    /// The template next to the workspace root (the crate lives in infra/local).
+    /// The template next to the workspace root (this crate lives in infra/stage).
     pub fn default_path() -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml")
     }
