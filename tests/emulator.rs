@@ -360,15 +360,7 @@ async fn poison_replies_go_to_the_dlq_with_their_reason_and_leave_records_alone(
     assert_eq!(stack.api.get(id).await?, before);
 
     let (_, dlq) = stack.local.stack.queue("ReplyDeadLetterQueue")?;
-    let out = stack
-        .sqs()
-        .receive_message()
-        .queue_url(dlq)
-        .max_number_of_messages(10)
-        .message_attribute_names("All")
-        .send()
-        .await?;
-    let messages = out.messages.unwrap_or_default();
+    let messages = stepline_local::receive(&stack.sqs(), dlq).await?;
     assert_eq!(messages.len(), 2);
     for m in &messages {
         let attrs = m.message_attributes.as_ref().expect("attributes");

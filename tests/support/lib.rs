@@ -240,16 +240,7 @@ impl TestStack {
     ) -> Result<Vec<aws_sdk_sqs::types::Message>> {
         let deadline = Instant::now() + timeout;
         loop {
-            let out = self
-                .sqs()
-                .receive_message()
-                .queue_url(url)
-                .max_number_of_messages(10)
-                .message_attribute_names("All")
-                .wait_time_seconds(1)
-                .send()
-                .await?;
-            let messages = out.messages.unwrap_or_default();
+            let messages = stepline_local::receive(&self.sqs(), url).await?;
             if !messages.is_empty() {
                 return Ok(messages);
             }

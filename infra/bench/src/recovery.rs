@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use aws_sdk_dynamodb::types::AttributeValue;
-use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
 use serde::Serialize;
 use serde_yaml::Value as Yaml;
 use stepline::adapters::dynamodb::due_shard;
@@ -151,43 +150,6 @@ fn order(n: usize) -> serde_json::Value {
     })
 }
 
-/// Receives and deletes every visible message of a queue of the stack; returns their bodies.
-async fn drain(local: &LocalStack, logical: &str) -> Result<Vec<String>> {
-    let (_, url) = local.stack.queue(logical)?;
-    let sqs = &local.clients.sqs;
-    let mut bodies = Vec::new();
-    loop {
-        let messages = sqs
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .send()
-            .await?
-            .messages
-            .unwrap_or_default();
-        if messages.is_empty() {
-            return Ok(bodies);
-        }
-        let entries = messages
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                DeleteMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .set_receipt_handle(m.receipt_handle.clone())
-                    .build()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        sqs.delete_message_batch()
-            .queue_url(url)
-            .set_entries(Some(entries))
-            .send()
-            .await?;
-        bodies.extend(messages.into_iter().map(|m| m.body.unwrap_or_default()));
-    }
-}
-
 /// Executions of `ids` with a lease taken.
 async fn leased(api: &Arc<Coordinator>, ids: &[Uuid]) -> Result<usize> {
     let mut count = 0;
@@ -217,7 +179,8 @@ async fn sweep(
     let report = handlers::claim_within(claim, scheduled_event(), Some(deadline)).await?;
     let wall_ms = started.elapsed().as_secs_f64() * 1e3;
     let margin_ms = deadline - claim.now();
-    let work = drain(local, LAUNCH_QUEUE)
+    let work = local
+        .take_all(LAUNCH_QUEUE)
         .await?
         .iter()
         .map(|body| serde_json::from_str::<LaunchWork>(body))
@@ -245,7 +208,7 @@ pub async fn backlog(executions: usize, budget_ms: i64) -> Result<Backlog> {
     let submitted = Instant::now();
     let ids = submit_many(&api, &pipeline, executions).await?;
     let submit_s = submitted.elapsed().as_secs_f64();
-    let requests = drain(&local, WORKER_QUEUE).await?.len();
+    let requests = local.take_all(WORKER_QUEUE).await?.len();
     ensure!(
         requests == executions,
         "{requests} first-step requests for {executions} executions"
@@ -319,7 +282,7 @@ pub async fn poison(poison: usize, good_in_shard: usize, budget_ms: i64) -> Resu
     {
         good.extend(submit_many(&api, &pipeline, 10).await?);
     }
-    drain(&local, WORKER_QUEUE).await?;
+    local.take_all(WORKER_QUEUE).await?;
     let neighbours: Vec<Uuid> = good
         .iter()
         .copied()

@@ -10,6 +10,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use anyhow::Result;
+use aws_sdk_sqs::types::Message;
 use stepline::aws::Clients;
 use stepline::config::WorkerConfig;
 use stepline::contract::Contract;
@@ -181,45 +182,46 @@ impl LocalStack {
     /// Visible, in-flight and delayed messages of a queue of the stack.
     pub async fn queue_depth(&self, logical: &str) -> Result<u64> {
         use aws_sdk_sqs::types::QueueAttributeName as A;
-        let (_, url) = self.stack.queue(logical)?;
-        let attrs = aws_sdk_sqs::Client::new(&self.sdk)
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(A::ApproximateNumberOfMessages)
-            .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
-            .attribute_names(A::ApproximateNumberOfMessagesDelayed)
-            .send()
-            .await?
-            .attributes
-            .unwrap_or_default();
+        let attrs = self
+            .queue_attributes(
+                logical,
+                &[
+                    A::ApproximateNumberOfMessages,
+                    A::ApproximateNumberOfMessagesNotVisible,
+                    A::ApproximateNumberOfMessagesDelayed,
+                ],
+            )
+            .await?;
         Ok(attrs.values().filter_map(|v| v.parse::<u64>().ok()).sum())
     }
 
     /// Receives and deletes every visible message of a queue of the stack; returns their bodies.
     pub async fn take_all(&self, logical: &str) -> Result<Vec<String>> {
+        use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
         let (_, url) = self.stack.queue(logical)?;
         let sqs = aws_sdk_sqs::Client::new(&self.sdk);
         let mut bodies = Vec::new();
         loop {
-            let out = sqs
-                .receive_message()
-                .queue_url(url)
-                .max_number_of_messages(10)
-                .wait_time_seconds(1)
-                .send()
-                .await?;
-            let messages = out.messages.unwrap_or_default();
+            let messages = receive(&sqs, url).await?;
             if messages.is_empty() {
                 return Ok(bodies);
             }
-            for m in messages {
-                bodies.push(m.body.unwrap_or_default());
-                sqs.delete_message()
-                    .queue_url(url)
-                    .set_receipt_handle(m.receipt_handle)
-                    .send()
-                    .await?;
-            }
+            let entries = messages
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    DeleteMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .set_receipt_handle(m.receipt_handle.clone())
+                        .build()
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            sqs.delete_message_batch()
+                .queue_url(url)
+                .set_entries(Some(entries))
+                .send()
+                .await?;
+            bodies.extend(messages.into_iter().map(|m| m.body.unwrap_or_default()));
         }
     }
 
@@ -284,6 +286,20 @@ impl stepline::ports::Clock for ShiftedClock {
     fn jitter(&self) -> f64 {
         stepline::ports::SystemClock.jitter()
     }
+}
+
+/// One long poll (1 s) of a queue, by URL: up to 10 messages with their attributes, left on the queue.
+pub async fn receive(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<Vec<Message>> {
+    Ok(sqs
+        .receive_message()
+        .queue_url(url)
+        .max_number_of_messages(10)
+        .message_attribute_names("All")
+        .wait_time_seconds(1)
+        .send()
+        .await?
+        .messages
+        .unwrap_or_default())
 }
 
 /// Refuses to run a test against real AWS by accident: the tests need `AWS_ENDPOINT_URL`

@@ -435,14 +435,7 @@ async fn restaurant_demo(
                 timeout.as_secs()
             );
         }
-        let out = sqs
-            .receive_message()
-            .queue_url(approvals_url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .send()
-            .await?;
-        for message in out.messages.unwrap_or_default() {
+        for message in stepline_local::receive(&sqs, approvals_url).await? {
             let notice: stepline::envelope::AwaitNotice =
                 serde_json::from_str(message.body.as_deref().unwrap_or_default())?;
             let reject = notice.execution_id == rejected;

@@ -102,15 +102,12 @@ async fn release_commands_attach_to_a_stage_run_with_other_parameters() -> Resul
     );
 
     let local = LocalStack::find(&stage).await?;
-    let (_, url) = local.stack.queue("OrderRequestQueue")?;
-    let visibility = aws_sdk_sqs::Client::new(&local.sdk)
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::VisibilityTimeout)
-        .send()
+    let visibility = local
+        .queue_attributes(
+            "OrderRequestQueue",
+            &[QueueAttributeName::VisibilityTimeout],
+        )
         .await?
-        .attributes
-        .unwrap_or_default()
         .remove(&QueueAttributeName::VisibilityTimeout);
     assert_eq!(visibility.as_deref(), Some("30"));
     Ok(())

@@ -7,12 +7,13 @@ pub mod releases;
 pub mod stack;
 pub mod template;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Result;
 use aws_config::SdkConfig;
+use aws_sdk_sqs::types::QueueAttributeName;
 use stepline::aws::Clients;
 use stepline::config::CoordinatorConfig;
 use stepline::contract::CONTRACT_FILE;
@@ -112,6 +113,19 @@ impl Stage {
                 .await?;
         }
         Ok(release)
+    }
+}
+
+impl Stage {
+    /// Attributes `names` of a queue of the stage, read on a client of their own (a stage on metered
+    /// clients does not count them).
+    pub async fn queue_attributes(
+        &self,
+        logical: &str,
+        names: &[QueueAttributeName],
+    ) -> Result<HashMap<QueueAttributeName, String>> {
+        let (_, url) = self.stack.queue(logical)?;
+        stack::queue_attributes(&aws_sdk_sqs::Client::new(&self.sdk), url, names).await
     }
 }
 
