@@ -21,11 +21,9 @@ use stepline_stage::releases::ReleaseAction;
 use stepline_stage::{functions, Stage};
 use uuid::Uuid;
 
+/// Operate Stepline executions, dead letters and releases
 #[derive(Parser)]
-#[command(
-    name = "stepline",
-    about = "Operate Stepline executions, dead letters and releases"
-)]
+#[command(name = "stepline")]
 struct Cli {
     /// The deployed stage (the template's Stage parameter).
     #[arg(long, env = "STEPLINE_STAGE", default_value = "dev", global = true)]

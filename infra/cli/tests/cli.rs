@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use stepline::domain::{Status, StepError};
 use stepline::envelope::RequestHeader;
 use stepline::worker::StepFunction;
-use stepline_local::{fresh_stage, functions, require_emulator, LocalStack, RunnerOptions};
+use stepline_local::{fresh_stage, functions, require_emulator, LocalStack};
 
 /// Runs `stepline --stage <stage> <args>`.
 fn stepline(stage: &str, args: &[&str]) -> Output {
@@ -50,26 +50,19 @@ async fn running_stack(prefix: &str) -> Result<(LocalStack, stepline_local::Runn
     local
         .release_example(orders, order_worker::RELEASE_VERSION, 60)
         .await?;
-    let (requests, _) = local.stack.queue("RestaurantRequestQueue")?;
-    let (approvals, _) = local.stack.queue("RestaurantApprovalQueue")?;
-    local
-        .release(
-            restaurant_approval::pipeline(requests, approvals, 120),
-            Vec::new(),
-        )
-        .await?;
-    let mut bindings = local.coordinator_bindings()?;
-    bindings.push(local.worker_binding(
-        functions::ORDER_WORKER,
-        &order_worker::contract(),
-        Arc::new(Paced),
-    )?);
-    bindings.push(local.worker_binding(
-        "RestaurantWorkerFunction",
-        &restaurant_approval::contract(),
-        Arc::new(Paced),
-    )?);
-    let runner = local.run(bindings, RunnerOptions::default())?;
+    local.release_restaurant().await?;
+    let runner = local.run_workers(vec![
+        (
+            functions::ORDER_WORKER,
+            order_worker::contract(),
+            Arc::new(Paced),
+        ),
+        (
+            "RestaurantWorkerFunction",
+            restaurant_approval::contract(),
+            Arc::new(Paced),
+        ),
+    ])?;
     Ok((local, runner))
 }
 

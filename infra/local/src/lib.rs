@@ -115,6 +115,26 @@ impl LocalStack {
         })
     }
 
+    /// Runs the coordinator functions and the worker functions `workers` (function, contract, steps).
+    pub fn run_workers(
+        &self,
+        workers: Vec<(&str, Contract, Arc<dyn StepFunction>)>,
+    ) -> Result<Runner> {
+        let mut bindings = self.coordinator_bindings()?;
+        for (function, contract, steps) in workers {
+            bindings.push(self.worker_binding(function, &contract, steps)?);
+        }
+        self.run(bindings, RunnerOptions::default())
+    }
+
+    /// Releases the restaurant example on its request and approval queues (approvals wait 120 s).
+    pub async fn release_restaurant(&self) -> Result<Release> {
+        let (requests, _) = self.stack.queue("RestaurantRequestQueue")?;
+        let (approvals, _) = self.stack.queue("RestaurantApprovalQueue")?;
+        let def = restaurant_approval::pipeline(requests, approvals, 120);
+        self.release(def, Vec::new()).await
+    }
+
     /// Releases the example pipeline on `queue` (its worker's request queue) as `release_version`,
     /// with the committed contract file as its artifact, as [`Stage::release`] does.
     pub async fn release_example(

@@ -103,21 +103,15 @@ async fn provisioning_creates_every_resource_of_the_template_as_declared() -> Re
             "AWS::Events::Rule" => {
                 let name = resolve(&props["Name"], &local.stack)?;
                 let bus = resolve(&props["EventBusName"], &local.stack)?;
-                let rule = events
-                    .describe_rule()
-                    .name(&name)
-                    .event_bus_name(&bus)
-                    .send()
-                    .await?;
+                let rule = events.describe_rule().name(&name).event_bus_name(&bus);
+                let rule = rule.send().await?;
                 assert!(rule.event_pattern().is_some(), "{logical} has its pattern");
                 let targets = events
                     .list_targets_by_rule()
                     .rule(&name)
-                    .event_bus_name(&bus)
-                    .send()
-                    .await?;
+                    .event_bus_name(&bus);
                 assert_eq!(
-                    targets.targets().len(),
+                    targets.send().await?.targets().len(),
                     props["Targets"].as_sequence().unwrap().len(),
                     "{logical} targets"
                 );

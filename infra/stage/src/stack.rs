@@ -129,7 +129,9 @@ impl Stack {
 
         for (logical, kind, props) in &resources {
             if kind == "AWS::DynamoDB::Table" {
-                let table = create_table(&dynamodb, &stack, props)
+                let name = resolved(props, "TableName", &stack)
+                    .with_context(|| format!("table {logical}"))?;
+                let table = create_table(&dynamodb, name, props)
                     .await
                     .with_context(|| format!("creating table {logical}"))?;
                 stack.resources.insert(logical.clone(), table);
@@ -326,12 +328,12 @@ fn key_schema(props: &Value) -> Result<Vec<KeySchemaElement>> {
         .collect()
 }
 
+/// Creates table `name` as `props` declare it (or finds it), once it is ACTIVE.
 async fn create_table(
     client: &aws_sdk_dynamodb::Client,
-    stack: &Stack,
+    name: String,
     props: &Value,
 ) -> Result<Physical> {
-    let name = resolved(props, "TableName", stack)?;
     let mut request = client
         .create_table()
         .table_name(&name)
