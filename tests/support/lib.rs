@@ -266,15 +266,7 @@ pub struct ExtraQueue {
 impl TestStack {
     /// Creates a queue outside the template.
     pub async fn create_queue(&self, name: &str) -> Result<ExtraQueue> {
-        let sqs = self.sqs();
-        let url = sqs
-            .create_queue()
-            .queue_name(name)
-            .send()
-            .await?
-            .queue_url
-            .unwrap_or_default();
-        let arn = stepline_local::stack::queue_arn(&sqs, &url).await?;
+        let (url, arn) = stepline_local::stack::create_plain_queue(&self.sqs(), name).await?;
         Ok(ExtraQueue {
             name: name.into(),
             url,

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
-use aws_sdk_dynamodb::types::AttributeValue;
 use serde::Serialize;
 use serde_yaml::Value as Yaml;
 use stepline::adapters::dynamodb::due_shard;
@@ -83,19 +82,10 @@ pub struct Poison {
 
 /// The claim function's timeout in milliseconds: its own `Timeout`, else the template's global one.
 pub fn claim_timeout_ms(template: &Template) -> Result<i64> {
-    let own = template
-        .resources()
-        .into_iter()
-        .find(|(logical, _, _)| logical == functions::CLAIM)
-        .and_then(|(_, _, props)| props.get("Timeout").and_then(Yaml::as_u64));
-    let global = template
-        .root
-        .get("Globals")
-        .and_then(|g| g.get("Function"))
-        .and_then(|f| f.get("Timeout"))
-        .and_then(Yaml::as_u64);
-    let seconds = own
-        .or(global)
+    let seconds = template
+        .function_property(functions::CLAIM, "Timeout")
+        .as_ref()
+        .and_then(Yaml::as_u64)
         .context("the template gives the claim function no Timeout")?;
     Ok(seconds as i64 * 1000)
 }
@@ -289,7 +279,6 @@ pub async fn poison(poison: usize, good_in_shard: usize, budget_ms: i64) -> Resu
         .filter(|id| due_shard(*id, shards) == 0)
         .collect();
 
-    let dynamodb = &local.clients.dynamodb;
     let mut items = Vec::new();
     for _ in 0..poison {
         items.push(local.put_undecodable_due_item(0, shards).await?);
@@ -302,13 +291,9 @@ pub async fn poison(poison: usize, good_in_shard: usize, budget_ms: i64) -> Resu
     let now = claim.now();
     let mut pushed_back = 0;
     for id in &items {
-        let item = dynamodb
-            .get_item()
-            .table_name(&config.execution_table)
-            .key("pk", AttributeValue::S(format!("exec#{id}")))
-            .send()
+        let item = local
+            .execution_item(*id)
             .await?
-            .item
             .context("a poison item is gone")?;
         let due: i64 = item
             .get("dueAt")

@@ -25,6 +25,9 @@ pub use stepline_stage::{
     Stack, Stage, Template,
 };
 
+/// A DynamoDB item, by attribute name.
+pub type Item = std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>;
+
 /// A provisioned stage with the example pipelines and the local runner at hand.
 pub struct LocalStack(Stage);
 
@@ -266,6 +269,20 @@ impl LocalStack {
             .send()
             .await?;
         Ok(id)
+    }
+
+    /// The raw item of execution `id`, as the sweeper reads it (decodable or not).
+    pub async fn execution_item(&self, id: uuid::Uuid) -> Result<Option<Item>> {
+        use aws_sdk_dynamodb::types::AttributeValue;
+        Ok(self
+            .clients
+            .dynamodb
+            .get_item()
+            .table_name(self.stack.table("ExecutionTable")?)
+            .key("pk", AttributeValue::S(format!("exec#{id}")))
+            .send()
+            .await?
+            .item)
     }
 
     /// Starts the runner for `bindings`.

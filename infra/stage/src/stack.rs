@@ -506,6 +506,17 @@ pub async fn queue_arn(client: &aws_sdk_sqs::Client, url: &str) -> Result<String
         .ok_or_else(|| anyhow!("no QueueArn for {url}"))
 }
 
+/// Creates a queue outside the template, with the default attributes; returns its URL and ARN.
+pub async fn create_plain_queue(
+    client: &aws_sdk_sqs::Client,
+    name: &str,
+) -> Result<(String, String)> {
+    let created = client.create_queue().queue_name(name).send().await;
+    let url = created.map_err(sdk_error)?.queue_url.context("queue url")?;
+    let arn = queue_arn(client, &url).await?;
+    Ok((url, arn))
+}
+
 /// Attributes `names` of a queue, by URL (those it has).
 pub async fn queue_attributes(
     client: &aws_sdk_sqs::Client,

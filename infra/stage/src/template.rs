@@ -69,12 +69,25 @@ impl Template {
         out
     }
 
+    /// A property every function gets unless it sets its own (Globals.Function.<key>).
+    pub fn global_function_property(&self, key: &str) -> Option<&Value> {
+        self.root.get("Globals")?.get("Function")?.get(key)
+    }
+
+    /// A property of function `logical`: its own, else the global one.
+    pub fn function_property(&self, logical: &str, key: &str) -> Option<Value> {
+        let own = self
+            .root
+            .get("Resources")?
+            .get(logical)?
+            .get("Properties")
+            .and_then(|props| props.get(key));
+        own.or_else(|| self.global_function_property(key)).cloned()
+    }
+
     /// Environment variables every function gets (Globals.Function.Environment.Variables).
     pub fn global_env(&self) -> Option<&Value> {
-        self.root
-            .get("Globals")?
-            .get("Function")?
-            .get("Environment")?
+        self.global_function_property("Environment")?
             .get("Variables")
     }
 }
