@@ -2,7 +2,7 @@
 //! and handed to `api::handle`, the function the Lambda binary runs, with the test stack's coordinator.
 //! Every test checks status codes and, for refusals, the stable error code.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use stepline::domain::{PipelineDef, Status, StepError, StepKind};
 use stepline::envelope::RequestHeader;
 use stepline::release::{Artifact, Release};
 use stepline::worker::StepFunction;
-use stepline_suite::TestStack;
+use stepline_suite::{FlakyPricing, TestStack};
 use uuid::Uuid;
 
 /// Writes per execution of the three-step pipeline without retries: the create (which launches the
@@ -123,29 +123,6 @@ impl StepFunction for Gated {
         if request.step_id == "price" {
             while !self.open.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-        OrderSteps.run(request, input).await
-    }
-}
-
-/// The order steps with `price` failing non-retryably while `failing` is set.
-struct FlakyPricing {
-    failing: AtomicBool,
-    price_runs: AtomicUsize,
-}
-
-#[async_trait]
-impl StepFunction for FlakyPricing {
-    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
-        if request.step_id == "price" {
-            self.price_runs.fetch_add(1, Ordering::SeqCst);
-            if self.failing.load(Ordering::SeqCst) {
-                return Err(StepError::new(
-                    "PRICING_DOWN",
-                    "pricing service unavailable",
-                    false,
-                ));
             }
         }
         OrderSteps.run(request, input).await
@@ -451,18 +428,11 @@ async fn a_queued_execution_is_cancelled_once() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
     let mut stack = TestStack::new("api-redrive", |_| {}).await?;
-    let steps = Arc::new(FlakyPricing {
-        failing: AtomicBool::new(true),
-        price_runs: AtomicUsize::new(0),
-    });
+    let steps = FlakyPricing::failing(false);
     stack.start(steps.clone())?;
     let id = submit(&stack, 4).await;
     // Settled: failed, and its dead-letter envelope sent (which is one more write).
-    stack
-        .wait_for(id, Duration::from_secs(60), |r| {
-            r.status.is_terminal() && r.dead_letter.as_ref().is_some_and(|d| d.sent)
-        })
-        .await?;
+    stack.wait_dead_lettered(id).await?;
 
     let failed = get(&stack, &format!("/executions/{id}")).await;
     assert_eq!(failed.status, 200);
@@ -518,7 +488,7 @@ async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
 
     let record = stack.wait_terminal(id).await?;
     assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-    assert_eq!(steps.price_runs.load(Ordering::SeqCst), 2);
+    assert_eq!(steps.price_runs(), 2);
     let result = get(&stack, &format!("/executions/{id}/result")).await;
     assert_eq!(result.status, 200);
     assert_eq!(result.body["result"]["totalCents"], 500 + 320);

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use order_worker::OrderSteps;
 use serde_json::{json, Value};
-use stepline::domain::{PipelineDef, Status, StepKind};
+use stepline::domain::{PipelineDef, Status, StepKind, Verdict};
 use stepline::envelope::{
     AwaitNotice, InteractionMessage, AWAIT_NOTICE_KIND, INTERACTION_KIND, REASON_ATTRIBUTE,
 };
 use stepline::handlers;
+use stepline::CoordinatorError;
 use stepline_suite::TestStack;
 use uuid::Uuid;
 
@@ -29,14 +30,7 @@ async fn approval_stack(prefix: &str, wait_secs: u32) -> anyhow::Result<(TestSta
         def.steps.truncate(3); // validate, approve, price
     })
     .await?;
-    let url = stack
-        .sqs()
-        .create_queue()
-        .queue_name(&notices)
-        .send()
-        .await?
-        .queue_url
-        .unwrap();
+    let url = stack.create_queue(&notices).await?.url;
     stack.start(Arc::new(OrderSteps))?;
     Ok((stack, url))
 }
@@ -49,6 +43,29 @@ async fn notice(stack: &TestStack, url: &str) -> anyhow::Result<AwaitNotice> {
     Ok(notice)
 }
 
+/// The manager's answer to execution `id`'s approval, proved with `token`.
+fn manager_answer(id: Uuid, token: &str, approve: bool, payload: Value) -> InteractionMessage {
+    InteractionMessage {
+        kind: INTERACTION_KIND.into(),
+        execution_id: id,
+        interaction: "manager".into(),
+        token: token.into(),
+        verdict: if approve {
+            Verdict::Approved
+        } else {
+            Verdict::Rejected
+        },
+        payload,
+    }
+}
+
+/// An approval through the API path that must be refused; returns the refusal.
+async fn refused_approval(stack: &TestStack, id: Uuid, token: &str) -> CoordinatorError {
+    handlers::complete_interaction(&stack.api, manager_answer(id, token, true, json!({})))
+        .await
+        .unwrap_err()
+}
+
 async fn answer(
     stack: &TestStack,
     notice: &AwaitNotice,
@@ -56,18 +73,7 @@ async fn answer(
     approve: bool,
     payload: Value,
 ) -> anyhow::Result<()> {
-    let message = InteractionMessage {
-        kind: INTERACTION_KIND.into(),
-        execution_id: notice.execution_id,
-        interaction: notice.interactions[0].id.clone(),
-        token: token.into(),
-        verdict: if approve {
-            stepline::domain::Verdict::Approved
-        } else {
-            stepline::domain::Verdict::Rejected
-        },
-        payload,
-    };
+    let message = manager_answer(notice.execution_id, token, approve, payload);
     stack
         .sqs()
         .send_message()
@@ -165,20 +171,7 @@ async fn an_unanswered_approval_fails_with_await_timeout_at_its_deadline() -> an
     );
 
     // A late answer is refused and the execution stays failed.
-    let token = notice.interactions[0].token.clone();
-    let late = handlers::complete_interaction(
-        &stack.api,
-        InteractionMessage {
-            kind: INTERACTION_KIND.into(),
-            execution_id: id,
-            interaction: "manager".into(),
-            token,
-            verdict: stepline::domain::Verdict::Approved,
-            payload: json!({}),
-        },
-    )
-    .await
-    .unwrap_err();
+    let late = refused_approval(&stack, id, &notice.interactions[0].token).await;
     assert_eq!(late.code(), "NOT_WAITING");
     Ok(())
 }
@@ -197,19 +190,7 @@ async fn a_forged_or_wrong_resume_token_is_refused() -> anyhow::Result<()> {
         Uuid::new_v4().simple().to_string(),
         other_notice.interactions[0].token.clone(),
     ] {
-        let refused = handlers::complete_interaction(
-            &stack.api,
-            InteractionMessage {
-                kind: INTERACTION_KIND.into(),
-                execution_id: id,
-                interaction: "manager".into(),
-                token,
-                verdict: stepline::domain::Verdict::Approved,
-                payload: json!({}),
-            },
-        )
-        .await
-        .unwrap_err();
+        let refused = refused_approval(&stack, id, &token).await;
         assert_eq!(refused.code(), "INVALID_TOKEN");
     }
     // Through the queue: dead-lettered with its reason.

@@ -3,15 +3,17 @@
 //! and runs the real handlers behind the local runner. Waits poll with deadlines.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use serde_json::Value;
 use stepline::adapters::SqsDeadLetterQueue;
 use stepline::config::CoordinatorConfig;
 use stepline::contract::Contract;
-use stepline::domain::{Execution, PipelineDef};
-use stepline::envelope::Identity;
+use stepline::domain::{Execution, PipelineDef, StepError};
+use stepline::envelope::{Identity, RequestHeader};
 use stepline::handlers::DeadLetterQueues;
 use stepline::release::Release;
 use stepline::worker::StepFunction;
@@ -210,6 +212,14 @@ impl TestStack {
         }
     }
 
+    /// Waits until the execution has ended and its dead-letter envelope is sent (one more write).
+    pub async fn wait_dead_lettered(&self, id: Uuid) -> Result<Execution> {
+        self.wait_for(id, Duration::from_secs(60), |r| {
+            r.status.is_terminal() && r.dead_letter.as_ref().is_some_and(|d| d.sent)
+        })
+        .await
+    }
+
     pub async fn wait_terminal(&self, id: Uuid) -> Result<Execution> {
         self.wait_for(id, Duration::from_secs(60), |r| r.status.is_terminal())
             .await
@@ -303,6 +313,45 @@ impl TestStack {
             queue("ReplyDeadLetterQueue")?,
             queue("StartDeadLetterQueue")?,
         ]))
+    }
+}
+
+/// The order steps with `price` failing (with `retryable` errors) while `failing` is set.
+pub struct FlakyPricing {
+    pub failing: AtomicBool,
+    pub retryable: bool,
+    pub price_runs: AtomicUsize,
+}
+
+impl FlakyPricing {
+    /// Failing from the start.
+    pub fn failing(retryable: bool) -> Arc<Self> {
+        Arc::new(Self {
+            failing: AtomicBool::new(true),
+            retryable,
+            price_runs: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn price_runs(&self) -> usize {
+        self.price_runs.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl StepFunction for FlakyPricing {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        if request.step_id == "price" {
+            self.price_runs.fetch_add(1, Ordering::SeqCst);
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(StepError::new(
+                    "PRICING_DOWN",
+                    "pricing service unavailable",
+                    self.retryable,
+                ));
+            }
+        }
+        order_worker::OrderSteps.run(request, input).await
     }
 }
 
