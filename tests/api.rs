@@ -89,6 +89,13 @@ async fn post(stack: &TestStack, path: &str, body: Value) -> Answer {
     call_raw(stack, "POST", path, &body.to_string()).await
 }
 
+/// Posts each (path, body) in order and asserts that each is refused with its status and code.
+async fn refused_posts(stack: &TestStack, refusals: Vec<(&str, Value, u16, &str)>) {
+    for (path, body, status, code) in refusals {
+        post(stack, path, body).await.refused(status, code);
+    }
+}
+
 fn submission(stack: &TestStack, n: usize, key: Option<&str>) -> Value {
     let mut body = json!({
         "pipelineId": stack.pipeline.pipeline_id,
@@ -286,20 +293,25 @@ async fn malformed_and_unknown_requests_are_refused_with_stable_codes() -> anyho
     post(&stack, "/executions", empty_tenant)
         .await
         .refused(400, "INVALID_REQUEST");
-    post(
+    let redrive = format!("/executions/{unknown}/redrive");
+    refused_posts(
         &stack,
-        &format!("/executions/{unknown}/redrive"),
-        json!({"reason": "no version"}),
+        vec![
+            (
+                &redrive,
+                json!({"reason": "no version"}),
+                400,
+                "INVALID_BODY",
+            ),
+            (
+                &redrive,
+                json!({"expectedVersion": -1, "reason": "negative"}),
+                400,
+                "INVALID_BODY",
+            ),
+        ],
     )
-    .await
-    .refused(400, "INVALID_BODY");
-    post(
-        &stack,
-        &format!("/executions/{unknown}/redrive"),
-        json!({"expectedVersion": -1, "reason": "negative"}),
-    )
-    .await
-    .refused(400, "INVALID_BODY");
+    .await;
 
     // Releases and pipelines that do not exist.
     let mut unknown_release = submission(&stack, 1, None);
@@ -338,27 +350,18 @@ async fn malformed_and_unknown_requests_are_refused_with_stable_codes() -> anyho
     ] {
         get(&stack, &path).await.refused(404, "NOT_FOUND");
     }
-    post(
-        &stack,
-        &format!("/executions/{unknown}/cancel"),
-        json!({"reason": "gone"}),
-    )
-    .await
-    .refused(404, "NOT_FOUND");
-    post(
-        &stack,
-        &format!("/executions/{unknown}/redrive"),
-        json!({"expectedVersion": 3, "reason": "gone"}),
-    )
-    .await
-    .refused(404, "NOT_FOUND");
-    post(
-        &stack,
-        &format!("/executions/{unknown}/interactions/approval"),
-        json!({"token": "t", "verdict": "APPROVED"}),
-    )
-    .await
-    .refused(404, "NOT_FOUND");
+    for (route, body) in [
+        ("cancel", json!({"reason": "gone"})),
+        ("redrive", json!({"expectedVersion": 3, "reason": "gone"})),
+        (
+            "interactions/approval",
+            json!({"token": "t", "verdict": "APPROVED"}),
+        ),
+    ] {
+        post(&stack, &format!("/executions/{unknown}/{route}"), body)
+            .await
+            .refused(404, "NOT_FOUND");
+    }
 
     // Routes and methods.
     for path in ["/", "/nowhere", "/executions/a/b/c/d", "/pipelines/orders"] {
@@ -378,23 +381,17 @@ async fn a_queued_execution_is_cancelled_once() -> anyhow::Result<()> {
     // No runner: the execution stays queued.
     let stack = TestStack::new("api-cancel", |_| {}).await?;
     let id = submit(&stack, 2).await;
+    let cancel = format!("/executions/{id}/cancel");
 
-    post(
+    refused_posts(
         &stack,
-        &format!("/executions/{id}/cancel"),
-        json!({"reason": " "}),
-    )
-    .await
-    .refused(400, "INVALID_REQUEST");
-    post(&stack, &format!("/executions/{id}/cancel"), json!({}))
-        .await
-        .refused(400, "INVALID_BODY");
-    let cancelled = post(
-        &stack,
-        &format!("/executions/{id}/cancel"),
-        json!({"reason": "customer withdrew"}),
+        vec![
+            (&cancel, json!({"reason": " "}), 400, "INVALID_REQUEST"),
+            (&cancel, json!({}), 400, "INVALID_BODY"),
+        ],
     )
     .await;
+    let cancelled = post(&stack, &cancel, json!({"reason": "customer withdrew"})).await;
     assert_eq!(cancelled.status, 200, "{}", cancelled.body);
     assert_eq!(cancelled.body["executionId"], id.to_string());
     assert_eq!(cancelled.body["status"], "CANCELLED");
@@ -408,20 +405,20 @@ async fn a_queued_execution_is_cancelled_once() -> anyhow::Result<()> {
     get(&stack, &format!("/executions/{id}/result"))
         .await
         .refused(409, "NOT_SUCCEEDED");
-    post(
+    let redrive = format!("/executions/{id}/redrive");
+    refused_posts(
         &stack,
-        &format!("/executions/{id}/cancel"),
-        json!({"reason": "twice"}),
+        vec![
+            (&cancel, json!({"reason": "twice"}), 409, "ALREADY_TERMINAL"),
+            (
+                &redrive,
+                json!({"expectedVersion": 2, "reason": "cancelled is not failed"}),
+                409,
+                "NOT_REDRIVABLE",
+            ),
+        ],
     )
-    .await
-    .refused(409, "ALREADY_TERMINAL");
-    post(
-        &stack,
-        &format!("/executions/{id}/redrive"),
-        json!({"expectedVersion": 2, "reason": "cancelled is not failed"}),
-    )
-    .await
-    .refused(409, "NOT_REDRIVABLE");
+    .await;
     Ok(())
 }
 
@@ -447,20 +444,24 @@ async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
         .refused(409, "NOT_SUCCEEDED");
 
     let path = format!("/executions/{id}/redrive");
-    post(
+    refused_posts(
         &stack,
-        &path,
-        json!({"expectedVersion": version - 1, "reason": "stale view"}),
+        vec![
+            (
+                &path,
+                json!({"expectedVersion": version - 1, "reason": "stale view"}),
+                409,
+                "VERSION_CONFLICT",
+            ),
+            (
+                &path,
+                json!({"expectedVersion": version, "reason": ""}),
+                400,
+                "INVALID_REQUEST",
+            ),
+        ],
     )
-    .await
-    .refused(409, "VERSION_CONFLICT");
-    post(
-        &stack,
-        &path,
-        json!({"expectedVersion": version, "reason": ""}),
-    )
-    .await
-    .refused(400, "INVALID_REQUEST");
+    .await;
     assert_eq!(
         stack.api.get(id).await?.version,
         version,
