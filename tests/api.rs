@@ -12,11 +12,11 @@ use async_trait::async_trait;
 use order_worker::OrderSteps;
 use serde_json::{json, Value};
 use stepline::contract::Contract;
-use stepline::domain::{PipelineDef, Status, StepError, StepKind};
+use stepline::domain::{PipelineDef, Status, StepError};
 use stepline::envelope::RequestHeader;
 use stepline::release::{Artifact, Release};
 use stepline::worker::StepFunction;
-use stepline_suite::{FlakyPricing, TestStack};
+use stepline_suite::TestStack;
 use uuid::Uuid;
 
 /// Writes per execution of the three-step pipeline without retries: the create (which launches the
@@ -424,9 +424,7 @@ async fn a_queued_execution_is_cancelled_once() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
-    let mut stack = TestStack::new("api-redrive", |_| {}).await?;
-    let steps = FlakyPricing::failing(false);
-    stack.start(steps.clone())?;
+    let (stack, steps) = TestStack::with_failing_pricing("api-redrive", false, |_| {}).await?;
     let id = submit(&stack, 4).await;
     // Settled: failed, and its dead-letter envelope sent (which is one more write).
     stack.wait_dead_lettered(id).await?;
@@ -638,34 +636,10 @@ async fn releases_are_registered_once_and_activated_by_version() -> anyhow::Resu
     Ok(())
 }
 
-/// validate -> approve (await, interaction `manager`) -> price; the approval notice goes to a queue of
-/// its own (nobody reads it: the test finds the token through the API).
-async fn approval_stack(prefix: &str) -> anyhow::Result<TestStack> {
-    let notices = format!("stepline-{}-approvals", Uuid::new_v4().simple());
-    let mut stack = TestStack::new(prefix, |def: &mut PipelineDef| {
-        let mut approve = def.steps[0].clone();
-        approve.id = "approve".into();
-        approve.kind = StepKind::Await;
-        approve.queue = notices.clone();
-        approve.timeout_secs = 600;
-        approve.interactions = vec!["manager".into()];
-        def.steps.insert(1, approve);
-        def.steps.truncate(3);
-    })
-    .await?;
-    stack
-        .sqs()
-        .create_queue()
-        .queue_name(&notices)
-        .send()
-        .await?;
-    stack.start(Arc::new(OrderSteps))?;
-    Ok(stack)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interactions_are_listed_and_completed_once() -> anyhow::Result<()> {
-    let stack = approval_stack("api-await").await?;
+    // The approval notice goes to a queue nobody reads: the test finds the token through the API.
+    let (stack, _) = TestStack::with_approval("api-await", 600).await?;
     let id = submit(&stack, 1).await;
     let interactions = format!("/executions/{id}/interactions");
     let none = get(&stack, &interactions).await;

@@ -2,12 +2,10 @@
 //! priced. The test plays the manager: it reads the await notice from the notice queue and answers on
 //! the queue the notice names.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use order_worker::OrderSteps;
 use serde_json::{json, Value};
-use stepline::domain::{PipelineDef, Status, StepKind, Verdict};
+use stepline::domain::{Status, Verdict};
 use stepline::envelope::{
     AwaitNotice, InteractionMessage, AWAIT_NOTICE_KIND, INTERACTION_KIND, REASON_ATTRIBUTE,
 };
@@ -15,25 +13,6 @@ use stepline::handlers;
 use stepline::CoordinatorError;
 use stepline_suite::TestStack;
 use uuid::Uuid;
-
-/// validate -> approve (await) -> price, with the approval notice on a queue of its own.
-async fn approval_stack(prefix: &str, wait_secs: u32) -> anyhow::Result<(TestStack, String)> {
-    let notices = format!("stepline-{}-approvals", uuid::Uuid::new_v4().simple());
-    let mut stack = TestStack::new(prefix, |def: &mut PipelineDef| {
-        let mut approve = def.steps[0].clone();
-        approve.id = "approve".into();
-        approve.kind = StepKind::Await;
-        approve.queue = notices.clone();
-        approve.timeout_secs = wait_secs;
-        approve.interactions = vec!["manager".into()];
-        def.steps.insert(1, approve);
-        def.steps.truncate(3); // validate, approve, price
-    })
-    .await?;
-    let url = stack.create_queue(&notices).await?.url;
-    stack.start(Arc::new(OrderSteps))?;
-    Ok((stack, url))
-}
 
 async fn notice(stack: &TestStack, url: &str) -> anyhow::Result<AwaitNotice> {
     let messages = stack.receive_from(url, Duration::from_secs(30)).await?;
@@ -87,7 +66,7 @@ async fn answer(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_resumes_the_execution_and_a_second_one_changes_nothing() -> anyhow::Result<()>
 {
-    let (stack, notices) = approval_stack("e2e-approve", 600).await?;
+    let (stack, notices) = TestStack::with_approval("e2e-approve", 600).await?;
     let id = stack.submit(order_worker::sample_order(1)).await?;
 
     let notice = notice(&stack, &notices).await?;
@@ -130,7 +109,7 @@ async fn an_approval_resumes_the_execution_and_a_second_one_changes_nothing() ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejection_fails_the_execution_with_its_reason() -> anyhow::Result<()> {
-    let (stack, notices) = approval_stack("e2e-reject", 600).await?;
+    let (stack, notices) = TestStack::with_approval("e2e-reject", 600).await?;
     let id = stack.submit(order_worker::sample_order(2)).await?;
     let notice = notice(&stack, &notices).await?;
     let token = notice.interactions[0].token.clone();
@@ -158,7 +137,7 @@ async fn a_rejection_fails_the_execution_with_its_reason() -> anyhow::Result<()>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unanswered_approval_fails_with_await_timeout_at_its_deadline() -> anyhow::Result<()> {
-    let (stack, notices) = approval_stack("e2e-timeout", 2).await?;
+    let (stack, notices) = TestStack::with_approval("e2e-timeout", 2).await?;
     let id = stack.submit(order_worker::sample_order(3)).await?;
     let notice = notice(&stack, &notices).await?;
 
@@ -178,7 +157,7 @@ async fn an_unanswered_approval_fails_with_await_timeout_at_its_deadline() -> an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_or_wrong_resume_token_is_refused() -> anyhow::Result<()> {
-    let (stack, notices) = approval_stack("e2e-forge", 600).await?;
+    let (stack, notices) = TestStack::with_approval("e2e-forge", 600).await?;
     let id = stack.submit(order_worker::sample_order(4)).await?;
     let notice = notice(&stack, &notices).await?;
     let other = stack.submit(order_worker::sample_order(5)).await?;

@@ -21,8 +21,8 @@ use stepline::handlers::{
 use stepline::ports::{MessageSender, OutMessage, SendError};
 use stepline::worker::{StepFunction, Worker};
 use stepline::SubmitRequest;
-use stepline_local::{functions, Binding};
-use stepline_suite::{wait_until, FlakyPricing, TestStack};
+use stepline_local::functions;
+use stepline_suite::{wait_until, TestStack};
 use uuid::Uuid;
 
 /// Writes per execution of the three-step pipeline without retries: the create (which launches the
@@ -96,13 +96,7 @@ async fn duplicated_replies_do_not_advance_an_execution_twice() -> anyhow::Resul
         sender.clone(),
         Arc::new(OrderSteps),
     ));
-    stack.start_with(Binding::Sqs {
-        function: functions::ORDER_WORKER.into(),
-        handler: Arc::new(move |event| {
-            let worker = worker.clone();
-            Box::pin(async move { worker.handle(event).await })
-        }),
-    })?;
+    stack.start_worker(worker)?;
     let id = stack.submit(order_worker::sample_order(2)).await?;
 
     let record = stack.wait_terminal(id).await?;
@@ -153,7 +147,7 @@ async fn duplicated_replies_do_not_advance_an_execution_twice() -> anyhow::Resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Result<()> {
-    let mut stack = TestStack::new("e2e-retry", |def| {
+    let (stack, steps) = TestStack::with_failing_pricing("e2e-retry", true, |def| {
         for step in &mut def.steps {
             step.retry.max_attempts = 3;
             step.retry.initial_delay_ms = 200;
@@ -161,8 +155,6 @@ async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Resul
         }
     })
     .await?;
-    let steps = FlakyPricing::failing(true);
-    stack.start(steps.clone())?;
     let id = stack.submit(order_worker::sample_order(3)).await?;
 
     let record = stack.wait_dead_lettered(id).await?;
@@ -195,9 +187,7 @@ async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redrive_runs_a_failed_execution_to_success_once_the_fault_is_gone() -> anyhow::Result<()> {
-    let mut stack = TestStack::new("e2e-redrive", |_| {}).await?;
-    let steps = FlakyPricing::failing(false);
-    stack.start(steps.clone())?;
+    let (stack, steps) = TestStack::with_failing_pricing("e2e-redrive", false, |_| {}).await?;
     let id = stack.submit(order_worker::sample_order(4)).await?;
     // Settled: failed, and its dead-letter envelope sent (which is one more write).
     let failed = stack.wait_dead_lettered(id).await?;
@@ -414,9 +404,7 @@ async fn a_cancelled_execution_launches_nothing_more_and_ignores_a_late_reply() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_replay_filters_dry_runs_and_redrives_from_the_execution_dlq() -> anyhow::Result<()> {
-    let mut stack = TestStack::new("e2e-replay", |_| {}).await?;
-    let steps = FlakyPricing::failing(false);
-    stack.start(steps.clone())?;
+    let (stack, steps) = TestStack::with_failing_pricing("e2e-replay", false, |_| {}).await?;
     let mut ids = Vec::new();
     for (n, tenant) in ["acme", "acme", "globex"].into_iter().enumerate() {
         let submitted = stack
@@ -632,13 +620,7 @@ async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Re
         divert: AtomicBool::new(true),
     });
     let worker = Arc::new(Worker::new(stack.identity(), sender, Arc::new(OrderSteps)));
-    stack.start_with(Binding::Sqs {
-        function: functions::ORDER_WORKER.into(),
-        handler: Arc::new(move |event| {
-            let worker = worker.clone();
-            Box::pin(async move { worker.handle(event).await })
-        }),
-    })?;
+    stack.start_worker(worker)?;
     let id = stack.submit(order_worker::sample_order(7)).await?;
     // The first reply is parked in the DLQ: the execution waits at step 0.
     wait_until(Duration::from_secs(30), || async {

@@ -12,11 +12,11 @@ use serde_json::Value;
 use stepline::adapters::SqsDeadLetterQueue;
 use stepline::config::CoordinatorConfig;
 use stepline::contract::Contract;
-use stepline::domain::{Execution, PipelineDef, StepError};
+use stepline::domain::{Execution, PipelineDef, StepDef, StepError, StepKind};
 use stepline::envelope::{Identity, RequestHeader};
 use stepline::handlers::DeadLetterQueues;
 use stepline::release::Release;
-use stepline::worker::StepFunction;
+use stepline::worker::{StepFunction, Worker};
 use stepline::{Coordinator, SubmitRequest};
 use stepline_local::{
     fresh_stage, functions, Binding, LocalStack, Runner, RunnerOptions, ShiftedClock,
@@ -97,6 +97,34 @@ impl TestStack {
         })
     }
 
+    /// validate -> approve (await, `wait_secs`, interaction `manager`) -> price, with the approval notice
+    /// on a queue of its own, running the order steps. Returns the stack and the notice queue's URL.
+    pub async fn with_approval(prefix: &str, wait_secs: u32) -> Result<(Self, String)> {
+        let notices = format!("stepline-{}-approvals", Uuid::new_v4().simple());
+        let mut stack = Self::new(prefix, |def| {
+            let mut approve = await_step(def, "approve", &notices, vec!["manager".into()]);
+            approve.timeout_secs = wait_secs;
+            def.steps.insert(1, approve);
+            def.steps.truncate(3); // validate, approve, price
+        })
+        .await?;
+        let url = stack.create_queue(&notices).await?.url;
+        stack.start(Arc::new(order_worker::OrderSteps))?;
+        Ok((stack, url))
+    }
+
+    /// A stack whose `price` step fails (with `retryable` errors) until told otherwise, running.
+    pub async fn with_failing_pricing(
+        prefix: &str,
+        retryable: bool,
+        tune: impl FnOnce(&mut PipelineDef),
+    ) -> Result<(Self, Arc<FlakyPricing>)> {
+        let mut stack = Self::new(prefix, tune).await?;
+        let steps = FlakyPricing::failing(retryable);
+        stack.start(steps.clone())?;
+        Ok((stack, steps))
+    }
+
     /// Runs the coordinator functions and the order worker function with `steps`.
     pub fn start(&mut self, steps: Arc<dyn StepFunction>) -> Result<()> {
         let worker = self.local.worker_binding(
@@ -121,6 +149,14 @@ impl TestStack {
         let mut bindings = self.local.coordinator_bindings()?;
         bindings.push(worker);
         self.start_bindings(bindings)
+    }
+
+    /// Runs the coordinator functions and `worker` as the order worker function.
+    pub fn start_worker(&mut self, worker: Arc<Worker>) -> Result<()> {
+        self.start_with(Binding::Sqs {
+            function: functions::ORDER_WORKER.into(),
+            handler: stepline_local::worker_handler(worker),
+        })
     }
 
     /// Runs exactly the given bindings.
@@ -313,6 +349,18 @@ impl TestStack {
             queue("ReplyDeadLetterQueue")?,
             queue("StartDeadLetterQueue")?,
         ]))
+    }
+}
+
+/// An await step with the settings of the pipeline's first step, announced on `queue`, waiting on
+/// `interactions`.
+pub fn await_step(def: &PipelineDef, id: &str, queue: &str, interactions: Vec<String>) -> StepDef {
+    StepDef {
+        id: id.into(),
+        kind: StepKind::Await,
+        queue: queue.into(),
+        interactions,
+        ..def.steps[0].clone()
     }
 }
 
