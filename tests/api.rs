@@ -2,7 +2,7 @@
 //! and handed to `stepline::http::handle`, the function the Lambda binary runs, with the test stack's coordinator.
 //! Every test checks status codes and, for refusals, the stable error code.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use order_worker::OrderSteps;
 use serde_json::{json, Value};
 use stepline::contract::Contract;
-use stepline::domain::{PipelineDef, Status, StepError, StepKind};
+use stepline::domain::{PipelineDef, Status, StepError};
 use stepline::envelope::RequestHeader;
 use stepline::http::lambda_http::http::{self, header, HeaderMap};
 use stepline::http::lambda_http::{Body, Request};
@@ -89,6 +89,13 @@ async fn post(stack: &TestStack, path: &str, body: Value) -> Answer {
     call_raw(stack, "POST", path, &body.to_string()).await
 }
 
+/// Posts each (path, body) in order and asserts that each is refused with its status and code.
+async fn refused_posts(stack: &TestStack, refusals: Vec<(&str, Value, u16, &str)>) {
+    for (path, body, status, code) in refusals {
+        post(stack, path, body).await.refused(status, code);
+    }
+}
+
 fn submission(stack: &TestStack, n: usize, key: Option<&str>) -> Value {
     let mut body = json!({
         "pipelineId": stack.pipeline.pipeline_id,
@@ -123,29 +130,6 @@ impl StepFunction for Gated {
         if request.step_id == "price" {
             while !self.open.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-        OrderSteps.run(request, input).await
-    }
-}
-
-/// The order steps with `price` failing non-retryably while `failing` is set.
-struct FlakyPricing {
-    failing: AtomicBool,
-    price_runs: AtomicUsize,
-}
-
-#[async_trait]
-impl StepFunction for FlakyPricing {
-    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
-        if request.step_id == "price" {
-            self.price_runs.fetch_add(1, Ordering::SeqCst);
-            if self.failing.load(Ordering::SeqCst) {
-                return Err(StepError::new(
-                    "PRICING_DOWN",
-                    "pricing service unavailable",
-                    false,
-                ));
             }
         }
         OrderSteps.run(request, input).await
@@ -309,20 +293,25 @@ async fn malformed_and_unknown_requests_are_refused_with_stable_codes() -> anyho
     post(&stack, "/executions", empty_tenant)
         .await
         .refused(400, "INVALID_REQUEST");
-    post(
+    let redrive = format!("/executions/{unknown}/redrive");
+    refused_posts(
         &stack,
-        &format!("/executions/{unknown}/redrive"),
-        json!({"reason": "no version"}),
+        vec![
+            (
+                &redrive,
+                json!({"reason": "no version"}),
+                400,
+                "INVALID_BODY",
+            ),
+            (
+                &redrive,
+                json!({"expectedVersion": -1, "reason": "negative"}),
+                400,
+                "INVALID_BODY",
+            ),
+        ],
     )
-    .await
-    .refused(400, "INVALID_BODY");
-    post(
-        &stack,
-        &format!("/executions/{unknown}/redrive"),
-        json!({"expectedVersion": -1, "reason": "negative"}),
-    )
-    .await
-    .refused(400, "INVALID_BODY");
+    .await;
 
     // Releases and pipelines that do not exist.
     let mut unknown_release = submission(&stack, 1, None);
@@ -361,27 +350,18 @@ async fn malformed_and_unknown_requests_are_refused_with_stable_codes() -> anyho
     ] {
         get(&stack, &path).await.refused(404, "NOT_FOUND");
     }
-    post(
-        &stack,
-        &format!("/executions/{unknown}/cancel"),
-        json!({"reason": "gone"}),
-    )
-    .await
-    .refused(404, "NOT_FOUND");
-    post(
-        &stack,
-        &format!("/executions/{unknown}/redrive"),
-        json!({"expectedVersion": 3, "reason": "gone"}),
-    )
-    .await
-    .refused(404, "NOT_FOUND");
-    post(
-        &stack,
-        &format!("/executions/{unknown}/interactions/approval"),
-        json!({"token": "t", "verdict": "APPROVED"}),
-    )
-    .await
-    .refused(404, "NOT_FOUND");
+    for (route, body) in [
+        ("cancel", json!({"reason": "gone"})),
+        ("redrive", json!({"expectedVersion": 3, "reason": "gone"})),
+        (
+            "interactions/approval",
+            json!({"token": "t", "verdict": "APPROVED"}),
+        ),
+    ] {
+        post(&stack, &format!("/executions/{unknown}/{route}"), body)
+            .await
+            .refused(404, "NOT_FOUND");
+    }
 
     // Routes and methods.
     for path in ["/", "/nowhere", "/executions/a/b/c/d", "/pipelines/orders"] {
@@ -401,23 +381,17 @@ async fn a_queued_execution_is_cancelled_once() -> anyhow::Result<()> {
     // No runner: the execution stays queued.
     let stack = TestStack::new("api-cancel", |_| {}).await?;
     let id = submit(&stack, 2).await;
+    let cancel = format!("/executions/{id}/cancel");
 
-    post(
+    refused_posts(
         &stack,
-        &format!("/executions/{id}/cancel"),
-        json!({"reason": " "}),
-    )
-    .await
-    .refused(400, "INVALID_REQUEST");
-    post(&stack, &format!("/executions/{id}/cancel"), json!({}))
-        .await
-        .refused(400, "INVALID_BODY");
-    let cancelled = post(
-        &stack,
-        &format!("/executions/{id}/cancel"),
-        json!({"reason": "customer withdrew"}),
+        vec![
+            (&cancel, json!({"reason": " "}), 400, "INVALID_REQUEST"),
+            (&cancel, json!({}), 400, "INVALID_BODY"),
+        ],
     )
     .await;
+    let cancelled = post(&stack, &cancel, json!({"reason": "customer withdrew"})).await;
     assert_eq!(cancelled.status, 200, "{}", cancelled.body);
     assert_eq!(cancelled.body["executionId"], id.to_string());
     assert_eq!(cancelled.body["status"], "CANCELLED");
@@ -431,38 +405,29 @@ async fn a_queued_execution_is_cancelled_once() -> anyhow::Result<()> {
     get(&stack, &format!("/executions/{id}/result"))
         .await
         .refused(409, "NOT_SUCCEEDED");
-    post(
+    let redrive = format!("/executions/{id}/redrive");
+    refused_posts(
         &stack,
-        &format!("/executions/{id}/cancel"),
-        json!({"reason": "twice"}),
+        vec![
+            (&cancel, json!({"reason": "twice"}), 409, "ALREADY_TERMINAL"),
+            (
+                &redrive,
+                json!({"expectedVersion": 2, "reason": "cancelled is not failed"}),
+                409,
+                "NOT_REDRIVABLE",
+            ),
+        ],
     )
-    .await
-    .refused(409, "ALREADY_TERMINAL");
-    post(
-        &stack,
-        &format!("/executions/{id}/redrive"),
-        json!({"expectedVersion": 2, "reason": "cancelled is not failed"}),
-    )
-    .await
-    .refused(409, "NOT_REDRIVABLE");
+    .await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
-    let mut stack = TestStack::new("api-redrive", |_| {}).await?;
-    let steps = Arc::new(FlakyPricing {
-        failing: AtomicBool::new(true),
-        price_runs: AtomicUsize::new(0),
-    });
-    stack.start(steps.clone())?;
+    let (stack, steps) = TestStack::with_failing_pricing("api-redrive", false, |_| {}).await?;
     let id = submit(&stack, 4).await;
     // Settled: failed, and its dead-letter envelope sent (which is one more write).
-    stack
-        .wait_for(id, Duration::from_secs(60), |r| {
-            r.status.is_terminal() && r.dead_letter.as_ref().is_some_and(|d| d.sent)
-        })
-        .await?;
+    stack.wait_dead_lettered(id).await?;
 
     let failed = get(&stack, &format!("/executions/{id}")).await;
     assert_eq!(failed.status, 200);
@@ -477,20 +442,24 @@ async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
         .refused(409, "NOT_SUCCEEDED");
 
     let path = format!("/executions/{id}/redrive");
-    post(
+    refused_posts(
         &stack,
-        &path,
-        json!({"expectedVersion": version - 1, "reason": "stale view"}),
+        vec![
+            (
+                &path,
+                json!({"expectedVersion": version - 1, "reason": "stale view"}),
+                409,
+                "VERSION_CONFLICT",
+            ),
+            (
+                &path,
+                json!({"expectedVersion": version, "reason": ""}),
+                400,
+                "INVALID_REQUEST",
+            ),
+        ],
     )
-    .await
-    .refused(409, "VERSION_CONFLICT");
-    post(
-        &stack,
-        &path,
-        json!({"expectedVersion": version, "reason": ""}),
-    )
-    .await
-    .refused(400, "INVALID_REQUEST");
+    .await;
     assert_eq!(
         stack.api.get(id).await?.version,
         version,
@@ -518,7 +487,7 @@ async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
 
     let record = stack.wait_terminal(id).await?;
     assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-    assert_eq!(steps.price_runs.load(Ordering::SeqCst), 2);
+    assert_eq!(steps.price_runs(), 2);
     let result = get(&stack, &format!("/executions/{id}/result")).await;
     assert_eq!(result.status, 200);
     assert_eq!(result.body["result"]["totalCents"], 500 + 320);
@@ -667,34 +636,10 @@ async fn releases_are_registered_once_and_activated_by_version() -> anyhow::Resu
     Ok(())
 }
 
-/// validate -> approve (await, interaction `manager`) -> price; the approval notice goes to a queue of
-/// its own (nobody reads it: the test finds the token through the API).
-async fn approval_stack(prefix: &str) -> anyhow::Result<TestStack> {
-    let notices = format!("stepline-{}-approvals", Uuid::new_v4().simple());
-    let mut stack = TestStack::new(prefix, |def: &mut PipelineDef| {
-        let mut approve = def.steps[0].clone();
-        approve.id = "approve".into();
-        approve.kind = StepKind::Await;
-        approve.queue = notices.clone();
-        approve.timeout_secs = 600;
-        approve.interactions = vec!["manager".into()];
-        def.steps.insert(1, approve);
-        def.steps.truncate(3);
-    })
-    .await?;
-    stack
-        .sqs()
-        .create_queue()
-        .queue_name(&notices)
-        .send()
-        .await?;
-    stack.start(Arc::new(OrderSteps))?;
-    Ok(stack)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interactions_are_listed_and_completed_once() -> anyhow::Result<()> {
-    let stack = approval_stack("api-await").await?;
+    // The approval notice goes to a queue nobody reads: the test finds the token through the API.
+    let (stack, _) = TestStack::with_approval("api-await", 600).await?;
     let id = submit(&stack, 1).await;
     let interactions = format!("/executions/{id}/interactions");
     let none = get(&stack, &interactions).await;

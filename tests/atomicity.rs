@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use futures_util::future::join_all;
 use serde_json::json;
-use stepline::domain::{Incident, PipelineDef, Status, StepKind, Verdict};
+use stepline::domain::{Incident, PipelineDef, Status, Verdict};
 use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
 use stepline::handlers;
-use stepline_suite::TestStack;
+use stepline_suite::{await_step, TestStack};
 
 /// A value of many small nested fields, as a parent with many interactions holds: the emulator spends
 /// real time on each such write, which is what opens the window between its condition check and its
@@ -75,20 +75,11 @@ async fn interactions_completed_at_once_are_all_recorded() -> anyhow::Result<()>
     const INTERACTIONS: usize = 8;
     let notices = format!("stepline-{}-gather", uuid::Uuid::new_v4().simple());
     let stack = TestStack::new("atomic-gather", |def: &mut PipelineDef| {
-        let mut gather = def.steps[0].clone();
-        gather.id = "gather".into();
-        gather.kind = StepKind::Await;
-        gather.queue = notices.clone();
-        gather.interactions = (0..INTERACTIONS).map(|i| format!("item-{i}")).collect();
-        def.steps = vec![gather];
+        let items = (0..INTERACTIONS).map(|i| format!("item-{i}")).collect();
+        def.steps = vec![await_step(def, "gather", &notices, items)];
     })
     .await?;
-    stack
-        .sqs()
-        .create_queue()
-        .queue_name(&notices)
-        .send()
-        .await?;
+    stack.create_queue(&notices).await?;
     let api = Arc::new(stack.api);
     for round in 0..10 {
         let id = {

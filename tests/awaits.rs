@@ -2,44 +2,17 @@
 //! priced. The test plays the manager: it reads the await notice from the notice queue and answers on
 //! the queue the notice names.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use order_worker::OrderSteps;
 use serde_json::{json, Value};
-use stepline::domain::{PipelineDef, Status, StepKind};
+use stepline::domain::{Status, Verdict};
 use stepline::envelope::{
     AwaitNotice, InteractionMessage, AWAIT_NOTICE_KIND, INTERACTION_KIND, REASON_ATTRIBUTE,
 };
 use stepline::handlers;
+use stepline::CoordinatorError;
 use stepline_suite::TestStack;
 use uuid::Uuid;
-
-/// validate -> approve (await) -> price, with the approval notice on a queue of its own.
-async fn approval_stack(prefix: &str, wait_secs: u32) -> anyhow::Result<(TestStack, String)> {
-    let notices = format!("stepline-{}-approvals", uuid::Uuid::new_v4().simple());
-    let mut stack = TestStack::new(prefix, |def: &mut PipelineDef| {
-        let mut approve = def.steps[0].clone();
-        approve.id = "approve".into();
-        approve.kind = StepKind::Await;
-        approve.queue = notices.clone();
-        approve.timeout_secs = wait_secs;
-        approve.interactions = vec!["manager".into()];
-        def.steps.insert(1, approve);
-        def.steps.truncate(3); // validate, approve, price
-    })
-    .await?;
-    let url = stack
-        .sqs()
-        .create_queue()
-        .queue_name(&notices)
-        .send()
-        .await?
-        .queue_url
-        .unwrap();
-    stack.start(Arc::new(OrderSteps))?;
-    Ok((stack, url))
-}
 
 async fn notice(stack: &TestStack, url: &str) -> anyhow::Result<AwaitNotice> {
     let messages = stack.receive_from(url, Duration::from_secs(30)).await?;
@@ -49,6 +22,29 @@ async fn notice(stack: &TestStack, url: &str) -> anyhow::Result<AwaitNotice> {
     Ok(notice)
 }
 
+/// The manager's answer to execution `id`'s approval, proved with `token`.
+fn manager_answer(id: Uuid, token: &str, approve: bool, payload: Value) -> InteractionMessage {
+    InteractionMessage {
+        kind: INTERACTION_KIND.into(),
+        execution_id: id,
+        interaction: "manager".into(),
+        token: token.into(),
+        verdict: if approve {
+            Verdict::Approved
+        } else {
+            Verdict::Rejected
+        },
+        payload,
+    }
+}
+
+/// An approval through the API path that must be refused; returns the refusal.
+async fn refused_approval(stack: &TestStack, id: Uuid, token: &str) -> CoordinatorError {
+    handlers::complete_interaction(&stack.api, manager_answer(id, token, true, json!({})))
+        .await
+        .unwrap_err()
+}
+
 async fn answer(
     stack: &TestStack,
     notice: &AwaitNotice,
@@ -56,18 +52,7 @@ async fn answer(
     approve: bool,
     payload: Value,
 ) -> anyhow::Result<()> {
-    let message = InteractionMessage {
-        kind: INTERACTION_KIND.into(),
-        execution_id: notice.execution_id,
-        interaction: notice.interactions[0].id.clone(),
-        token: token.into(),
-        verdict: if approve {
-            stepline::domain::Verdict::Approved
-        } else {
-            stepline::domain::Verdict::Rejected
-        },
-        payload,
-    };
+    let message = manager_answer(notice.execution_id, token, approve, payload);
     stack
         .sqs()
         .send_message()
@@ -81,7 +66,7 @@ async fn answer(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_resumes_the_execution_and_a_second_one_changes_nothing() -> anyhow::Result<()>
 {
-    let (stack, notices) = approval_stack("e2e-approve", 600).await?;
+    let (stack, notices) = TestStack::with_approval("e2e-approve", 600).await?;
     let id = stack.submit(order_worker::sample_order(1)).await?;
 
     let notice = notice(&stack, &notices).await?;
@@ -124,7 +109,7 @@ async fn an_approval_resumes_the_execution_and_a_second_one_changes_nothing() ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejection_fails_the_execution_with_its_reason() -> anyhow::Result<()> {
-    let (stack, notices) = approval_stack("e2e-reject", 600).await?;
+    let (stack, notices) = TestStack::with_approval("e2e-reject", 600).await?;
     let id = stack.submit(order_worker::sample_order(2)).await?;
     let notice = notice(&stack, &notices).await?;
     let token = notice.interactions[0].token.clone();
@@ -152,7 +137,7 @@ async fn a_rejection_fails_the_execution_with_its_reason() -> anyhow::Result<()>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unanswered_approval_fails_with_await_timeout_at_its_deadline() -> anyhow::Result<()> {
-    let (stack, notices) = approval_stack("e2e-timeout", 2).await?;
+    let (stack, notices) = TestStack::with_approval("e2e-timeout", 2).await?;
     let id = stack.submit(order_worker::sample_order(3)).await?;
     let notice = notice(&stack, &notices).await?;
 
@@ -165,27 +150,14 @@ async fn an_unanswered_approval_fails_with_await_timeout_at_its_deadline() -> an
     );
 
     // A late answer is refused and the execution stays failed.
-    let token = notice.interactions[0].token.clone();
-    let late = handlers::complete_interaction(
-        &stack.api,
-        InteractionMessage {
-            kind: INTERACTION_KIND.into(),
-            execution_id: id,
-            interaction: "manager".into(),
-            token,
-            verdict: stepline::domain::Verdict::Approved,
-            payload: json!({}),
-        },
-    )
-    .await
-    .unwrap_err();
+    let late = refused_approval(&stack, id, &notice.interactions[0].token).await;
     assert_eq!(late.code(), "NOT_WAITING");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_or_wrong_resume_token_is_refused() -> anyhow::Result<()> {
-    let (stack, notices) = approval_stack("e2e-forge", 600).await?;
+    let (stack, notices) = TestStack::with_approval("e2e-forge", 600).await?;
     let id = stack.submit(order_worker::sample_order(4)).await?;
     let notice = notice(&stack, &notices).await?;
     let other = stack.submit(order_worker::sample_order(5)).await?;
@@ -197,19 +169,7 @@ async fn a_forged_or_wrong_resume_token_is_refused() -> anyhow::Result<()> {
         Uuid::new_v4().simple().to_string(),
         other_notice.interactions[0].token.clone(),
     ] {
-        let refused = handlers::complete_interaction(
-            &stack.api,
-            InteractionMessage {
-                kind: INTERACTION_KIND.into(),
-                execution_id: id,
-                interaction: "manager".into(),
-                token,
-                verdict: stepline::domain::Verdict::Approved,
-                payload: json!({}),
-            },
-        )
-        .await
-        .unwrap_err();
+        let refused = refused_approval(&stack, id, &token).await;
         assert_eq!(refused.code(), "INVALID_TOKEN");
     }
     // Through the queue: dead-lettered with its reason.

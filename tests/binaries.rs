@@ -71,23 +71,17 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
     assert!(report.get("claimed").is_some(), "{report}");
 
     // The HTTP API binary answers a function-URL request.
+    let execution = id.to_string();
+    let about_it = |name: &str| fixture(name, &[("EXECUTION_ID", &execution)]);
     let response = api
-        .invoke(fixture(
-            "function-url-get-execution.json",
-            &[("EXECUTION_ID", &id.to_string())],
-        )?)
+        .invoke(about_it("function-url-get-execution.json")?)
         .await?;
     assert_eq!(response["statusCode"], 200, "{response}");
     let body: Value = serde_json::from_str(response["body"].as_str().unwrap_or("{}"))?;
     assert_eq!(body["status"], "RUNNING");
 
     // The operator binary cancels it.
-    let answer = operator
-        .invoke(fixture(
-            "operator-cancel.json",
-            &[("EXECUTION_ID", &id.to_string())],
-        )?)
-        .await?;
+    let answer = operator.invoke(about_it("operator-cancel.json")?).await?;
     assert_eq!(answer["status"], "CANCELLED");
     assert_eq!(stack.api.get(id).await?.status, Status::Cancelled);
 

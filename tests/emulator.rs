@@ -2,7 +2,7 @@
 //! `AWS_ENDPOINT_URL` points at). Every test provisions its own stage of template.yaml and drives the
 //! real handlers through the local runner.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ use stepline::handlers::{ReplayFilter, ReplayRequest};
 use stepline::ports::{MessageSender, OutMessage, SendError};
 use stepline::worker::{StepFunction, Worker};
 use stepline::SubmitRequest;
-use stepline_local::{functions, Binding};
+use stepline_local::functions;
 use stepline_suite::{wait_until, TestStack};
 use uuid::Uuid;
 
@@ -96,13 +96,7 @@ async fn duplicated_replies_do_not_advance_an_execution_twice() -> anyhow::Resul
         sender.clone(),
         Arc::new(OrderSteps),
     ));
-    stack.start_with(Binding::Sqs {
-        function: functions::ORDER_WORKER.into(),
-        handler: Arc::new(move |event| {
-            let worker = worker.clone();
-            Box::pin(async move { worker.handle(event).await })
-        }),
-    })?;
+    stack.start_worker(worker)?;
     let id = stack.submit(order_worker::sample_order(2)).await?;
 
     let record = stack.wait_terminal(id).await?;
@@ -151,33 +145,9 @@ async fn duplicated_replies_do_not_advance_an_execution_twice() -> anyhow::Resul
     Ok(())
 }
 
-/// The order steps with `price` failing while `failing` is set.
-struct FlakyPricing {
-    failing: AtomicBool,
-    retryable: bool,
-    price_runs: AtomicUsize,
-}
-
-#[async_trait]
-impl StepFunction for FlakyPricing {
-    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
-        if request.step_id == "price" {
-            self.price_runs.fetch_add(1, Ordering::SeqCst);
-            if self.failing.load(Ordering::SeqCst) {
-                return Err(StepError::new(
-                    "PRICING_DOWN",
-                    "pricing service unavailable",
-                    self.retryable,
-                ));
-            }
-        }
-        OrderSteps.run(request, input).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Result<()> {
-    let mut stack = TestStack::new("e2e-retry", |def| {
+    let (stack, steps) = TestStack::with_failing_pricing("e2e-retry", true, |def| {
         for step in &mut def.steps {
             step.retry.max_attempts = 3;
             step.retry.initial_delay_ms = 200;
@@ -185,26 +155,16 @@ async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Resul
         }
     })
     .await?;
-    let steps = Arc::new(FlakyPricing {
-        failing: AtomicBool::new(true),
-        retryable: true,
-        price_runs: AtomicUsize::new(0),
-    });
-    stack.start(steps.clone())?;
     let id = stack.submit(order_worker::sample_order(3)).await?;
 
-    let record = stack
-        .wait_for(id, Duration::from_secs(60), |r| {
-            r.status.is_terminal() && r.dead_letter.as_ref().is_some_and(|d| d.sent)
-        })
-        .await?;
+    let record = stack.wait_dead_lettered(id).await?;
 
     assert_eq!(record.status, Status::Failed, "{record:#?}");
     let error = record.error.as_ref().expect("error recorded");
     assert_eq!(error.code, "PRICING_DOWN");
     assert_eq!(record.step, 1, "failed at the price step");
     assert_eq!(record.attempt, 3, "three attempts, the budget");
-    assert_eq!(steps.price_runs.load(Ordering::SeqCst), 3);
+    assert_eq!(steps.price_runs(), 3);
     assert_eq!(record.steps[0].status, StepStatus::Succeeded);
     assert_eq!(record.steps[1].status, StepStatus::Failed);
     assert_eq!(record.due_at(), None, "envelope sent: nothing left to do");
@@ -227,20 +187,10 @@ async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redrive_runs_a_failed_execution_to_success_once_the_fault_is_gone() -> anyhow::Result<()> {
-    let mut stack = TestStack::new("e2e-redrive", |_| {}).await?;
-    let steps = Arc::new(FlakyPricing {
-        failing: AtomicBool::new(true),
-        retryable: false,
-        price_runs: AtomicUsize::new(0),
-    });
-    stack.start(steps.clone())?;
+    let (stack, steps) = TestStack::with_failing_pricing("e2e-redrive", false, |_| {}).await?;
     let id = stack.submit(order_worker::sample_order(4)).await?;
     // Settled: failed, and its dead-letter envelope sent (which is one more write).
-    let failed = stack
-        .wait_for(id, Duration::from_secs(60), |r| {
-            r.status.is_terminal() && r.dead_letter.as_ref().is_some_and(|d| d.sent)
-        })
-        .await?;
+    let failed = stack.wait_dead_lettered(id).await?;
     assert_eq!(failed.status, Status::Failed);
     assert_eq!(failed.attempt, 1, "a non-retryable failure is not retried");
 
@@ -280,7 +230,7 @@ async fn redrive_runs_a_failed_execution_to_success_once_the_fault_is_gone() -> 
     assert_eq!(record.redrives.len(), 1);
     assert_eq!(record.redrives[0].reason, "pricing service restored");
     assert_eq!(record.redrives[0].from_status, Status::Failed);
-    assert_eq!(steps.price_runs.load(Ordering::SeqCst), 2);
+    assert_eq!(steps.price_runs(), 2);
     assert!(record.error.is_none());
     Ok(())
 }
@@ -360,15 +310,7 @@ async fn poison_replies_go_to_the_dlq_with_their_reason_and_leave_records_alone(
     assert_eq!(stack.api.get(id).await?, before);
 
     let (_, dlq) = stack.local.stack.queue("ReplyDeadLetterQueue")?;
-    let out = stack
-        .sqs()
-        .receive_message()
-        .queue_url(dlq)
-        .max_number_of_messages(10)
-        .message_attribute_names("All")
-        .send()
-        .await?;
-    let messages = out.messages.unwrap_or_default();
+    let messages = stepline_local::receive(&stack.sqs(), dlq).await?;
     assert_eq!(messages.len(), 2);
     for m in &messages {
         let attrs = m.message_attributes.as_ref().expect("attributes");
@@ -462,13 +404,7 @@ async fn a_cancelled_execution_launches_nothing_more_and_ignores_a_late_reply() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_replay_filters_dry_runs_and_redrives_from_the_execution_dlq() -> anyhow::Result<()> {
-    let mut stack = TestStack::new("e2e-replay", |_| {}).await?;
-    let steps = Arc::new(FlakyPricing {
-        failing: AtomicBool::new(true),
-        retryable: false,
-        price_runs: AtomicUsize::new(0),
-    });
-    stack.start(steps.clone())?;
+    let (stack, steps) = TestStack::with_failing_pricing("e2e-replay", false, |_| {}).await?;
     let mut ids = Vec::new();
     for (n, tenant) in ["acme", "acme", "globex"].into_iter().enumerate() {
         let submitted = stack
@@ -483,11 +419,8 @@ async fn bulk_replay_filters_dry_runs_and_redrives_from_the_execution_dlq() -> a
         ids.push(submitted.execution);
     }
     for id in &ids {
-        stack
-            .wait_for(*id, Duration::from_secs(30), |r| {
-                r.status == Status::Failed && r.dead_letter.as_ref().is_some_and(|d| d.sent)
-            })
-            .await?;
+        let record = stack.wait_dead_lettered(*id).await?;
+        assert_eq!(record.status, Status::Failed);
     }
     let queues = stack.dead_letter_queues()?;
     let dlq = queues.refs();
@@ -687,13 +620,7 @@ async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Re
         divert: AtomicBool::new(true),
     });
     let worker = Arc::new(Worker::new(stack.identity(), sender, Arc::new(OrderSteps)));
-    stack.start_with(Binding::Sqs {
-        function: functions::ORDER_WORKER.into(),
-        handler: Arc::new(move |event| {
-            let worker = worker.clone();
-            Box::pin(async move { worker.handle(event).await })
-        }),
-    })?;
+    stack.start_worker(worker)?;
     let id = stack.submit(order_worker::sample_order(7)).await?;
     // The first reply is parked in the DLQ: the execution waits at step 0.
     wait_until(Duration::from_secs(30), || async {

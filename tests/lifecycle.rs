@@ -56,15 +56,7 @@ async fn collect(
     let deadline = Instant::now() + Duration::from_secs(30);
     while !done(&seen) {
         anyhow::ensure!(Instant::now() < deadline, "events so far: {seen:#?}");
-        let out = stack
-            .sqs()
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .send()
-            .await?;
-        for m in out.messages.unwrap_or_default() {
+        for m in stepline_local::receive(&stack.sqs(), url).await? {
             let event: Value = serde_json::from_str(m.body.as_deref().unwrap_or("{}"))?;
             let id = event["detail"]["eventId"]
                 .as_str()

@@ -92,16 +92,22 @@ fn v2_worker(
     }
 }
 
+/// Release 2's request queue and its DLQ, beside the stage.
+async fn v2_queues(stack: &TestStack) -> anyhow::Result<(ExtraQueue, ExtraQueue)> {
+    let stage = &stack.local.stack.stage;
+    let queue = stack
+        .create_queue(&format!("stepline-{stage}-orders-v2-request"))
+        .await?;
+    let dlq = stack
+        .create_queue(&format!("stepline-{stage}-orders-v2-request-dlq"))
+        .await?;
+    Ok((queue, dlq))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executions_stay_on_their_release_across_activation_and_rollback() -> anyhow::Result<()> {
     let mut stack = TestStack::new("e2e-rel", |_| {}).await?;
-    let stage = stack.local.stack.stage.clone();
-    let v2_queue = stack
-        .create_queue(&format!("stepline-{stage}-orders-v2-request"))
-        .await?;
-    let v2_dlq = stack
-        .create_queue(&format!("stepline-{stage}-orders-v2-request-dlq"))
-        .await?;
+    let (v2_queue, v2_dlq) = v2_queues(&stack).await?;
     let v1 = stack.pipeline.clone();
     let v2 = release_two(&v1, &v2_queue.name);
     let registry = stack.api.registry().clone();
@@ -216,13 +222,7 @@ async fn executions_stay_on_their_release_across_activation_and_rollback() -> an
 async fn a_command_for_another_release_is_dead_lettered_unread_and_fails_its_execution_at_once(
 ) -> anyhow::Result<()> {
     let mut stack = TestStack::new("e2e-ident", |_| {}).await?;
-    let stage = stack.local.stack.stage.clone();
-    let v2_queue = stack
-        .create_queue(&format!("stepline-{stage}-orders-v2-request"))
-        .await?;
-    let v2_dlq = stack
-        .create_queue(&format!("stepline-{stage}-orders-v2-request-dlq"))
-        .await?;
+    let (v2_queue, v2_dlq) = v2_queues(&stack).await?;
     let v2 = release_two(&stack.pipeline, &v2_queue.name);
     // Misrouted release 3: release 1's contract, but its commands go to release 2's queue.
     let mut v3 = stack.pipeline.clone();

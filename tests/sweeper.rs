@@ -8,7 +8,6 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use aws_sdk_dynamodb::types::AttributeValue;
 use stepline::adapters::dynamodb::due_shard;
 use stepline::config::CoordinatorConfig;
 use stepline::handlers;
@@ -135,8 +134,6 @@ async fn poison_items_are_pushed_back_and_the_rest_of_their_shard_is_still_claim
     for _ in 0..POISON {
         poison.push(stack.local.put_undecodable_due_item(0, shards).await?);
     }
-    let config = CoordinatorConfig::from_lookup(stack.local.stack.env_of(functions::CLAIM)?)?;
-    let dynamodb = &stack.local.clients.dynamodb;
 
     let first = handlers::claim(&claim, scheduled_event()).await?;
     assert_eq!(first.deferred, POISON, "{first:?}");
@@ -146,13 +143,10 @@ async fn poison_items_are_pushed_back_and_the_rest_of_their_shard_is_still_claim
         "the good executions behind the poison were claimed: {first:?}"
     );
     for id in &poison {
-        let item = dynamodb
-            .get_item()
-            .table_name(&config.execution_table)
-            .key("pk", AttributeValue::S(format!("exec#{id}")))
-            .send()
+        let item = stack
+            .local
+            .execution_item(*id)
             .await?
-            .item
             .expect("the item stays");
         let due: i64 = item["dueAt"].as_n().unwrap().parse()?;
         assert!(due > clock.peek(), "pushed back");

@@ -24,16 +24,7 @@ async fn dead_letter_reasons(stack: &TestStack, count: u64) -> anyhow::Result<Ve
     let (_, dlq) = stack.local.stack.queue("ReplyDeadLetterQueue")?;
     let mut reasons = Vec::new();
     while reasons.len() < count as usize {
-        let out = stack
-            .sqs()
-            .receive_message()
-            .queue_url(dlq)
-            .max_number_of_messages(10)
-            .message_attribute_names("All")
-            .wait_time_seconds(1)
-            .send()
-            .await?;
-        for m in out.messages.unwrap_or_default() {
+        for m in stepline_local::receive(&stack.sqs(), dlq).await? {
             let attrs = m.message_attributes.unwrap_or_default();
             reasons.push(
                 attrs

@@ -3,18 +3,20 @@
 //! and runs the real handlers behind the local runner. Waits poll with deadlines.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use serde_json::Value;
 use stepline::adapters::SqsDeadLetterQueue;
 use stepline::config::CoordinatorConfig;
 use stepline::contract::Contract;
-use stepline::domain::{Execution, PipelineDef};
-use stepline::envelope::Identity;
+use stepline::domain::{Execution, PipelineDef, StepDef, StepError, StepKind};
+use stepline::envelope::{Identity, RequestHeader};
 use stepline::handlers::DeadLetterQueues;
 use stepline::release::Release;
-use stepline::worker::StepFunction;
+use stepline::worker::{StepFunction, Worker};
 use stepline::{Coordinator, SubmitRequest};
 use stepline_local::{
     fresh_stage, functions, Binding, LocalStack, Runner, RunnerOptions, ShiftedClock,
@@ -26,44 +28,19 @@ pub use stepline_local;
 /// The workspace's function binaries, run under the test-served Lambda Runtime API.
 pub mod binaries {
     use std::collections::BTreeMap;
-    use std::path::PathBuf;
-    use std::process::Command;
 
     use anyhow::Result;
     use stepline_local::runtime_api::Function;
 
     /// Builds every function binary (the test suite itself only builds libraries and tests).
     pub fn build() -> Result<()> {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--workspace", "--bins", "--quiet"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()?;
-        anyhow::ensure!(status.success(), "building the function binaries failed");
-        Ok(())
-    }
-
-    /// Where cargo puts the workspace's binaries (next to the test executables' directory).
-    fn dir() -> PathBuf {
-        let exe = std::env::current_exe().expect("test executable");
-        exe.parent()
-            .and_then(|deps| deps.parent())
-            .expect("target dir")
-            .to_path_buf()
+        stepline_local::binaries::build(&[])
     }
 
     /// Starts a workspace binary under the test-served Runtime API.
     pub async fn start(binary: &str, env: &BTreeMap<String, String>) -> Result<Function> {
-        Function::start(&dir().join(binary), env).await
+        Function::start(&stepline_local::binaries::dir().join(binary), env).await
     }
-}
-
-/// Refuses to run against real AWS by accident: the suite needs `AWS_ENDPOINT_URL` (infra/test.sh sets it).
-fn require_emulator() {
-    assert!(
-        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
-        "AWS_ENDPOINT_URL is not set: run the suite through infra/test.sh (it starts the emulator)"
-    );
 }
 
 pub struct TestStack {
@@ -94,7 +71,7 @@ impl TestStack {
         lifecycle: bool,
         tune: impl FnOnce(&mut PipelineDef),
     ) -> Result<Self> {
-        require_emulator();
+        stepline_local::require_emulator();
         let params = [("LifecycleEvents".to_string(), lifecycle.to_string())].into();
         let local = LocalStack::up_with(&fresh_stage(prefix), &params).await?;
         let api = local.coordinator(functions::REDRIVE)?;
@@ -111,6 +88,34 @@ impl TestStack {
             pipeline,
             runner: None,
         })
+    }
+
+    /// validate -> approve (await, `wait_secs`, interaction `manager`) -> price, with the approval notice
+    /// on a queue of its own, running the order steps. Returns the stack and the notice queue's URL.
+    pub async fn with_approval(prefix: &str, wait_secs: u32) -> Result<(Self, String)> {
+        let notices = format!("stepline-{}-approvals", Uuid::new_v4().simple());
+        let mut stack = Self::new(prefix, |def| {
+            let mut approve = await_step(def, "approve", &notices, vec!["manager".into()]);
+            approve.timeout_secs = wait_secs;
+            def.steps.insert(1, approve);
+            def.steps.truncate(3); // validate, approve, price
+        })
+        .await?;
+        let url = stack.create_queue(&notices).await?.url;
+        stack.start(Arc::new(order_worker::OrderSteps))?;
+        Ok((stack, url))
+    }
+
+    /// A stack whose `price` step fails (with `retryable` errors) until told otherwise, running.
+    pub async fn with_failing_pricing(
+        prefix: &str,
+        retryable: bool,
+        tune: impl FnOnce(&mut PipelineDef),
+    ) -> Result<(Self, Arc<FlakyPricing>)> {
+        let mut stack = Self::new(prefix, tune).await?;
+        let steps = FlakyPricing::failing(retryable);
+        stack.start(steps.clone())?;
+        Ok((stack, steps))
     }
 
     /// Runs the coordinator functions and the order worker function with `steps`.
@@ -137,6 +142,14 @@ impl TestStack {
         let mut bindings = self.local.coordinator_bindings()?;
         bindings.push(worker);
         self.start_bindings(bindings)
+    }
+
+    /// Runs the coordinator functions and `worker` as the order worker function.
+    pub fn start_worker(&mut self, worker: Arc<Worker>) -> Result<()> {
+        self.start_with(Binding::Sqs {
+            function: functions::ORDER_WORKER.into(),
+            handler: stepline_local::worker_handler(worker),
+        })
     }
 
     /// Runs exactly the given bindings.
@@ -228,6 +241,14 @@ impl TestStack {
         }
     }
 
+    /// Waits until the execution has ended and its dead-letter envelope is sent (one more write).
+    pub async fn wait_dead_lettered(&self, id: Uuid) -> Result<Execution> {
+        self.wait_for(id, Duration::from_secs(60), |r| {
+            r.status.is_terminal() && r.dead_letter.as_ref().is_some_and(|d| d.sent)
+        })
+        .await
+    }
+
     pub async fn wait_terminal(&self, id: Uuid) -> Result<Execution> {
         self.wait_for(id, Duration::from_secs(60), |r| r.status.is_terminal())
             .await
@@ -258,16 +279,7 @@ impl TestStack {
     ) -> Result<Vec<aws_sdk_sqs::types::Message>> {
         let deadline = Instant::now() + timeout;
         loop {
-            let out = self
-                .sqs()
-                .receive_message()
-                .queue_url(url)
-                .max_number_of_messages(10)
-                .message_attribute_names("All")
-                .wait_time_seconds(1)
-                .send()
-                .await?;
-            let messages = out.messages.unwrap_or_default();
+            let messages = stepline_local::receive(&self.sqs(), url).await?;
             if !messages.is_empty() {
                 return Ok(messages);
             }
@@ -293,15 +305,7 @@ pub struct ExtraQueue {
 impl TestStack {
     /// Creates a queue outside the template.
     pub async fn create_queue(&self, name: &str) -> Result<ExtraQueue> {
-        let sqs = self.sqs();
-        let url = sqs
-            .create_queue()
-            .queue_name(name)
-            .send()
-            .await?
-            .queue_url
-            .unwrap_or_default();
-        let arn = stepline_local::stack::queue_arn(&sqs, &url).await?;
+        let (url, arn) = stepline_local::stack::create_plain_queue(&self.sqs(), name).await?;
         Ok(ExtraQueue {
             name: name.into(),
             url,
@@ -338,6 +342,57 @@ impl TestStack {
             queue("ReplyDeadLetterQueue")?,
             queue("StartDeadLetterQueue")?,
         ]))
+    }
+}
+
+/// An await step with the settings of the pipeline's first step, announced on `queue`, waiting on
+/// `interactions`.
+pub fn await_step(def: &PipelineDef, id: &str, queue: &str, interactions: Vec<String>) -> StepDef {
+    StepDef {
+        id: id.into(),
+        kind: StepKind::Await,
+        queue: queue.into(),
+        interactions,
+        ..def.steps[0].clone()
+    }
+}
+
+/// The order steps with `price` failing (with `retryable` errors) while `failing` is set.
+pub struct FlakyPricing {
+    pub failing: AtomicBool,
+    pub retryable: bool,
+    pub price_runs: AtomicUsize,
+}
+
+impl FlakyPricing {
+    /// Failing from the start.
+    pub fn failing(retryable: bool) -> Arc<Self> {
+        Arc::new(Self {
+            failing: AtomicBool::new(true),
+            retryable,
+            price_runs: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn price_runs(&self) -> usize {
+        self.price_runs.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl StepFunction for FlakyPricing {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        if request.step_id == "price" {
+            self.price_runs.fetch_add(1, Ordering::SeqCst);
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(StepError::new(
+                    "PRICING_DOWN",
+                    "pricing service unavailable",
+                    self.retryable,
+                ));
+            }
+        }
+        order_worker::OrderSteps.run(request, input).await
     }
 }
 

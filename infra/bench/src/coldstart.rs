@@ -127,28 +127,22 @@ pub async fn measure(dir: &Path, runs: usize) -> Result<ColdStart> {
             }
             handled.push(name);
         }
-        started
-            .get_mut("claim")
-            .expect("started above")
-            .invoke(fixture("scheduled-event.json", &[])?)
-            .await?;
-        started
-            .get_mut("api")
-            .expect("started above")
-            .invoke(fixture(
-                "function-url-get-execution.json",
-                &[("EXECUTION_ID", id.as_deref().unwrap_or_default())],
-            )?)
-            .await?;
-        started
-            .get_mut("redrive")
-            .expect("started above")
-            .invoke(fixture(
-                "operator-cancel.json",
-                &[("EXECUTION_ID", id.as_deref().unwrap_or_default())],
-            )?)
-            .await?;
-        handled.extend(["claim", "api", "redrive"]);
+        let id = id.as_deref().unwrap_or_default();
+        for (binary, event) in [
+            ("claim", fixture("scheduled-event.json", &[])?),
+            (
+                "api",
+                fixture("function-url-get-execution.json", &[("EXECUTION_ID", id)])?,
+            ),
+            (
+                "redrive",
+                fixture("operator-cancel.json", &[("EXECUTION_ID", id)])?,
+            ),
+        ] {
+            let function = started.get_mut(binary).expect("started above");
+            function.invoke(event).await?;
+            handled.push(binary);
+        }
         for (binary, f) in &started {
             let binary = *binary;
             let entry = figures.entry(binary).or_insert_with(|| BinaryFigures {

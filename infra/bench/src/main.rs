@@ -99,7 +99,7 @@ async fn main() -> Result<()> {
     eprintln!("P1 with {} steps", long.steps);
     let cost_long = analysis::cost(&workload::run(long).await?, &prices);
 
-    let dir = args.binaries.unwrap_or_else(coldstart::release_dir);
+    let dir = args.binaries.clone().unwrap_or_else(coldstart::release_dir);
     eprintln!("P4: binaries in {}", dir.display());
     let cold = coldstart::measure(
         &dir,
@@ -129,18 +129,38 @@ async fn main() -> Result<()> {
         rows: &rows,
         elapsed_s: started.elapsed().as_secs_f64(),
     });
-    std::fs::create_dir_all(&args.out)?;
-    let file = args.out.join("summary.json");
-    std::fs::write(&file, serde_json::to_string_pretty(&summary)?)?;
     let markdown = report::markdown(&summary);
+    publish(
+        &args,
+        "summary.json",
+        &summary,
+        &markdown,
+        started,
+        report::update_doc,
+    )
+}
+
+/// Writes `summary` as `file` in the output directory, prints its `markdown`, and puts that in the
+/// document to update (if any) with `update`.
+fn publish(
+    args: &Args,
+    file: &str,
+    summary: &impl serde::Serialize,
+    markdown: &str,
+    started: std::time::Instant,
+    update: impl FnOnce(&std::path::Path, &str) -> Result<()>,
+) -> Result<()> {
+    std::fs::create_dir_all(&args.out)?;
+    let file = args.out.join(file);
+    std::fs::write(&file, serde_json::to_string_pretty(summary)?)?;
     println!("{markdown}");
     eprintln!(
         "wrote {} in {:.0} s",
         file.display(),
         started.elapsed().as_secs_f64()
     );
-    if let Some(doc) = args.update_doc {
-        report::update_doc(&doc, &markdown)?;
+    if let Some(doc) = &args.update_doc {
+        update(doc, markdown)?;
         eprintln!("updated {}", doc.display());
     }
     Ok(())
@@ -165,19 +185,15 @@ async fn recover(args: &Args) -> Result<()> {
     let poison = recovery::poison(args.poison, 20, budget_ms).await?;
 
     let summary = report::recovery_summary(&backlog, &poison, started.elapsed().as_secs_f64());
-    std::fs::create_dir_all(&args.out)?;
-    let file = args.out.join("recovery.json");
-    std::fs::write(&file, serde_json::to_string_pretty(&summary)?)?;
     let markdown = report::recovery_markdown(&summary);
-    println!("{markdown}");
-    eprintln!(
-        "wrote {} in {:.0} s",
-        file.display(),
-        started.elapsed().as_secs_f64()
-    );
-    if let Some(doc) = &args.update_doc {
-        report::update_section(doc, report::RECOVERY_START, report::RECOVERY_END, &markdown)?;
-        eprintln!("updated {}", doc.display());
-    }
-    Ok(())
+    publish(
+        args,
+        "recovery.json",
+        &summary,
+        &markdown,
+        started,
+        |doc, markdown| {
+            report::update_section(doc, report::RECOVERY_START, report::RECOVERY_END, markdown)
+        },
+    )
 }

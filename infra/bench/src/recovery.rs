@@ -9,8 +9,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
-use aws_sdk_dynamodb::types::AttributeValue;
-use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
 use serde::Serialize;
 use serde_yaml::Value as Yaml;
 use stepline::adapters::dynamodb::due_shard;
@@ -84,19 +82,10 @@ pub struct Poison {
 
 /// The claim function's timeout in milliseconds: its own `Timeout`, else the template's global one.
 pub fn claim_timeout_ms(template: &Template) -> Result<i64> {
-    let own = template
-        .resources()
-        .into_iter()
-        .find(|(logical, _, _)| logical == functions::CLAIM)
-        .and_then(|(_, _, props)| props.get("Timeout").and_then(Yaml::as_u64));
-    let global = template
-        .root
-        .get("Globals")
-        .and_then(|g| g.get("Function"))
-        .and_then(|f| f.get("Timeout"))
-        .and_then(Yaml::as_u64);
-    let seconds = own
-        .or(global)
+    let seconds = template
+        .function_property(functions::CLAIM, "Timeout")
+        .as_ref()
+        .and_then(Yaml::as_u64)
         .context("the template gives the claim function no Timeout")?;
     Ok(seconds as i64 * 1000)
 }
@@ -151,43 +140,6 @@ fn order(n: usize) -> serde_json::Value {
     })
 }
 
-/// Receives and deletes every visible message of a queue of the stack; returns their bodies.
-async fn drain(local: &LocalStack, logical: &str) -> Result<Vec<String>> {
-    let (_, url) = local.stack.queue(logical)?;
-    let sqs = &local.clients.sqs;
-    let mut bodies = Vec::new();
-    loop {
-        let messages = sqs
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .send()
-            .await?
-            .messages
-            .unwrap_or_default();
-        if messages.is_empty() {
-            return Ok(bodies);
-        }
-        let entries = messages
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                DeleteMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .set_receipt_handle(m.receipt_handle.clone())
-                    .build()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        sqs.delete_message_batch()
-            .queue_url(url)
-            .set_entries(Some(entries))
-            .send()
-            .await?;
-        bodies.extend(messages.into_iter().map(|m| m.body.unwrap_or_default()));
-    }
-}
-
 /// Executions of `ids` with a lease taken.
 async fn leased(api: &Arc<Coordinator>, ids: &[Uuid]) -> Result<usize> {
     let mut count = 0;
@@ -217,7 +169,8 @@ async fn sweep(
     let report = handlers::claim_within(claim, scheduled_event(), Some(deadline)).await?;
     let wall_ms = started.elapsed().as_secs_f64() * 1e3;
     let margin_ms = deadline - claim.now();
-    let work = drain(local, LAUNCH_QUEUE)
+    let work = local
+        .take_all(LAUNCH_QUEUE)
         .await?
         .iter()
         .map(|body| serde_json::from_str::<LaunchWork>(body))
@@ -245,7 +198,7 @@ pub async fn backlog(executions: usize, budget_ms: i64) -> Result<Backlog> {
     let submitted = Instant::now();
     let ids = submit_many(&api, &pipeline, executions).await?;
     let submit_s = submitted.elapsed().as_secs_f64();
-    let requests = drain(&local, WORKER_QUEUE).await?.len();
+    let requests = local.take_all(WORKER_QUEUE).await?.len();
     ensure!(
         requests == executions,
         "{requests} first-step requests for {executions} executions"
@@ -319,14 +272,13 @@ pub async fn poison(poison: usize, good_in_shard: usize, budget_ms: i64) -> Resu
     {
         good.extend(submit_many(&api, &pipeline, 10).await?);
     }
-    drain(&local, WORKER_QUEUE).await?;
+    local.take_all(WORKER_QUEUE).await?;
     let neighbours: Vec<Uuid> = good
         .iter()
         .copied()
         .filter(|id| due_shard(*id, shards) == 0)
         .collect();
 
-    let dynamodb = &local.clients.dynamodb;
     let mut items = Vec::new();
     for _ in 0..poison {
         items.push(local.put_undecodable_due_item(0, shards).await?);
@@ -339,13 +291,9 @@ pub async fn poison(poison: usize, good_in_shard: usize, budget_ms: i64) -> Resu
     let now = claim.now();
     let mut pushed_back = 0;
     for id in &items {
-        let item = dynamodb
-            .get_item()
-            .table_name(&config.execution_table)
-            .key("pk", AttributeValue::S(format!("exec#{id}")))
-            .send()
+        let item = local
+            .execution_item(*id)
             .await?
-            .item
             .context("a poison item is gone")?;
         let due: i64 = item
             .get("dueAt")

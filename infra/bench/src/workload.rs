@@ -6,14 +6,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use async_trait::async_trait;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use serde_json::{json, Value};
 use serde_yaml::Value as Yaml;
 use stepline::adapters::SqsSender;
 use stepline::contract::Contract;
-use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError, StepKind};
+use stepline::domain::{PipelineDef, StepDef, StepError};
 use stepline::envelope::RequestHeader;
 use stepline::ports::{MessageSender, OutMessage};
 use stepline::worker::StepFunction;
@@ -45,28 +45,19 @@ pub struct Workload {
     pub lifecycle_events: bool,
 }
 
-/// The bench pipeline: `steps` task steps on the example worker's queue.
+/// The bench pipeline: `steps` task steps on the example worker's queue, each with the example's
+/// timeout and retry policy, passing one document on.
 pub fn pipeline(queue: &str, steps: usize) -> PipelineDef {
+    let example = order_worker::pipeline(queue).steps.remove(0);
     PipelineDef {
         pipeline_id: PIPELINE_ID.into(),
         release_version: format!("k{steps}"),
         steps: (0..steps)
             .map(|i| StepDef {
                 id: format!("s{i}"),
-                kind: StepKind::Task,
                 input_type: "bench.Doc/1".into(),
                 output_type: "bench.Doc/1".into(),
-                queue: queue.into(),
-                timeout_secs: 60,
-                retry: RetryPolicy {
-                    max_attempts: 3,
-                    initial_delay_ms: 500,
-                    multiplier: 2.0,
-                    max_delay_ms: 10_000,
-                    non_retryable: Vec::new(),
-                },
-                interactions: Vec::new(),
-                child_pipeline: None,
+                ..example.clone()
             })
             .collect(),
     }
@@ -207,21 +198,15 @@ pub fn table_infos(local: &LocalStack, template: &Template) -> HashMap<String, T
 
 /// Memory size of every function: its own `MemorySize`, else the template's global one.
 pub fn memory_sizes(template: &Template) -> BTreeMap<String, u32> {
-    let global = template
-        .root
-        .get("Globals")
-        .and_then(|g| g.get("Function"))
-        .and_then(|f| f.get("MemorySize"))
-        .and_then(Yaml::as_u64);
     template
         .resources()
         .into_iter()
         .filter(|(_, kind, _)| kind == "AWS::Serverless::Function")
-        .map(|(logical, _, props)| {
-            let mb = props
-                .get("MemorySize")
+        .map(|(logical, _, _)| {
+            let mb = template
+                .function_property(&logical, "MemorySize")
+                .as_ref()
                 .and_then(Yaml::as_u64)
-                .or(global)
                 .unwrap_or(128);
             (logical, mb as u32)
         })
@@ -443,14 +428,7 @@ async fn wait_all(observer: &Coordinator, ids: &[Uuid], limit: Duration) -> Resu
 }
 
 async fn plain_queue(sqs: &aws_sdk_sqs::Client, name: &str) -> Result<SqsSource> {
-    let url = sqs
-        .create_queue()
-        .queue_name(name)
-        .send()
-        .await?
-        .queue_url
-        .context("queue url")?;
-    let arn = stepline_local::stack::queue_arn(sqs, &url).await?;
+    let (url, arn) = stepline_local::stack::create_plain_queue(sqs, name).await?;
     Ok(SqsSource {
         queue: name.into(),
         queue_url: url,

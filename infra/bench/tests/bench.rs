@@ -6,14 +6,7 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 use stepline_bench::meter::Meter;
 use stepline_bench::{analysis, coldstart, pricing, recovery, report, scale, workload};
-use stepline_local::{fresh_stage, LocalStack, Template};
-
-fn require_emulator() {
-    assert!(
-        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
-        "AWS_ENDPOINT_URL is not set: run the suite through infra/test.sh (it starts the emulator)"
-    );
-}
+use stepline_local::{fresh_stage, require_emulator, LocalStack, Template};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn meter_bills_puts_by_item_size_and_index_key_changes() -> anyhow::Result<()> {
@@ -119,16 +112,9 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
     assert!(latency.ratio > 0.0);
 
     // Cold start of the debug binaries (the benchmark proper uses the release build).
-    let status =
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["build", "--bins", "--quiet"])
-            .args(coldstart::BINARIES.iter().flat_map(|(b, _)| ["-p", b]))
-            .current_dir(stepline_local::workspace_root())
-            .status()?;
-    assert!(status.success());
-    let exe = std::env::current_exe()?;
-    let debug_dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let cold = coldstart::measure(debug_dir, 1).await?;
+    let packages: Vec<&str> = coldstart::BINARIES.iter().map(|(b, _)| *b).collect();
+    stepline_local::binaries::build(&packages)?;
+    let cold = coldstart::measure(&stepline_local::binaries::dir(), 1).await?;
     assert_eq!(cold.binaries.len(), coldstart::BINARIES.len());
     assert!(cold
         .binaries

@@ -1,92 +1,63 @@
 //! The local stack: provisions template.yaml's resources on the emulator `AWS_ENDPOINT_URL` points at
 //! (moto or LocalStack) and runs the project's handlers behind emulated Lambda event sources.
 
-pub mod releases;
+pub mod binaries;
 pub mod runner;
 pub mod runtime_api;
-pub mod stack;
-pub mod template;
 
 use std::collections::BTreeMap;
+use std::ops::Deref;
 use std::sync::Arc;
 
 use anyhow::Result;
-use aws_config::SdkConfig;
-use std::path::{Path, PathBuf};
-
+use aws_sdk_sqs::types::Message;
 use stepline::aws::Clients;
-use stepline::config::{CoordinatorConfig, WorkerConfig};
-use stepline::contract::{Contract, CONTRACT_FILE};
+use stepline::config::WorkerConfig;
+use stepline::contract::Contract;
 use stepline::domain::PipelineDef;
-use stepline::release::{Artifact, Release};
+use stepline::release::Release;
 use stepline::worker::{StepFunction, Worker};
-use stepline::Coordinator;
+use stepline_stage::releases::PipelineCode;
 
 pub use runner::{Binding, Runner, RunnerOptions};
-pub use stack::Stack;
-pub use template::Template;
+pub use stepline_stage::{
+    example_contract_artifact, functions, read_artifact, releases, stack, template, workspace_root,
+    Stack, Stage, Template,
+};
 
-/// Names of the template's functions.
-pub mod functions {
-    pub const CLAIM: &str = "ClaimFunction";
-    pub const LAUNCH: &str = "LaunchFunction";
-    pub const COMPLETION: &str = "CompletionFunction";
-    pub const REDRIVE: &str = "RedriveFunction";
-    pub const ORDER_WORKER: &str = "OrderWorkerFunction";
-}
+/// A DynamoDB item, by attribute name.
+pub type Item = std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>;
 
-/// A provisioned stack and the SDK configuration that reaches it.
-pub struct LocalStack {
-    pub sdk: SdkConfig,
-    pub stack: Stack,
-    /// The clients handlers and the runner are built on (`with_clients` swaps them, e.g. for metered ones).
-    pub clients: Clients,
+/// A provisioned stage with the example pipelines and the local runner at hand.
+pub struct LocalStack(Stage);
+
+impl Deref for LocalStack {
+    type Target = Stage;
+
+    fn deref(&self) -> &Stage {
+        &self.0
+    }
 }
 
 impl LocalStack {
     /// Provisions the project's template under `stage` (reusing what exists of it as it is).
     pub async fn up(stage: &str) -> Result<Self> {
-        Self::up_with(stage, &BTreeMap::new()).await
+        Stage::up(stage).await.map(Self)
     }
 
     /// Finds an already deployed stage (on AWS or an emulator), creating nothing.
     pub async fn find(stage: &str) -> Result<Self> {
-        let sdk = stepline::aws::sdk_config().await;
-        let stack = Stack::lookup(&sdk, &Template::embedded(), stage).await?;
-        Ok(Self::on(sdk, stack))
+        Stage::find(stage).await.map(Self)
     }
 
     /// Provisions with template parameters overridden (e.g. shorter leases for tests).
     pub async fn up_with(stage: &str, overrides: &BTreeMap<String, String>) -> Result<Self> {
-        let sdk = stepline::aws::sdk_config().await;
-        let template = Template::load(&Template::default_path())?;
-        let stack = Stack::provision_with(&sdk, &template, stage, overrides).await?;
-        Ok(Self::on(sdk, stack))
-    }
-
-    fn on(sdk: SdkConfig, stack: Stack) -> Self {
-        let clients = Clients::new(&sdk);
-        Self {
-            sdk,
-            stack,
-            clients,
-        }
+        Stage::up_with(stage, overrides).await.map(Self)
     }
 
     /// Handlers, workers and the runner built from now on use `clients`.
-    pub fn with_clients(mut self, clients: Clients) -> Self {
-        self.clients = clients;
-        self
-    }
-
-    /// The coordinator as `function` would build it from its environment.
-    pub fn coordinator(&self, function: &str) -> Result<Coordinator> {
-        let config = CoordinatorConfig::from_lookup(self.stack.env_of(function)?)?;
-        Ok(stepline::aws::coordinator_on(
-            &self.clients,
-            &config,
-            Arc::new(stepline::ports::SystemClock),
-        ))
+    pub fn with_clients(self, clients: Clients) -> Self {
+        Self(self.0.with_clients(clients))
     }
 
     /// Bindings of the claim, launch and completion functions, each with its own coordinator instance
@@ -147,30 +118,78 @@ impl LocalStack {
         })
     }
 
-    /// Registers `def` as a release (a no-op if identical) and activates it if its pipeline has no
-    /// active release. Which release is active is the operator's choice once there is one: a
-    /// restarted runner must not roll it back.
-    pub async fn release(&self, def: PipelineDef, artifacts: Vec<Artifact>) -> Result<Release> {
-        let release = Release::new(def, artifacts);
-        let api = self.coordinator(functions::REDRIVE)?;
-        api.release_unless_active(&release, "local stack").await?;
-        Ok(release)
+    /// Runs the coordinator functions and the worker functions `workers` (function, contract, steps).
+    pub fn run_workers(
+        &self,
+        workers: Vec<(&str, Contract, Arc<dyn StepFunction>)>,
+    ) -> Result<Runner> {
+        let mut bindings = self.coordinator_bindings()?;
+        for (function, contract, steps) in workers {
+            bindings.push(self.worker_binding(function, &contract, steps)?);
+        }
+        self.run(bindings, RunnerOptions::default())
+    }
+
+    /// Releases the restaurant example on its request and approval queues (approvals wait 120 s).
+    pub async fn release_restaurant(&self) -> Result<Release> {
+        let (requests, _) = self.stack.queue("RestaurantRequestQueue")?;
+        let (approvals, _) = self.stack.queue("RestaurantApprovalQueue")?;
+        let def = restaurant_approval::pipeline(requests, approvals, 120);
+        self.release(def, Vec::new()).await
     }
 
     /// Releases the example pipeline on `queue` (its worker's request queue) as `release_version`,
-    /// with the committed contract file as its artifact, as [`LocalStack::release`] does.
+    /// with the committed contract file as its artifact, as [`Stage::release`] does.
     pub async fn release_example(
         &self,
         queue: &str,
         release_version: &str,
         step_timeout_secs: u32,
     ) -> Result<Release> {
-        let mut def = order_worker::pipeline(queue);
-        def.release_version = release_version.to_string();
-        for step in &mut def.steps {
-            step.timeout_secs = step_timeout_secs;
-        }
-        self.release(def, vec![example_contract_artifact()?]).await
+        let release = stepline_stage::example_release(
+            order_worker::pipeline(queue),
+            release_version,
+            step_timeout_secs,
+        )?;
+        self.publish(release).await
+    }
+}
+
+/// The example pipelines' contracts, each with the file it is committed as (relative to the workspace).
+pub fn example_contracts() -> [(&'static str, Contract); 4] {
+    [
+        (
+            "examples/order-worker/pipeline-contract.json",
+            order_worker::contract(),
+        ),
+        (
+            "examples/restaurant-approval/pipeline-contract.json",
+            restaurant_approval::contract(),
+        ),
+        (
+            "examples/csv-payments/pipeline-contract.json",
+            csv_payments::batch_contract(),
+        ),
+        (
+            "examples/csv-payments/payment-contract.json",
+            csv_payments::payment_contract(),
+        ),
+    ]
+}
+
+/// The release commands on the example pipelines' code, linked into this crate.
+pub struct ExampleCode;
+
+impl PipelineCode for ExampleCode {
+    fn example(&self, queue: &str) -> Result<PipelineDef> {
+        Ok(order_worker::pipeline(queue))
+    }
+
+    fn contract(&self, pipeline: &str) -> Result<Option<Contract>> {
+        Ok(example_contracts()
+            .into_iter()
+            .map(|(_, contract)| contract)
+            .find(|c| c.pipeline_id == pipeline))
     }
 }
 
@@ -182,77 +201,50 @@ pub fn worker_handler(worker: Arc<Worker>) -> runner::SqsHandler {
     })
 }
 
-/// Workspace root (this crate lives in infra/local).
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The example's committed contract as a release artifact (`file:` URIs are relative to the workspace).
-pub fn example_contract_artifact() -> Result<Artifact> {
-    let uri = format!("file:examples/order-worker/{CONTRACT_FILE}");
-    let bytes = read_artifact(&uri).ok_or_else(|| anyhow::anyhow!("cannot read {uri}"))?;
-    Ok(Artifact {
-        kind: "contract".into(),
-        uri,
-        digest: stepline::release::digest(&bytes),
-    })
-}
-
-/// Reads a `file:` artifact (relative to the workspace root, or absolute).
-pub fn read_artifact(uri: &str) -> Option<Vec<u8>> {
-    let path = uri.strip_prefix("file:")?;
-    let path = Path::new(path);
-    let path = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        workspace_root().join(path)
-    };
-    std::fs::read(path).ok()
-}
-
 impl LocalStack {
     /// Visible, in-flight and delayed messages of a queue of the stack.
     pub async fn queue_depth(&self, logical: &str) -> Result<u64> {
         use aws_sdk_sqs::types::QueueAttributeName as A;
-        let (_, url) = self.stack.queue(logical)?;
-        let attrs = aws_sdk_sqs::Client::new(&self.sdk)
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(A::ApproximateNumberOfMessages)
-            .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
-            .attribute_names(A::ApproximateNumberOfMessagesDelayed)
-            .send()
-            .await?
-            .attributes
-            .unwrap_or_default();
+        let attrs = self
+            .queue_attributes(
+                logical,
+                &[
+                    A::ApproximateNumberOfMessages,
+                    A::ApproximateNumberOfMessagesNotVisible,
+                    A::ApproximateNumberOfMessagesDelayed,
+                ],
+            )
+            .await?;
         Ok(attrs.values().filter_map(|v| v.parse::<u64>().ok()).sum())
     }
 
     /// Receives and deletes every visible message of a queue of the stack; returns their bodies.
     pub async fn take_all(&self, logical: &str) -> Result<Vec<String>> {
+        use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
         let (_, url) = self.stack.queue(logical)?;
         let sqs = aws_sdk_sqs::Client::new(&self.sdk);
         let mut bodies = Vec::new();
         loop {
-            let out = sqs
-                .receive_message()
-                .queue_url(url)
-                .max_number_of_messages(10)
-                .wait_time_seconds(1)
-                .send()
-                .await?;
-            let messages = out.messages.unwrap_or_default();
+            let messages = receive(&sqs, url).await?;
             if messages.is_empty() {
                 return Ok(bodies);
             }
-            for m in messages {
-                bodies.push(m.body.unwrap_or_default());
-                sqs.delete_message()
-                    .queue_url(url)
-                    .set_receipt_handle(m.receipt_handle)
-                    .send()
-                    .await?;
-            }
+            let entries = messages
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    DeleteMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .set_receipt_handle(m.receipt_handle.clone())
+                        .build()
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            sqs.delete_message_batch()
+                .queue_url(url)
+                .set_entries(Some(entries))
+                .send()
+                .await?;
+            bodies.extend(messages.into_iter().map(|m| m.body.unwrap_or_default()));
         }
     }
 
@@ -277,6 +269,20 @@ impl LocalStack {
             .send()
             .await?;
         Ok(id)
+    }
+
+    /// The raw item of execution `id`, as the sweeper reads it (decodable or not).
+    pub async fn execution_item(&self, id: uuid::Uuid) -> Result<Option<Item>> {
+        use aws_sdk_dynamodb::types::AttributeValue;
+        Ok(self
+            .clients
+            .dynamodb
+            .get_item()
+            .table_name(self.stack.table("ExecutionTable")?)
+            .key("pk", AttributeValue::S(format!("exec#{id}")))
+            .send()
+            .await?
+            .item)
     }
 
     /// Starts the runner for `bindings`.
@@ -317,6 +323,29 @@ impl stepline::ports::Clock for ShiftedClock {
     fn jitter(&self) -> f64 {
         stepline::ports::SystemClock.jitter()
     }
+}
+
+/// One long poll (1 s) of a queue, by URL: up to 10 messages with their attributes, left on the queue.
+pub async fn receive(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<Vec<Message>> {
+    Ok(sqs
+        .receive_message()
+        .queue_url(url)
+        .max_number_of_messages(10)
+        .message_attribute_names("All")
+        .wait_time_seconds(1)
+        .send()
+        .await?
+        .messages
+        .unwrap_or_default())
+}
+
+/// Refuses to run a test against real AWS by accident: the tests need `AWS_ENDPOINT_URL`
+/// (infra/test.sh sets it).
+pub fn require_emulator() {
+    assert!(
+        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
+        "AWS_ENDPOINT_URL is not set: run the suite through infra/test.sh (it starts the emulator)"
+    );
 }
 
 /// A fresh stage name (lowercase, as the template's Stage pattern requires).

@@ -14,13 +14,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use order_worker::OrderSteps;
+use stepline::domain::Execution;
 use stepline::domain::{Status, StepError, Verdict};
 use stepline::envelope::InteractionMessage;
 use stepline::envelope::RequestHeader;
 use stepline::worker::StepFunction;
-use stepline::SubmitRequest;
+use stepline::{Coordinator, SubmitRequest};
 use stepline_local::releases::ReleaseAction;
-use stepline_local::{fresh_stage, functions, Binding, LocalStack, RunnerOptions};
+use stepline_local::{
+    example_contracts, fresh_stage, functions, Binding, ExampleCode, LocalStack, RunnerOptions,
+};
 use uuid::Uuid;
 
 #[derive(Parser)]
@@ -107,6 +110,9 @@ impl Default for PipelineArgs {
     }
 }
 
+const PROVISIONING: &str =
+    "provisioning the local stack (is the emulator running? see infra/emulator.sh)";
+
 fn parse_param(text: &str) -> Result<(String, String), String> {
     text.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -162,7 +168,7 @@ async fn main() -> Result<()> {
             let local = LocalStack::find(&stage).await.with_context(|| {
                 format!("finding stage {stage} (`stepline-local run --stage {stage}` creates it)")
             })?;
-            stepline_local::releases::run(&local, &pipeline, action).await
+            stepline_local::releases::run(&local, &ExampleCode, &pipeline, action).await
         }
         Command::Provision { stage } => {
             let local = LocalStack::up(&stage).await?;
@@ -175,7 +181,10 @@ async fn main() -> Result<()> {
             functions,
             pipeline,
         } => {
-            let local = up_with_pipeline(&stage, &params.into_iter().collect(), pipeline).await?;
+            let local = LocalStack::up_with(&stage, &params.into_iter().collect())
+                .await
+                .context(PROVISIONING)?;
+            release_order_example(&local, pipeline).await?;
             let _runner = start(&local, &functions, pipeline)?;
             eprintln!("running stage {stage}; Ctrl-C to stop");
             let mut term =
@@ -189,16 +198,9 @@ async fn main() -> Result<()> {
     }
 }
 
-/// Provisions `stage` and registers the example pipeline on its request queue, activating it only on
-/// a stage where it has no active release yet.
-async fn up_with_pipeline(
-    stage: &str,
-    params: &BTreeMap<String, String>,
-    pipeline: PipelineArgs,
-) -> Result<LocalStack> {
-    let local = LocalStack::up_with(stage, params)
-        .await
-        .context("provisioning the local stack (is the emulator running? see infra/emulator.sh)")?;
+/// Registers the order example on the stage's request queue, activating it only on a stage where it
+/// has no active release yet.
+async fn release_order_example(local: &LocalStack, pipeline: PipelineArgs) -> Result<()> {
     let (queue, _) = local.stack.queue("OrderRequestQueue")?;
     local
         .release_example(
@@ -207,7 +209,7 @@ async fn up_with_pipeline(
             pipeline.step_timeout_secs,
         )
         .await?;
-    Ok(local)
+    Ok(())
 }
 
 /// Starts the runner for the chosen functions (all when none is named).
@@ -258,81 +260,153 @@ impl StepFunction for SlowSteps {
     }
 }
 
+/// What each demo has at hand: its stage, the coordinator it submits to, and its clock.
+struct Demo {
+    local: LocalStack,
+    api: Coordinator,
+    begin: Instant,
+    timeout: Duration,
+}
+
+impl Demo {
+    /// Provisions `stage` (a fresh one named after `prefix` when none is given).
+    async fn provision(stage: Option<String>, prefix: &str, timeout: Duration) -> Result<Self> {
+        let stage = stage.unwrap_or_else(|| fresh_stage(prefix));
+        let begin = Instant::now();
+        println!("provisioning stage {stage} from template.yaml");
+        let local = LocalStack::up(&stage).await.context(PROVISIONING)?;
+        let api = local.coordinator(functions::REDRIVE)?;
+        Ok(Self {
+            local,
+            api,
+            begin,
+            timeout,
+        })
+    }
+
+    /// Seconds since the demo began.
+    fn elapsed(&self) -> f64 {
+        self.begin.elapsed().as_secs_f64()
+    }
+
+    /// A deadline the demo's timeout from now.
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    /// Fails when `deadline` has passed and `what` has not happened.
+    fn in_time(&self, deadline: Instant, what: &str) -> Result<()> {
+        if Instant::now() > deadline {
+            bail!("{what} within {} s", self.timeout.as_secs());
+        }
+        Ok(())
+    }
+
+    async fn submit(&self, pipeline: &str, tenant: &str, input: serde_json::Value) -> Result<Uuid> {
+        let submitted = self
+            .api
+            .submit(SubmitRequest {
+                pipeline_id: pipeline.into(),
+                tenant: tenant.into(),
+                input,
+                ..Default::default()
+            })
+            .await?;
+        Ok(submitted.execution)
+    }
+
+    /// Polls the executions until every one has ended, printing `progress` of them when it changes.
+    async fn until_ended(
+        &self,
+        ids: &[Uuid],
+        deadline: Instant,
+        what: &str,
+        progress: impl Fn(&[Execution]) -> String,
+    ) -> Result<Vec<Execution>> {
+        let mut last = String::new();
+        loop {
+            let mut records = Vec::new();
+            for id in ids {
+                records.push(self.api.get(*id).await?);
+            }
+            let line = progress(&records);
+            if !line.is_empty() && line != last {
+                println!("[{:>5.1}s] {line}", self.elapsed());
+                last = line;
+            }
+            if records.iter().all(|r| r.status.is_terminal()) {
+                return Ok(records);
+            }
+            self.in_time(deadline, what)?;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// A finished execution's result (`shown` of it) or its error.
+fn outcome(record: &Execution, shown: impl Fn(&serde_json::Value) -> String) -> String {
+    match (&record.result, &record.error) {
+        (Some(result), _) => shown(result.value()),
+        (None, Some(error)) => format!("{}: {}", error.code, error.message),
+        _ => String::new(),
+    }
+}
+
 async fn demo(
     executions: usize,
     stage: Option<String>,
     timeout: Duration,
     pipeline: PipelineArgs,
 ) -> Result<()> {
-    let stage = stage.unwrap_or_else(|| fresh_stage("demo"));
-    let begin = Instant::now();
-    println!("provisioning stage {stage} from template.yaml");
-    let local = up_with_pipeline(&stage, &BTreeMap::new(), pipeline).await?;
-    let _runner = start(&local, &[], pipeline)?;
-    let api = local.coordinator(functions::REDRIVE)?;
+    let demo = Demo::provision(stage, "demo", timeout).await?;
+    release_order_example(&demo.local, pipeline).await?;
+    let _runner = start(&demo.local, &[], pipeline)?;
 
-    let mut ids: Vec<(String, Uuid)> = Vec::new();
+    let mut ids = Vec::new();
+    let mut orders = Vec::new();
     for n in 0..executions {
         let input = order_worker::sample_order(n);
         let order = input["orderId"].as_str().unwrap_or_default().to_string();
-        let submitted = api
-            .submit(SubmitRequest {
-                pipeline_id: order_worker::PIPELINE_ID.into(),
-                tenant: "demo".into(),
-                input,
-                ..Default::default()
-            })
+        let id = demo
+            .submit(order_worker::PIPELINE_ID, "demo", input)
             .await?;
-        println!("submitted {order} as execution {}", submitted.execution);
-        ids.push((order, submitted.execution));
+        println!("submitted {order} as execution {id}");
+        ids.push(id);
+        orders.push(order);
     }
 
-    let deadline = Instant::now() + timeout;
-    let mut last_line = String::new();
-    let finals = loop {
-        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-        let mut records = Vec::new();
-        for (_, id) in &ids {
-            let record = api.get(*id).await?;
-            let label = if record.status == Status::Running {
-                format!("RUNNING step {}", record.step + 1)
-            } else {
-                record.status.to_string()
-            };
-            *counts.entry(label).or_default() += 1;
-            records.push(record);
-        }
-        let line = counts
-            .iter()
-            .map(|(k, v)| format!("{v} {k}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        if line != last_line {
-            println!("[{:>5.1}s] {line}", begin.elapsed().as_secs_f64());
-            last_line = line;
-        }
-        if records.iter().all(|r| r.status.is_terminal()) {
-            break records;
-        }
-        if Instant::now() > deadline {
-            bail!("executions did not finish within {} s", timeout.as_secs());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let finals = demo
+        .until_ended(
+            &ids,
+            demo.deadline(),
+            "executions did not finish",
+            |records| {
+                let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+                for record in records {
+                    let label = if record.status == Status::Running {
+                        format!("RUNNING step {}", record.step + 1)
+                    } else {
+                        record.status.to_string()
+                    };
+                    *counts.entry(label).or_default() += 1;
+                }
+                counts
+                    .iter()
+                    .map(|(k, v)| format!("{v} {k}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        )
+        .await?;
 
     println!();
-    let mut all_ok = true;
-    for ((order, id), record) in ids.iter().zip(&finals) {
-        let detail = match (&record.result, &record.error) {
-            (Some(result), _) => result.value().to_string(),
-            (None, Some(error)) => format!("{}: {}", error.code, error.message),
-            _ => String::new(),
-        };
+    for (order, record) in orders.iter().zip(&finals) {
+        let detail = outcome(record, |result| result.to_string());
         println!(
-            "{order:<10} {id} {:<10} {detail}",
+            "{order:<10} {} {:<10} {detail}",
+            record.id,
             record.status.to_string()
         );
-        all_ok &= record.status == Status::Succeeded;
     }
     let ok = finals
         .iter()
@@ -341,34 +415,16 @@ async fn demo(
     println!(
         "\n{ok}/{} executions SUCCEEDED in {:.1}s",
         finals.len(),
-        begin.elapsed().as_secs_f64()
+        demo.elapsed()
     );
-    if !all_ok {
+    if ok != finals.len() {
         bail!("not every execution SUCCEEDED");
     }
     Ok(())
 }
 
 fn contract(write: bool, check: bool) -> Result<()> {
-    let examples = [
-        (
-            "examples/order-worker/pipeline-contract.json",
-            order_worker::contract(),
-        ),
-        (
-            "examples/restaurant-approval/pipeline-contract.json",
-            restaurant_approval::contract(),
-        ),
-        (
-            "examples/csv-payments/pipeline-contract.json",
-            csv_payments::batch_contract(),
-        ),
-        (
-            "examples/csv-payments/payment-contract.json",
-            csv_payments::payment_contract(),
-        ),
-    ];
-    for (file, contract) in examples {
+    for (file, contract) in example_contracts() {
         let path = stepline_local::workspace_root().join(file);
         let text = contract.to_file_text();
         if write {
@@ -397,68 +453,35 @@ async fn restaurant_demo(
     stage: Option<String>,
     timeout: Duration,
 ) -> Result<()> {
-    let stage = stage.unwrap_or_else(|| fresh_stage("restaurant"));
-    let begin = Instant::now();
-    println!("provisioning stage {stage} from template.yaml");
-    let local = LocalStack::up(&stage)
-        .await
-        .context("provisioning the local stack (is the emulator running? see infra/emulator.sh)")?;
-    let (requests, _) = local.stack.queue("RestaurantRequestQueue")?;
-    let (approvals, approvals_url) = local.stack.queue("RestaurantApprovalQueue")?;
-    local
-        .release(
-            restaurant_approval::pipeline(requests, approvals, 120),
-            Vec::new(),
-        )
-        .await?;
-    let api = local.coordinator(functions::REDRIVE)?;
-    let mut bindings = local.coordinator_bindings()?;
-    bindings.push(local.worker_binding(
+    let demo = Demo::provision(stage, "restaurant", timeout).await?;
+    let local = &demo.local;
+    local.release_restaurant().await?;
+    let (_, approvals_url) = local.stack.queue("RestaurantApprovalQueue")?;
+    let _runner = local.run_workers(vec![(
         "RestaurantWorkerFunction",
-        &restaurant_approval::contract(),
+        restaurant_approval::contract(),
         Arc::new(restaurant_approval::RestaurantSteps),
-    )?);
-    let _runner = local.run(bindings, RunnerOptions::default())?;
+    )])?;
 
     let executions = executions.max(2);
     let mut ids = Vec::new();
     for n in 0..executions {
-        let submitted = api
-            .submit(SubmitRequest {
-                pipeline_id: restaurant_approval::PIPELINE_ID.into(),
-                tenant: "trattoria".into(),
-                input: restaurant_approval::sample_order(n),
-                ..Default::default()
-            })
+        let input = restaurant_approval::sample_order(n);
+        let id = demo
+            .submit(restaurant_approval::PIPELINE_ID, "trattoria", input)
             .await?;
-        println!(
-            "order for table {} placed: execution {}",
-            n + 1,
-            submitted.execution
-        );
-        ids.push(submitted.execution);
+        println!("order for table {} placed: execution {id}", n + 1);
+        ids.push(id);
     }
     let rejected = *ids.last().expect("at least two orders");
 
     // The manager: reads approval requests and answers them.
     let sqs = aws_sdk_sqs::Client::new(&local.sdk);
-    let deadline = Instant::now() + timeout;
+    let deadline = demo.deadline();
     let mut answered = 0;
     while answered < ids.len() {
-        if Instant::now() > deadline {
-            bail!(
-                "approval requests did not all arrive within {} s",
-                timeout.as_secs()
-            );
-        }
-        let out = sqs
-            .receive_message()
-            .queue_url(approvals_url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .send()
-            .await?;
-        for message in out.messages.unwrap_or_default() {
+        demo.in_time(deadline, "approval requests did not all arrive")?;
+        for message in stepline_local::receive(&sqs, approvals_url).await? {
             let notice: stepline::envelope::AwaitNotice =
                 serde_json::from_str(message.body.as_deref().unwrap_or_default())?;
             let reject = notice.execution_id == rejected;
@@ -472,12 +495,12 @@ async fn restaurant_demo(
             };
             println!(
                 "[{:>5.1}s] manager {} table {}",
-                begin.elapsed().as_secs_f64(),
+                demo.elapsed(),
                 if reject { "rejects" } else { "approves" },
                 notice.input["table"]
             );
             stepline::handlers::complete_interaction(
-                &api,
+                &demo.api,
                 InteractionMessage {
                     kind: stepline::envelope::INTERACTION_KIND.into(),
                     execution_id: notice.execution_id,
@@ -497,23 +520,11 @@ async fn restaurant_demo(
         }
     }
 
-    let mut records = Vec::new();
-    for id in &ids {
-        loop {
-            let record = api.get(*id).await?;
-            if record.status.is_terminal() {
-                records.push(record);
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "execution {id} did not finish within {} s",
-                    timeout.as_secs()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
+    let records = demo
+        .until_ended(&ids, deadline, "the orders did not finish", |_| {
+            String::new()
+        })
+        .await?;
     println!();
     let mut as_expected = true;
     // Orders were placed for tables 1, 2, ... in submission order.
@@ -524,11 +535,7 @@ async fn restaurant_demo(
             Status::Succeeded
         };
         as_expected &= record.status == expected;
-        let detail = match (&record.result, &record.error) {
-            (Some(result), _) => result.value()["message"].to_string(),
-            (None, Some(error)) => format!("{}: {}", error.code, error.message),
-            _ => String::new(),
-        };
+        let detail = outcome(record, |result| result["message"].to_string());
         println!(
             "table {:<3} {:<10} {detail}",
             table,
@@ -538,7 +545,7 @@ async fn restaurant_demo(
     println!(
         "\n{} approved orders reached the kitchen, 1 rejected, in {:.1}s",
         records.len() - 1,
-        begin.elapsed().as_secs_f64()
+        demo.elapsed()
     );
     if !as_expected {
         bail!("the orders did not end as the manager decided");
@@ -548,13 +555,8 @@ async fn restaurant_demo(
 
 /// The csv-payments example: one batch, one child execution per good row, a summary.
 async fn csv_demo(stage: Option<String>, timeout: Duration) -> Result<()> {
-    let stage = stage.unwrap_or_else(|| fresh_stage("csv"));
-    let begin = Instant::now();
-    println!("provisioning stage {stage} from template.yaml");
-    let local = LocalStack::up(&stage)
-        .await
-        .context("provisioning the local stack (is the emulator running? see infra/emulator.sh)")?;
-    let api = local.coordinator(functions::REDRIVE)?;
+    let demo = Demo::provision(stage, "csv", timeout).await?;
+    let local = &demo.local;
     let (batch_queue, _) = local.stack.queue("CsvRequestQueue")?;
     let (payment_queue, _) = local.stack.queue("PaymentRequestQueue")?;
     for def in [
@@ -563,65 +565,52 @@ async fn csv_demo(stage: Option<String>, timeout: Duration) -> Result<()> {
     ] {
         local.release(def, Vec::new()).await?;
     }
-    let mut bindings = local.coordinator_bindings()?;
-    bindings.push(local.worker_binding(
-        "CsvWorkerFunction",
-        &csv_payments::batch_contract(),
-        Arc::new(csv_payments::CsvSteps),
-    )?);
-    bindings.push(local.worker_binding(
-        "PaymentWorkerFunction",
-        &csv_payments::payment_contract(),
-        Arc::new(csv_payments::CsvSteps),
-    )?);
-    let _runner = local.run(bindings, RunnerOptions::default())?;
+    let _runner = local.run_workers(vec![
+        (
+            "CsvWorkerFunction",
+            csv_payments::batch_contract(),
+            Arc::new(csv_payments::CsvSteps),
+        ),
+        (
+            "PaymentWorkerFunction",
+            csv_payments::payment_contract(),
+            Arc::new(csv_payments::CsvSteps),
+        ),
+    ])?;
 
     let input = csv_payments::sample_csv();
     let rows = input["csv"].as_str().unwrap_or_default().lines().count() - 1;
-    let submitted = api
-        .submit(SubmitRequest {
-            pipeline_id: csv_payments::BATCH_PIPELINE.into(),
-            tenant: "finance".into(),
-            input,
-            ..Default::default()
-        })
+    let id = demo
+        .submit(csv_payments::BATCH_PIPELINE, "finance", input)
         .await?;
-    println!(
-        "batch of {rows} rows submitted: execution {}",
-        submitted.execution
-    );
-    let deadline = Instant::now() + timeout;
-    let mut last = String::new();
-    let record = loop {
-        let record = api.get(submitted.execution).await?;
-        let line = match (&record.await_unit, record.status) {
-            (Some(unit), Status::WaitingExternal) => {
-                let done = unit
-                    .interactions
-                    .iter()
-                    .filter(|i| i.completion.is_some())
-                    .count();
-                format!(
-                    "{} step {}: {done}/{} payments done",
-                    record.status,
-                    record.step + 1,
-                    unit.interactions.len()
-                )
-            }
-            _ => format!("{} step {}", record.status, record.step + 1),
-        };
-        if line != last {
-            println!("[{:>5.1}s] {line}", begin.elapsed().as_secs_f64());
-            last = line;
-        }
-        if record.status.is_terminal() {
-            break record;
-        }
-        if Instant::now() > deadline {
-            bail!("the batch did not finish within {} s", timeout.as_secs());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    println!("batch of {rows} rows submitted: execution {id}");
+    let ended = demo
+        .until_ended(
+            &[id],
+            demo.deadline(),
+            "the batch did not finish",
+            |records| {
+                let record = &records[0];
+                match (&record.await_unit, record.status) {
+                    (Some(unit), Status::WaitingExternal) => {
+                        let done = unit
+                            .interactions
+                            .iter()
+                            .filter(|i| i.completion.is_some())
+                            .count();
+                        format!(
+                            "{} step {}: {done}/{} payments done",
+                            record.status,
+                            record.step + 1,
+                            unit.interactions.len()
+                        )
+                    }
+                    _ => format!("{} step {}", record.status, record.step + 1),
+                }
+            },
+        )
+        .await?;
+    let record = &ended[0];
     println!();
     let summary = record
         .result
@@ -629,18 +618,19 @@ async fn csv_demo(stage: Option<String>, timeout: Duration) -> Result<()> {
         .map(|r| r.value().clone())
         .unwrap_or_default();
     println!("{}", serde_json::to_string_pretty(&summary)?);
+    let count = |key: &str| summary[key].as_array().map_or(0, Vec::len);
     println!(
         "\n{} in {:.1}s: {} paid, {} failed, {} bad rows",
         record.status,
-        begin.elapsed().as_secs_f64(),
+        demo.elapsed(),
         summary["paid"],
-        summary["failed"].as_array().map_or(0, Vec::len),
-        summary["badRows"].as_array().map_or(0, Vec::len)
+        count("failed"),
+        count("badRows")
     );
     if record.status != Status::Succeeded
         || summary["paid"] != 3
-        || summary["failed"].as_array().map_or(0, Vec::len) != 1
-        || summary["badRows"].as_array().map_or(0, Vec::len) != 2
+        || count("failed") != 1
+        || count("badRows") != 2
     {
         bail!("the batch did not end as expected (3 paid, 1 declined, 2 bad rows)");
     }

@@ -68,30 +68,21 @@ impl Runner {
         options: RunnerOptions,
     ) -> anyhow::Result<Runner> {
         let mut tasks = Vec::new();
+        let pollers = |source: &SqsSource, handler: &SqsHandler| {
+            (0..options.pollers.max(1))
+                .map(|_| tokio::spawn(poll(sqs.clone(), source.clone(), handler.clone())))
+                .collect::<Vec<_>>()
+        };
         for binding in bindings {
             match binding {
                 Binding::Sqs { function, handler } => {
                     let spec = stack.function(&function)?;
                     anyhow::ensure!(!spec.sqs.is_empty(), "{function} has no SQS event source");
                     for source in &spec.sqs {
-                        for _ in 0..options.pollers.max(1) {
-                            tasks.push(tokio::spawn(poll(
-                                sqs.clone(),
-                                source.clone(),
-                                handler.clone(),
-                            )));
-                        }
+                        tasks.extend(pollers(source, &handler));
                     }
                 }
-                Binding::Queue { source, handler } => {
-                    for _ in 0..options.pollers.max(1) {
-                        tasks.push(tokio::spawn(poll(
-                            sqs.clone(),
-                            source.clone(),
-                            handler.clone(),
-                        )));
-                    }
-                }
+                Binding::Queue { source, handler } => tasks.extend(pollers(&source, &handler)),
                 Binding::Schedule { function, handler } => {
                     let spec = stack.function(&function)?;
                     anyhow::ensure!(!spec.schedules.is_empty(), "{function} has no schedule");

@@ -2,88 +2,19 @@
 //! operator set (the active release, the parameters the stage was created with) survives a runner
 //! restart and commands that only read the stage.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-use anyhow::{bail, ensure, Result};
+use anyhow::Result;
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::Value;
 use stepline::SubmitRequest;
 use stepline_local::{fresh_stage, functions, LocalStack};
 
-fn require_emulator() {
-    assert!(
-        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
-        "AWS_ENDPOINT_URL is not set: run the suite through infra/test.sh (it starts the emulator)"
-    );
-}
+mod support;
 
-/// A `stepline-local run` process; killed (SIGKILL) when dropped.
-struct RunProcess {
-    child: Child,
-    log: PathBuf,
-}
-
-impl RunProcess {
-    fn start(stage: &str, tag: &str, extra: &[&str]) -> Result<Self> {
-        let log = std::env::temp_dir().join(format!("{stage}-{tag}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_stepline-local"))
-            .args(["run", "--stage", stage])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()?;
-        Ok(Self { child, log })
-    }
-
-    /// Starts a runner and waits until it has provisioned the stage, registered its releases and
-    /// started its functions.
-    fn started(stage: &str, tag: &str, extra: &[&str]) -> Result<Self> {
-        let mut process = Self::start(stage, tag, extra)?;
-        let timeout = Duration::from_secs(60);
-        let deadline = Instant::now() + timeout;
-        loop {
-            let log = std::fs::read_to_string(&process.log).unwrap_or_default();
-            if log.contains("running stage") {
-                return Ok(process);
-            }
-            if let Some(status) = process.child.try_wait()? {
-                bail!("the runner exited ({status}):\n{log}");
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the runner did not start within {timeout:?}:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for RunProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn run(binary: &str, args: &[&str]) -> Output {
-    Command::new(binary)
-        .args(args)
-        .output()
-        .expect("the CLI runs")
-}
+use support::{require_emulator, run, stepline_binary, RunProcess};
 
 /// Runs `stepline --stage <stage> <args>`, which must succeed.
 fn stepline(stage: &str, args: &[&str]) -> String {
-    let out = run(
-        env!("CARGO_BIN_EXE_stepline"),
-        &[&["--stage", stage], args].concat(),
-    );
+    let out = run(stepline_binary(), &[&["--stage", stage], args].concat());
     assert!(
         out.status.success(),
         "stepline {args:?}: {}",
@@ -171,15 +102,12 @@ async fn release_commands_attach_to_a_stage_run_with_other_parameters() -> Resul
     );
 
     let local = LocalStack::find(&stage).await?;
-    let (_, url) = local.stack.queue("OrderRequestQueue")?;
-    let visibility = aws_sdk_sqs::Client::new(&local.sdk)
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::VisibilityTimeout)
-        .send()
+    let visibility = local
+        .queue_attributes(
+            "OrderRequestQueue",
+            &[QueueAttributeName::VisibilityTimeout],
+        )
         .await?
-        .attributes
-        .unwrap_or_default()
         .remove(&QueueAttributeName::VisibilityTimeout);
     assert_eq!(visibility.as_deref(), Some("30"));
     Ok(())

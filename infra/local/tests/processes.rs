@@ -3,8 +3,6 @@
 //! Every execution must end correct with nothing lost.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -16,68 +14,23 @@ use uuid::Uuid;
 const PARAMS: [(&str, &str); 2] = [("LeaseSeconds", "5"), ("QueueVisibilitySeconds", "10")];
 const STEP_TIMEOUT_SECS: &str = "15";
 
-fn require_emulator() {
-    assert!(
-        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
-        "AWS_ENDPOINT_URL is not set: run the suite through infra/test.sh (it starts the emulator)"
-    );
-}
+mod support;
 
-/// A `stepline-local run` process; killed (SIGKILL) when dropped.
-struct RunProcess {
-    child: Child,
-    log: PathBuf,
-}
+use support::{require_emulator, RunProcess};
 
-impl RunProcess {
-    fn start(stage: &str, functions: &str, tag: &str, extra: &[&str]) -> Result<Self> {
-        let log = std::env::temp_dir().join(format!("{stage}-{tag}.log"));
-        let mut command = Command::new(env!("CARGO_BIN_EXE_stepline-local"));
-        command.args([
-            "run",
-            "--stage",
-            stage,
-            "--step-timeout-secs",
-            STEP_TIMEOUT_SECS,
-        ]);
-        for (name, value) in PARAMS {
-            command.args(["--param", &format!("{name}={value}")]);
-        }
-        if !functions.is_empty() {
-            command.args(["--functions", functions]);
-        }
-        command
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .env("AWS_LAMBDA_LOG_FORMAT", "JSON")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?);
-        Ok(Self {
-            child: command.spawn()?,
-            log,
-        })
+/// A `stepline-local run` process with the test's parameters and step timeout, running `functions`
+/// (all when empty).
+fn runner(stage: &str, functions: &str, tag: &str, extra: &[&str]) -> Result<RunProcess> {
+    let mut args = vec!["--step-timeout-secs", STEP_TIMEOUT_SECS];
+    let params: Vec<String> = PARAMS.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    for param in &params {
+        args.extend(["--param", param]);
     }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
+    if !functions.is_empty() {
+        args.extend(["--functions", functions]);
     }
-
-    /// Log lines (JSON) whose message is `message`.
-    fn events(&self, message: &str) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v["message"] == message)
-            .collect()
-    }
-}
-
-impl Drop for RunProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
+    args.extend(extra);
+    RunProcess::start(stage, tag, &args)
 }
 
 async fn stack(prefix: &str) -> Result<(LocalStack, Coordinator)> {
@@ -174,9 +127,9 @@ async fn parallel_claim_processes_take_each_lease_once_and_every_execution_finis
     }
     assert_eq!(local.take_all("OrderRequestQueue").await?.len(), ids.len());
     // One process runs launch, completion and the worker; three others only sweep.
-    let mut workers = RunProcess::start(&stage, "launch,completion,worker", "work", &[])?;
+    let mut workers = runner(&stage, "launch,completion,worker", "work", &[])?;
     let mut sweepers: Vec<RunProcess> = (0..3)
-        .map(|i| RunProcess::start(&stage, "claim", &format!("claim{i}"), &[]))
+        .map(|i| runner(&stage, "claim", &format!("claim{i}"), &[]))
         .collect::<Result<_>>()?;
 
     let records = wait_all(&api, &ids, Duration::from_secs(90)).await?;
@@ -230,7 +183,7 @@ async fn a_runner_killed_with_sigkill_mid_run_and_restarted_finishes_every_execu
     let (local, api) = stack("proc-kill").await?;
     let stage = local.stack.stage.clone();
     let slow = ["--worker-delay-ms", "150"];
-    let mut first = RunProcess::start(&stage, "", "first", &slow)?;
+    let mut first = runner(&stage, "", "first", &slow)?;
     let mut ids = Vec::new();
     for n in 0..12 {
         ids.push(submit(&api, n).await?);
@@ -265,7 +218,7 @@ async fn a_runner_killed_with_sigkill_mid_run_and_restarted_finishes_every_execu
     };
     assert!(unfinished > 0, "the runner was killed after the run ended");
 
-    let _second = RunProcess::start(&stage, "", "second", &slow)?;
+    let _second = runner(&stage, "", "second", &slow)?;
     let records = wait_all(&api, &ids, Duration::from_secs(120)).await?;
 
     for (n, record) in records.iter().enumerate() {

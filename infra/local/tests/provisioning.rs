@@ -8,20 +8,16 @@ use anyhow::Result;
 use aws_sdk_sqs::types::QueueAttributeName;
 use stepline_local::stack::Physical;
 use stepline_local::template::{resolve, scalar};
-use stepline_local::{fresh_stage, LocalStack, Template};
+use stepline_local::{fresh_stage, require_emulator, LocalStack, Template};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provisioning_creates_every_resource_of_the_template_as_declared() -> Result<()> {
-    assert!(
-        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
-        "run through infra/test.sh"
-    );
+    require_emulator();
     let params: BTreeMap<String, String> =
         [("QueueVisibilitySeconds".to_string(), "42".to_string())].into();
     let local = LocalStack::up_with(&fresh_stage("prov"), &params).await?;
     let template = Template::load(&Template::default_path())?;
     let dynamodb = aws_sdk_dynamodb::Client::new(&local.sdk);
-    let sqs = aws_sdk_sqs::Client::new(&local.sdk);
     let events = aws_sdk_eventbridge::Client::new(&local.sdk);
     let mut checked = BTreeMap::<String, usize>::new();
 
@@ -65,16 +61,11 @@ async fn provisioning_creates_every_resource_of_the_template_as_declared() -> Re
             }
             "AWS::SQS::Queue" => {
                 let name = resolve(&props["QueueName"], &local.stack)?;
-                let (provisioned, url) = local.stack.queue(&logical)?;
+                let (provisioned, _) = local.stack.queue(&logical)?;
                 assert_eq!(provisioned, name);
-                let attrs = sqs
-                    .get_queue_attributes()
-                    .queue_url(url)
-                    .attribute_names(QueueAttributeName::All)
-                    .send()
-                    .await?
-                    .attributes
-                    .unwrap_or_default();
+                let attrs = local
+                    .queue_attributes(&logical, &[QueueAttributeName::All])
+                    .await?;
                 if let Some(visibility) = props.get("VisibilityTimeout") {
                     assert_eq!(
                         attrs
@@ -112,21 +103,15 @@ async fn provisioning_creates_every_resource_of_the_template_as_declared() -> Re
             "AWS::Events::Rule" => {
                 let name = resolve(&props["Name"], &local.stack)?;
                 let bus = resolve(&props["EventBusName"], &local.stack)?;
-                let rule = events
-                    .describe_rule()
-                    .name(&name)
-                    .event_bus_name(&bus)
-                    .send()
-                    .await?;
+                let rule = events.describe_rule().name(&name).event_bus_name(&bus);
+                let rule = rule.send().await?;
                 assert!(rule.event_pattern().is_some(), "{logical} has its pattern");
                 let targets = events
                     .list_targets_by_rule()
                     .rule(&name)
-                    .event_bus_name(&bus)
-                    .send()
-                    .await?;
+                    .event_bus_name(&bus);
                 assert_eq!(
-                    targets.targets().len(),
+                    targets.send().await?.targets().len(),
                     props["Targets"].as_sequence().unwrap().len(),
                     "{logical} targets"
                 );
@@ -160,16 +145,12 @@ async fn provisioning_creates_every_resource_of_the_template_as_declared() -> Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provisioning_an_existing_stage_with_other_parameters_reuses_its_queues_unchanged(
 ) -> Result<()> {
-    assert!(
-        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
-        "run through infra/test.sh"
-    );
+    require_emulator();
     let stage = fresh_stage("reprov");
     let params: BTreeMap<String, String> =
         [("QueueVisibilitySeconds".to_string(), "30".to_string())].into();
     let first = LocalStack::up_with(&stage, &params).await?;
     let again = LocalStack::up(&stage).await?;
-    let sqs = aws_sdk_sqs::Client::new(&again.sdk);
     for (logical, physical) in &first.stack.resources {
         let Physical::Queue { url, arn, .. } = physical else {
             continue;
@@ -180,15 +161,12 @@ async fn provisioning_an_existing_stage_with_other_parameters_reuses_its_queues_
             matches!(&again.stack.resources[logical], Physical::Queue { arn: a, .. } if a == arn)
         );
     }
-    let (_, url) = again.stack.queue("OrderRequestQueue")?;
-    let attrs = sqs
-        .get_queue_attributes()
-        .queue_url(url)
-        .attribute_names(QueueAttributeName::VisibilityTimeout)
-        .send()
-        .await?
-        .attributes
-        .unwrap_or_default();
+    let attrs = again
+        .queue_attributes(
+            "OrderRequestQueue",
+            &[QueueAttributeName::VisibilityTimeout],
+        )
+        .await?;
     assert_eq!(
         attrs
             .get(&QueueAttributeName::VisibilityTimeout)

@@ -2,6 +2,8 @@
 //! AWS configuration and credentials) or on an emulator (`AWS_ENDPOINT_URL`). Human-readable output by
 //! default, `--json` for scripts.
 
+mod contracts;
+
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -15,14 +17,13 @@ use stepline::handlers::{
 };
 use stepline::handlers::{ReplayFilter, ReplayRequest};
 use stepline::{Coordinator, SubmitRequest};
-use stepline_local::{functions, LocalStack};
+use stepline_stage::releases::ReleaseAction;
+use stepline_stage::{functions, Stage};
 use uuid::Uuid;
 
+/// Operate Stepline executions, dead letters and releases
 #[derive(Parser)]
-#[command(
-    name = "stepline",
-    about = "Operate Stepline executions, dead letters and releases"
-)]
+#[command(name = "stepline")]
 struct Cli {
     /// The deployed stage (the template's Stage parameter).
     #[arg(long, env = "STEPLINE_STAGE", default_value = "dev", global = true)]
@@ -98,7 +99,7 @@ enum Command {
         #[arg(long)]
         pipeline: String,
         #[command(subcommand)]
-        action: stepline_local::releases::ReleaseAction,
+        action: ReleaseAction,
     },
     /// Dead letters: inspect a DLQ, replay the execution DLQ, or move a queue's dead letters back.
     Dlq {
@@ -180,10 +181,10 @@ async fn main() -> Result<()> {
     }
     stepline::telemetry::init_to_stderr();
     let cli = Cli::parse();
-    let local = LocalStack::find(&cli.stage)
+    let stage = Stage::find(&cli.stage)
         .await
         .with_context(|| format!("finding stage {}", cli.stage))?;
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = stage.coordinator(functions::REDRIVE)?;
     let out = Output { json: cli.json };
     match cli.command {
         Command::Submit {
@@ -222,7 +223,7 @@ async fn main() -> Result<()> {
             if let Some(fields) = shown.as_object_mut() {
                 fields.remove("secret");
             }
-            out.show(&shown, || summary(&api, &record));
+            out.show(&shown, || summary(&record));
         }
         Command::Watch {
             execution,
@@ -312,9 +313,10 @@ async fn main() -> Result<()> {
                 )
             });
         }
-        Command::Dlq { action } => dlq(&local, &api, action, &out).await?,
+        Command::Dlq { action } => dlq(&stage, &api, action, &out).await?,
         Command::Releases { pipeline, action } => {
-            stepline_local::releases::run(&local, &pipeline, action).await?
+            stepline_stage::releases::run(&stage, &contracts::CommittedContracts, &pipeline, action)
+                .await?
         }
     }
     Ok(())
@@ -334,8 +336,7 @@ impl Output {
     }
 }
 
-fn summary(api: &Coordinator, record: &Execution) -> String {
-    let _ = api;
+fn summary(record: &Execution) -> String {
     let mut line = format!(
         "{} {} pipeline {} release {} step {} attempt {} version {}",
         record.id,
@@ -480,12 +481,12 @@ async fn answer(
     Ok(())
 }
 
-async fn dlq(local: &LocalStack, api: &Coordinator, action: DlqAction, out: &Output) -> Result<()> {
-    let sqs = aws_sdk_sqs::Client::new(&local.sdk);
+async fn dlq(stage: &Stage, api: &Coordinator, action: DlqAction, out: &Output) -> Result<()> {
+    let sqs = aws_sdk_sqs::Client::new(&stage.sdk);
     let queue = |logical: &str| -> Result<SqsDeadLetterQueue> {
         Ok(SqsDeadLetterQueue::new(
             sqs.clone(),
-            local.stack.queue(logical)?.1,
+            stage.stack.queue(logical)?.1,
         ))
     };
     let queues = [

@@ -33,7 +33,7 @@ impl Template {
         Self::parse(include_str!("../../../template.yaml")).expect("the project's template parses")
     }
 
-    /// The template next to the workspace root (the crate lives in infra/local).
+    /// The template next to the workspace root (this crate lives in infra/stage).
     pub fn default_path() -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../template.yaml")
     }
@@ -69,12 +69,25 @@ impl Template {
         out
     }
 
+    /// A property every function gets unless it sets its own (Globals.Function.<key>).
+    pub fn global_function_property(&self, key: &str) -> Option<&Value> {
+        self.root.get("Globals")?.get("Function")?.get(key)
+    }
+
+    /// A property of function `logical`: its own, else the global one.
+    pub fn function_property(&self, logical: &str, key: &str) -> Option<Value> {
+        let own = self
+            .root
+            .get("Resources")?
+            .get(logical)?
+            .get("Properties")
+            .and_then(|props| props.get(key));
+        own.or_else(|| self.global_function_property(key)).cloned()
+    }
+
     /// Environment variables every function gets (Globals.Function.Environment.Variables).
     pub fn global_env(&self) -> Option<&Value> {
-        self.root
-            .get("Globals")?
-            .get("Function")?
-            .get("Environment")?
+        self.global_function_property("Environment")?
             .get("Variables")
     }
 }

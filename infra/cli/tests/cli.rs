@@ -1,4 +1,5 @@
-//! The operator CLI (`stepline`) and the example demos, driven as processes on the local emulator.
+//! The operator CLI (`stepline`), driven as a process against stages the local stack runs on the
+//! emulator.
 
 use std::process::{Command, Output};
 use std::sync::Arc;
@@ -9,14 +10,7 @@ use serde_json::{json, Value};
 use stepline::domain::{Status, StepError};
 use stepline::envelope::RequestHeader;
 use stepline::worker::StepFunction;
-use stepline_local::{fresh_stage, functions, LocalStack, RunnerOptions};
-
-fn require_emulator() {
-    assert!(
-        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
-        "AWS_ENDPOINT_URL is not set: run the suite through infra/test.sh (it starts the emulator)"
-    );
-}
+use stepline_local::{fresh_stage, functions, require_emulator, LocalStack};
 
 /// Runs `stepline --stage <stage> <args>`.
 fn stepline(stage: &str, args: &[&str]) -> Output {
@@ -56,26 +50,19 @@ async fn running_stack(prefix: &str) -> Result<(LocalStack, stepline_local::Runn
     local
         .release_example(orders, order_worker::RELEASE_VERSION, 60)
         .await?;
-    let (requests, _) = local.stack.queue("RestaurantRequestQueue")?;
-    let (approvals, _) = local.stack.queue("RestaurantApprovalQueue")?;
-    local
-        .release(
-            restaurant_approval::pipeline(requests, approvals, 120),
-            Vec::new(),
-        )
-        .await?;
-    let mut bindings = local.coordinator_bindings()?;
-    bindings.push(local.worker_binding(
-        functions::ORDER_WORKER,
-        &order_worker::contract(),
-        Arc::new(Paced),
-    )?);
-    bindings.push(local.worker_binding(
-        "RestaurantWorkerFunction",
-        &restaurant_approval::contract(),
-        Arc::new(Paced),
-    )?);
-    let runner = local.run(bindings, RunnerOptions::default())?;
+    local.release_restaurant().await?;
+    let runner = local.run_workers(vec![
+        (
+            functions::ORDER_WORKER,
+            order_worker::contract(),
+            Arc::new(Paced),
+        ),
+        (
+            "RestaurantWorkerFunction",
+            restaurant_approval::contract(),
+            Arc::new(Paced),
+        ),
+    ])?;
     Ok((local, runner))
 }
 
@@ -227,21 +214,4 @@ async fn approve_and_reject_from_the_cli() -> Result<()> {
         .unwrap()
         .contains("approved by ana"));
     Ok(())
-}
-
-#[test]
-fn every_example_demo_succeeds() {
-    require_emulator();
-    for example in ["orders", "restaurant", "csv"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_stepline-local"))
-            .args(["demo", "--example", example, "--executions", "3"])
-            .output()
-            .expect("the demo runs");
-        assert!(
-            out.status.success(),
-            "{example} demo failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
 }

@@ -121,13 +121,7 @@ impl Stack {
             );
             parameters.insert(name.clone(), value.clone());
         }
-        parameters.insert("Stage".into(), stage.to_string());
-        let mut stack = Stack {
-            stage: stage.to_string(),
-            parameters,
-            resources: BTreeMap::new(),
-            functions: BTreeMap::new(),
-        };
+        let mut stack = Stack::named(stage, parameters);
         let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
         let sqs = aws_sdk_sqs::Client::new(sdk);
         let events = aws_sdk_eventbridge::Client::new(sdk);
@@ -135,7 +129,9 @@ impl Stack {
 
         for (logical, kind, props) in &resources {
             if kind == "AWS::DynamoDB::Table" {
-                let table = create_table(&dynamodb, &stack, props)
+                let name = resolved(props, "TableName", &stack)
+                    .with_context(|| format!("table {logical}"))?;
+                let table = create_table(&dynamodb, name, props)
                     .await
                     .with_context(|| format!("creating table {logical}"))?;
                 stack.resources.insert(logical.clone(), table);
@@ -159,12 +155,8 @@ impl Stack {
         }
         for (logical, kind, props) in &resources {
             if kind == "AWS::Events::EventBus" {
-                let name = resolve(
-                    props
-                        .get("Name")
-                        .ok_or_else(|| anyhow!("{logical}: no Name"))?,
-                    &stack,
-                )?;
+                let name =
+                    resolved(props, "Name", &stack).with_context(|| format!("bus {logical}"))?;
                 let arn = match events.create_event_bus().name(&name).send().await {
                     Ok(out) => out.event_bus_arn.unwrap_or_default(),
                     Err(e)
@@ -179,9 +171,7 @@ impl Stack {
                             .arn
                             .unwrap_or_default()
                     }
-                    Err(e) => {
-                        return Err(anyhow!(aws_sdk_eventbridge::error::DisplayErrorContext(e)))
-                    }
+                    Err(e) => return Err(sdk_error(e)),
                 };
                 stack
                     .resources
@@ -195,61 +185,34 @@ impl Stack {
                     .with_context(|| format!("creating rule {logical}"))?;
             }
         }
-        for (logical, kind, props) in &resources {
-            if kind == "AWS::Serverless::Function" {
-                let spec = function_spec(template, &stack, props)
-                    .with_context(|| format!("resolving function {logical}"))?;
-                stack.functions.insert(logical.clone(), spec);
-            }
-        }
+        stack.resolve_functions(template)?;
         Ok(stack)
     }
 
     /// Finds an already deployed stage of `template` (by the names the template gives it) without
     /// creating anything: how the operator CLI reaches a stack on AWS or on an emulator.
     pub async fn lookup(sdk: &SdkConfig, template: &Template, stage: &str) -> Result<Stack> {
-        let mut parameters = template.parameter_defaults();
-        parameters.insert("Stage".into(), stage.to_string());
-        let mut stack = Stack {
-            stage: stage.to_string(),
-            parameters,
-            resources: BTreeMap::new(),
-            functions: BTreeMap::new(),
-        };
+        let mut stack = Stack::named(stage, template.parameter_defaults());
         let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
         let sqs = aws_sdk_sqs::Client::new(sdk);
         let resources = template.resources();
         for (logical, kind, props) in &resources {
-            let name_of = |key: &str| -> Result<String> {
-                resolve(
-                    props
-                        .get(key)
-                        .ok_or_else(|| anyhow!("{logical}: no {key}"))?,
-                    &stack,
-                )
-            };
+            let name_of = |key: &str| resolved(props, key, &stack).context(logical.clone());
+            let missing =
+                |what: &str, name: &str| format!("stage {stage}: {what} {name} not found");
             let physical = match kind.as_str() {
                 "AWS::DynamoDB::Table" => {
                     let name = name_of("TableName")?;
-                    let table = dynamodb
-                        .describe_table()
-                        .table_name(&name)
-                        .send()
-                        .await
-                        .with_context(|| format!("stage {stage}: table {name} not found"))?;
-                    let arn = table.table.and_then(|t| t.table_arn).unwrap_or_default();
+                    let found = dynamodb.describe_table().table_name(&name).send().await;
+                    let table = found.with_context(|| missing("table", &name))?.table;
+                    let arn = table.and_then(|t| t.table_arn).unwrap_or_default();
                     Physical::Table { name, arn }
                 }
                 "AWS::SQS::Queue" => {
                     let name = name_of("QueueName")?;
-                    let url = sqs
-                        .get_queue_url()
-                        .queue_name(&name)
-                        .send()
-                        .await
-                        .with_context(|| format!("stage {stage}: queue {name} not found"))?
-                        .queue_url
-                        .unwrap_or_default();
+                    let found = sqs.get_queue_url().queue_name(&name).send().await;
+                    let url = found.with_context(|| missing("queue", &name))?.queue_url;
+                    let url = url.unwrap_or_default();
                     let arn = queue_arn(&sqs, &url).await?;
                     Physical::Queue { name, url, arn }
                 }
@@ -261,14 +224,31 @@ impl Stack {
             };
             stack.resources.insert(logical.clone(), physical);
         }
-        for (logical, kind, props) in &resources {
+        stack.resolve_functions(template)?;
+        Ok(stack)
+    }
+
+    /// A stack of `stage` with nothing found yet.
+    fn named(stage: &str, mut parameters: BTreeMap<String, String>) -> Stack {
+        parameters.insert("Stage".into(), stage.to_string());
+        Stack {
+            stage: stage.to_string(),
+            parameters,
+            resources: BTreeMap::new(),
+            functions: BTreeMap::new(),
+        }
+    }
+
+    /// Each function's environment and triggers, resolved against the resources found.
+    fn resolve_functions(&mut self, template: &Template) -> Result<()> {
+        for (logical, kind, props) in &template.resources() {
             if kind == "AWS::Serverless::Function" {
-                let spec = function_spec(template, &stack, props)
+                let spec = function_spec(template, self, props)
                     .with_context(|| format!("resolving function {logical}"))?;
-                stack.functions.insert(logical.clone(), spec);
+                self.functions.insert(logical.clone(), spec);
             }
         }
-        Ok(stack)
+        Ok(())
     }
 
     pub fn function(&self, logical: &str) -> Result<&FunctionSpec> {
@@ -312,6 +292,24 @@ fn list<'a>(props: &'a Value, key: &str) -> impl Iterator<Item = &'a Value> {
         .flatten()
 }
 
+/// What the intrinsic at `key` of `props` resolves to.
+fn resolved(props: &Value, key: &str, stack: &Stack) -> Result<String> {
+    resolve(props.get(key).ok_or_else(|| anyhow!("no {key}"))?, stack)
+}
+
+/// An SDK error with its whole chain of causes (its `Display` shows only the outermost).
+fn sdk_error<E: std::error::Error + Send + Sync + 'static>(e: E) -> anyhow::Error {
+    anyhow!(aws_sdk_sqs::error::DisplayErrorContext(e))
+}
+
+/// A scalar property, or `default` when absent.
+fn text_or(value: &Value, key: &str, default: &str) -> String {
+    value
+        .get(key)
+        .and_then(scalar)
+        .unwrap_or_else(|| default.into())
+}
+
 fn text(value: &Value, key: &str) -> Result<String> {
     value
         .get(key)
@@ -330,26 +328,17 @@ fn key_schema(props: &Value) -> Result<Vec<KeySchemaElement>> {
         .collect()
 }
 
+/// Creates table `name` as `props` declare it (or finds it), once it is ACTIVE.
 async fn create_table(
     client: &aws_sdk_dynamodb::Client,
-    stack: &Stack,
+    name: String,
     props: &Value,
 ) -> Result<Physical> {
-    let name = resolve(
-        props
-            .get("TableName")
-            .ok_or_else(|| anyhow!("no TableName"))?,
-        stack,
-    )?;
     let mut request = client
         .create_table()
         .table_name(&name)
         .billing_mode(BillingMode::from(
-            props
-                .get("BillingMode")
-                .and_then(scalar)
-                .unwrap_or_else(|| "PAY_PER_REQUEST".into())
-                .as_str(),
+            text_or(props, "BillingMode", "PAY_PER_REQUEST").as_str(),
         ))
         .set_key_schema(Some(key_schema(props)?));
     for attr in list(props, "AttributeDefinitions") {
@@ -374,11 +363,7 @@ async fn create_table(
                 .projection(
                     Projection::builder()
                         .projection_type(ProjectionType::from(
-                            projection
-                                .get("ProjectionType")
-                                .and_then(scalar)
-                                .unwrap_or_else(|| "ALL".into())
-                                .as_str(),
+                            text_or(&projection, "ProjectionType", "ALL").as_str(),
                         ))
                         .set_non_key_attributes((!non_key.is_empty()).then_some(non_key))
                         .build(),
@@ -391,7 +376,7 @@ async fn create_table(
         Err(e)
             if e.as_service_error()
                 .is_some_and(|s| s.is_resource_in_use_exception()) => {}
-        Err(e) => return Err(anyhow!(aws_sdk_dynamodb::error::DisplayErrorContext(e))),
+        Err(e) => return Err(sdk_error(e)),
     }
     // Wait until ACTIVE (immediate on emulators, seconds on AWS).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
@@ -432,12 +417,7 @@ async fn create_queue(
     stack: &Stack,
     props: &Value,
 ) -> Result<Physical> {
-    let name = resolve(
-        props
-            .get("QueueName")
-            .ok_or_else(|| anyhow!("no QueueName"))?,
-        stack,
-    )?;
+    let name = resolved(props, "QueueName", stack)?;
     let mut attributes = HashMap::new();
     if let Some(map) = props.as_mapping() {
         for (key, value) in map {
@@ -446,10 +426,7 @@ async fn create_queue(
                 "QueueName" | "Tags" => {}
                 "RedrivePolicy" => {
                     let policy = serde_json::json!({
-                        "deadLetterTargetArn": resolve(
-                            value.get("deadLetterTargetArn").ok_or_else(|| anyhow!("no deadLetterTargetArn"))?,
-                            stack,
-                        )?,
+                        "deadLetterTargetArn": resolved(value, "deadLetterTargetArn", stack)?,
                         "maxReceiveCount": text(value, "maxReceiveCount")?,
                     });
                     attributes.insert(QueueAttributeName::RedrivePolicy, policy.to_string());
@@ -479,7 +456,7 @@ async fn create_queue(
         {
             existing_queue(client, &name, &attributes).await?
         }
-        Err(e) => return Err(anyhow!(aws_sdk_sqs::error::DisplayErrorContext(e))),
+        Err(e) => return Err(sdk_error(e)),
     };
     let arn = queue_arn(client, &url).await?;
     Ok(Physical::Queue { name, url, arn })
@@ -496,7 +473,7 @@ async fn existing_queue(
         .queue_name(name)
         .send()
         .await
-        .map_err(|e| anyhow!(aws_sdk_sqs::error::DisplayErrorContext(e)))?
+        .map_err(sdk_error)?
         .queue_url
         .ok_or_else(|| anyhow!("GetQueueUrl returned no URL"))?;
     let has: BTreeMap<String, String> = client
@@ -505,7 +482,7 @@ async fn existing_queue(
         .set_attribute_names(Some(asked.keys().cloned().collect()))
         .send()
         .await
-        .map_err(|e| anyhow!(aws_sdk_sqs::error::DisplayErrorContext(e)))?
+        .map_err(sdk_error)?
         .attributes
         .unwrap_or_default()
         .into_iter()
@@ -523,15 +500,37 @@ async fn existing_queue(
 
 /// The ARN of a queue, by URL.
 pub async fn queue_arn(client: &aws_sdk_sqs::Client, url: &str) -> Result<String> {
-    client
+    queue_attributes(client, url, &[QueueAttributeName::QueueArn])
+        .await?
+        .remove(&QueueAttributeName::QueueArn)
+        .ok_or_else(|| anyhow!("no QueueArn for {url}"))
+}
+
+/// Creates a queue outside the template, with the default attributes; returns its URL and ARN.
+pub async fn create_plain_queue(
+    client: &aws_sdk_sqs::Client,
+    name: &str,
+) -> Result<(String, String)> {
+    let created = client.create_queue().queue_name(name).send().await;
+    let url = created.map_err(sdk_error)?.queue_url.context("queue url")?;
+    let arn = queue_arn(client, &url).await?;
+    Ok((url, arn))
+}
+
+/// Attributes `names` of a queue, by URL (those it has).
+pub async fn queue_attributes(
+    client: &aws_sdk_sqs::Client,
+    url: &str,
+    names: &[QueueAttributeName],
+) -> Result<HashMap<QueueAttributeName, String>> {
+    Ok(client
         .get_queue_attributes()
         .queue_url(url)
-        .attribute_names(QueueAttributeName::QueueArn)
+        .set_attribute_names(Some(names.to_vec()))
         .send()
         .await?
         .attributes
-        .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
-        .ok_or_else(|| anyhow!("no QueueArn for {url}"))
+        .unwrap_or_default())
 }
 
 /// An EventBridge rule on a bus with its targets (`PutRule` and `PutTargets` are idempotent).
@@ -540,7 +539,7 @@ async fn create_rule(
     stack: &Stack,
     props: &Value,
 ) -> Result<()> {
-    let name = resolve(props.get("Name").ok_or_else(|| anyhow!("no Name"))?, stack)?;
+    let name = resolved(props, "Name", stack)?;
     let bus = match props.get("EventBusName") {
         Some(v) => resolve(v, stack)?,
         None => "default".into(),
@@ -556,7 +555,7 @@ async fn create_rule(
         .event_pattern(pattern.to_string())
         .send()
         .await
-        .map_err(|e| anyhow!(aws_sdk_eventbridge::error::DisplayErrorContext(e)))?;
+        .map_err(sdk_error)?;
     for target in list(props, "Targets") {
         client
             .put_targets()
@@ -565,17 +564,12 @@ async fn create_rule(
             .targets(
                 aws_sdk_eventbridge::types::Target::builder()
                     .id(text(target, "Id")?)
-                    .arn(resolve(
-                        target
-                            .get("Arn")
-                            .ok_or_else(|| anyhow!("target without Arn"))?,
-                        stack,
-                    )?)
+                    .arn(resolved(target, "Arn", stack)?)
                     .build()?,
             )
             .send()
             .await
-            .map_err(|e| anyhow!(aws_sdk_eventbridge::error::DisplayErrorContext(e)))?;
+            .map_err(sdk_error)?;
     }
     Ok(())
 }
@@ -601,12 +595,7 @@ fn function_spec(template: &Template, stack: &Stack, props: &Value) -> Result<Fu
             let properties = event.get("Properties").cloned().unwrap_or(Value::Null);
             match event.get("Type").and_then(Value::as_str) {
                 Some("SQS") => {
-                    let arn = resolve(
-                        properties
-                            .get("Queue")
-                            .ok_or_else(|| anyhow!("SQS event without Queue"))?,
-                        stack,
-                    )?;
+                    let arn = resolved(&properties, "Queue", stack).context("SQS event")?;
                     let (queue, url) = stack
                         .resources
                         .iter()

@@ -1,10 +1,14 @@
 //! Release registry commands shared by `stepline-local` (local stages) and `stepline` (deployed ones).
+//! What they know of the pipelines' code comes from the caller ([`PipelineCode`]): the local stack
+//! links the example pipelines, the operator CLI reads their committed contracts.
 
 use anyhow::{bail, Result};
 use clap::Subcommand;
 use stepline::contract::Contract;
+use stepline::domain::PipelineDef;
+use stepline::CoordinatorError;
 
-use crate::{functions, LocalStack};
+use crate::{functions, Stage, ORDER_REQUEST_QUEUE};
 
 #[derive(Subcommand)]
 pub enum ReleaseAction {
@@ -35,20 +39,22 @@ pub enum ReleaseAction {
     Drift { release: String },
 }
 
-/// The contract of an example pipeline built into these tools (for drift reports).
-pub fn example_contract(pipeline: &str) -> Option<Contract> {
-    match pipeline {
-        order_worker::PIPELINE_ID => Some(order_worker::contract()),
-        restaurant_approval::PIPELINE_ID => Some(restaurant_approval::contract()),
-        csv_payments::BATCH_PIPELINE => Some(csv_payments::batch_contract()),
-        csv_payments::PAYMENT_PIPELINE => Some(csv_payments::payment_contract()),
-        _ => None,
-    }
+/// What the release commands know of the pipelines' code.
+pub trait PipelineCode {
+    /// The example pipeline `register` registers, its steps on the request queue `queue`.
+    fn example(&self, queue: &str) -> Result<PipelineDef>;
+    /// The contract of `pipeline` as its code defines it (`None`: no code for it here).
+    fn contract(&self, pipeline: &str) -> Result<Option<Contract>>;
 }
 
-/// Runs a release command against `local`'s registry, printing JSON.
-pub async fn run(local: &LocalStack, pipeline: &str, action: ReleaseAction) -> Result<()> {
-    let api = local.coordinator(functions::REDRIVE)?;
+/// Runs a release command against `stage`'s registry, printing JSON.
+pub async fn run(
+    stage: &Stage,
+    code: &dyn PipelineCode,
+    pipeline: &str,
+    action: ReleaseAction,
+) -> Result<()> {
+    let api = stage.coordinator(functions::REDRIVE)?;
     let registry = api.registry();
     let json = |v: &dyn erased::Json| println!("{}", v.pretty());
     match action {
@@ -56,21 +62,19 @@ pub async fn run(local: &LocalStack, pipeline: &str, action: ReleaseAction) -> R
             release,
             step_timeout_secs,
         } => {
-            let (queue, _) = local.stack.queue("OrderRequestQueue")?;
-            let mut def = order_worker::pipeline(queue);
-            def.release_version = release;
-            for step in &mut def.steps {
-                step.timeout_secs = step_timeout_secs;
-            }
+            let (queue, _) = stage.stack.queue(ORDER_REQUEST_QUEUE)?;
             let descriptor =
-                stepline::release::Release::new(def, vec![crate::example_contract_artifact()?]);
-            let outcome = registry.register(&descriptor).await.map_err(|e| match e {
-                stepline::ports::StoreError::Conflict => anyhow::anyhow!(
-                    "release {} is registered with other content: releases are immutable",
-                    descriptor.release_version
-                ),
-                other => other.into(),
-            })?;
+                crate::example_release(code.example(queue)?, &release, step_timeout_secs)?;
+            let outcome = api
+                .register_release(&descriptor)
+                .await
+                .map_err(|e| match e {
+                    CoordinatorError::ReleaseConflict { .. } => anyhow::anyhow!(
+                        "release {} is registered with other content: releases are immutable",
+                        descriptor.release_version
+                    ),
+                    other => other.into(),
+                })?;
             eprintln!("{outcome:?}");
             json(&descriptor);
         }
@@ -87,7 +91,7 @@ pub async fn run(local: &LocalStack, pipeline: &str, action: ReleaseAction) -> R
             let Some(registered) = registry.get(pipeline, &release).await? else {
                 bail!("release {release} of {pipeline} is not registered");
             };
-            let Some(code) = example_contract(pipeline) else {
+            let Some(code) = code.contract(pipeline)? else {
                 bail!("this tool has no code for pipeline {pipeline}: drift needs the code's contract");
             };
             let drift = stepline::release::drift(&registered, &code, crate::read_artifact);

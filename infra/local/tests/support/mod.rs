@@ -1,0 +1,95 @@
+//! What the process tests share: the emulator check, `stepline-local run` processes and the operator
+//! CLI's binary. Each test binary uses a part of it.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Result};
+
+pub use stepline_local::require_emulator;
+
+/// A `stepline-local run --stage <stage> <args>` process logging JSON lines to a file; killed
+/// (SIGKILL) when dropped.
+pub struct RunProcess {
+    child: Child,
+    log: PathBuf,
+}
+
+impl RunProcess {
+    pub fn start(stage: &str, tag: &str, args: &[&str]) -> Result<Self> {
+        let log = std::env::temp_dir().join(format!("{stage}-{tag}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_stepline-local"))
+            .args(["run", "--stage", stage])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env("AWS_LAMBDA_LOG_FORMAT", "JSON")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        Ok(Self { child, log })
+    }
+
+    /// Starts a runner and waits until it has provisioned the stage, registered its releases and
+    /// started its functions.
+    pub fn started(stage: &str, tag: &str, args: &[&str]) -> Result<Self> {
+        let mut process = Self::start(stage, tag, args)?;
+        let timeout = Duration::from_secs(60);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = std::fs::read_to_string(&process.log).unwrap_or_default();
+            if log.contains("running stage") {
+                return Ok(process);
+            }
+            if let Some(status) = process.child.try_wait()? {
+                bail!("the runner exited ({status}):\n{log}");
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the runner did not start within {timeout:?}:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+
+    /// Log lines (JSON) whose message is `message`.
+    pub fn events(&self, message: &str) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["message"] == message)
+            .collect()
+    }
+}
+
+impl Drop for RunProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs `binary <args>` to its end.
+pub fn run(binary: &str, args: &[&str]) -> Output {
+    Command::new(binary)
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+/// The operator CLI (`stepline`, package stepline-cli), built once per test binary.
+pub fn stepline_binary() -> &'static str {
+    static PATH: OnceLock<String> = OnceLock::new();
+    PATH.get_or_init(|| {
+        stepline_local::binaries::build(&["stepline-cli"]).expect("the CLI builds");
+        let path = stepline_local::binaries::dir().join("stepline");
+        path.to_string_lossy().into_owned()
+    })
+}
