@@ -570,30 +570,13 @@ struct Running {
 }
 
 fn pipeline(config: &SimConfig) -> PipelineDef {
-    PipelineDef {
-        pipeline_id: "sim".into(),
-        release_version: "1".into(),
-        steps: STEP_IDS
-            .iter()
-            .map(|id| StepDef {
-                id: id.to_string(),
-                kind: crate::domain::StepKind::Task,
-                input_type: "sim.Input/1".into(),
-                output_type: "sim.Input/1".into(),
-                queue: REQUEST.into(),
-                timeout_secs: config.step_timeout_secs,
-                retry: RetryPolicy {
-                    max_attempts: config.max_attempts,
-                    initial_delay_ms: 1_000,
-                    multiplier: 2.0,
-                    max_delay_ms: 8_000,
-                    non_retryable: Vec::new(),
-                },
-                interactions: Vec::new(),
-                child_pipeline: None,
-            })
-            .collect(),
-    }
+    let step = |id: &&str| {
+        StepDef::task(*id, REQUEST)
+            .types("sim.Input/1", "sim.Input/1")
+            .timeout_secs(config.step_timeout_secs)
+            .retry(RetryPolicy::doubling(config.max_attempts, 1_000, 8_000))
+    };
+    PipelineDef::new("sim", "1", STEP_IDS.iter().map(step))
 }
 
 /// Runs one schedule.

@@ -12,7 +12,7 @@ use serde_json::Value;
 use stepline::adapters::SqsDeadLetterQueue;
 use stepline::config::CoordinatorConfig;
 use stepline::contract::Contract;
-use stepline::domain::{Execution, PipelineDef, StepDef, StepError, StepKind};
+use stepline::domain::{Execution, PipelineDef, StepDef, StepError};
 use stepline::envelope::{Identity, RequestHeader};
 use stepline::handlers::DeadLetterQueues;
 use stepline::release::Release;
@@ -348,13 +348,12 @@ impl TestStack {
 /// An await step with the settings of the pipeline's first step, announced on `queue`, waiting on
 /// `interactions`.
 pub fn await_step(def: &PipelineDef, id: &str, queue: &str, interactions: Vec<String>) -> StepDef {
-    StepDef {
-        id: id.into(),
-        kind: StepKind::Await,
-        queue: queue.into(),
-        interactions,
-        ..def.steps[0].clone()
-    }
+    let first = &def.steps[0];
+    StepDef::await_step(id, queue)
+        .types(first.input_type.clone(), first.output_type.clone())
+        .timeout_secs(first.timeout_secs)
+        .retry(first.retry.clone())
+        .interactions(interactions)
 }
 
 /// The order steps with `price` failing (with `retryable` errors) while `failing` is set.

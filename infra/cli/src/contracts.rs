@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use stepline::contract::Contract;
+use stepline::contract::{Contract, ContractStep};
 use stepline::domain::{PipelineDef, StepDef};
 use stepline_stage::releases::PipelineCode;
 
@@ -66,23 +66,16 @@ fn consistent(contract: Contract, source: &str) -> Result<Contract> {
 /// The definition of a contract's pipeline with every step on `queue` (timeouts and the release
 /// version are the release's).
 fn definition(contract: &Contract, queue: &str) -> PipelineDef {
-    PipelineDef {
-        pipeline_id: contract.pipeline_id.clone(),
-        release_version: String::new(),
-        steps: contract
-            .steps
-            .iter()
-            .map(|step| StepDef {
-                id: step.id.clone(),
-                kind: step.kind,
-                input_type: step.input_type.clone(),
-                output_type: step.output_type.clone(),
-                queue: queue.to_string(),
-                timeout_secs: 0,
-                retry: step.retry.clone(),
-                interactions: Vec::new(),
-                child_pipeline: None,
-            })
-            .collect(),
-    }
+    let step = |step: &ContractStep| StepDef {
+        kind: step.kind,
+        ..StepDef::task(step.id.clone(), queue)
+            .types(step.input_type.clone(), step.output_type.clone())
+            .timeout_secs(0)
+            .retry(step.retry.clone())
+    };
+    PipelineDef::new(
+        contract.pipeline_id.clone(),
+        "",
+        contract.steps.iter().map(step),
+    )
 }

@@ -506,7 +506,7 @@ mod due_key_tests {
 mod item_tests {
     use super::*;
     use crate::domain::{
-        start_launched, Context, NewExecution, PipelineDef, Receipt, RetryPolicy, StepDef, StepKind,
+        start_launched, Context, NewExecution, PipelineDef, Receipt, RetryPolicy, StepDef,
     };
 
     fn store() -> DynamoDbExecutionStore {
@@ -519,23 +519,10 @@ mod item_tests {
 
     #[test]
     fn an_execution_item_is_compact_and_maps_back_to_the_same_record() {
-        let step = StepDef {
-            id: "a".into(),
-            kind: StepKind::Task,
-            input_type: "x/1".into(),
-            output_type: "x/1".into(),
-            queue: "q".into(),
-            timeout_secs: 60,
-            retry: RetryPolicy {
-                max_attempts: 3,
-                initial_delay_ms: 100,
-                multiplier: 2.0,
-                max_delay_ms: 1_000,
-                non_retryable: Vec::new(),
-            },
-            interactions: Vec::new(),
-            child_pipeline: None,
-        };
+        let step = StepDef::task("a", "q")
+            .types("x/1", "x/1")
+            .timeout_secs(60)
+            .retry(RetryPolicy::doubling(3, 100, 1_000));
         let def = PipelineDef {
             pipeline_id: "p".into(),
             release_version: "1".into(),

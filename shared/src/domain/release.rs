@@ -128,27 +128,15 @@ pub fn drift(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{RetryPolicy, StepDef, StepKind};
+    use crate::domain::{RetryPolicy, StepDef};
 
     fn def(attempts: u32) -> PipelineDef {
-        PipelineDef {
-            pipeline_id: "p".into(),
-            release_version: "1".into(),
-            steps: vec![StepDef {
-                id: "a".into(),
-                kind: StepKind::Task,
-                input_type: "json".into(),
-                output_type: "json".into(),
-                queue: "q".into(),
-                timeout_secs: 5,
-                retry: RetryPolicy {
-                    max_attempts: attempts,
-                    ..RetryPolicy::default()
-                },
-                interactions: Vec::new(),
-                child_pipeline: None,
-            }],
-        }
+        let retry = RetryPolicy {
+            max_attempts: attempts,
+            ..RetryPolicy::default()
+        };
+        let step = StepDef::task("a", "q").timeout_secs(5).retry(retry);
+        PipelineDef::new("p", "1", [step])
     }
 
     #[test]
