@@ -23,6 +23,9 @@ pub enum StoreError {
     /// Something the operation requires does not exist.
     #[error("not found: {0}")]
     Missing(String),
+    /// The record would exceed the store's item size limit: the same write can never succeed.
+    #[error("item too large: {0}")]
+    TooLarge(String),
 }
 
 impl StoreError {

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{coordinator_of, settings, sqs, task_pipeline};
+use common::{coordinator_of, last_request, reply, settings, sqs, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
 use stepline::domain::{launch_id, PipelineDef, Status};
@@ -21,22 +21,9 @@ fn def() -> PipelineDef {
 
 /// A reply for the request last sent to `requests`.
 fn reply_to_last_request(sender: &RecordingSender) -> String {
-    let sent = sender.drain();
-    let (_, request) = sent
-        .iter()
-        .rev()
-        .find(|(q, _)| q == "requests")
-        .expect("a request");
-    let request: serde_json::Value = serde_json::from_str(&request.body).unwrap();
-    let header: stepline::envelope::RequestHeader =
-        serde_json::from_value(request["header"].clone()).unwrap();
-    serde_json::to_string(&ReplyEnvelope::for_request(
-        &header,
-        ReplyOutcome::Succeeded {
-            output: json!({"done": header.step_id}),
-        },
-    ))
-    .unwrap()
+    let header = last_request(sender);
+    let output = json!({"done": header.step_id});
+    reply(&header, ReplyOutcome::Succeeded { output })
 }
 
 async fn setup() -> (

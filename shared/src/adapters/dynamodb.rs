@@ -54,7 +54,16 @@ where
     if err.code() == Some("ConditionalCheckFailedException") {
         return StoreError::Conflict;
     }
-    StoreError::Unavailable(DisplayErrorContext(&err).to_string())
+    let detail = DisplayErrorContext(&err).to_string();
+    // "Item size has exceeded the maximum allowed size" (400 KB): final, never worth a retry.
+    if err.code() == Some("ValidationException")
+        && err
+            .message()
+            .is_some_and(|m| m.contains("size has exceeded"))
+    {
+        return StoreError::TooLarge(detail);
+    }
+    StoreError::Unavailable(detail)
 }
 
 pub fn execution_key(id: Uuid) -> String {

@@ -1,16 +1,22 @@
-//! EventBridge adapter of `EventPublisher`: `PutEvents` in batches of 10 (the API's limit), each
-//! entry's result checked (`FailedEntryCount` counts the entries that carry an error code).
+//! EventBridge adapter of `EventPublisher`: `PutEvents` in groups of at most 10 entries and 256 KiB
+//! (the API's limits), each entry's result checked (`FailedEntryCount` counts the entries that carry
+//! an error code).
 
 use async_trait::async_trait;
 use aws_sdk_eventbridge::error::DisplayErrorContext;
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
 use aws_sdk_eventbridge::Client;
 
+use super::batches::{split, MAX_BATCH_BYTES, MAX_ENTRIES};
 use crate::ports::{BusEvent, EventPublisher};
 
 /// The `source` of every lifecycle event.
 pub const EVENT_SOURCE: &str = "stepline";
-const MAX_ENTRIES: usize = 10;
+
+/// The size EventBridge counts for an entry: source, detail-type and detail (no time, no resources).
+fn entry_bytes(event: &BusEvent, detail: &str) -> usize {
+    EVENT_SOURCE.len() + event.detail_type.len() + detail.len()
+}
 
 pub struct EventBridgePublisher {
     client: Client,
@@ -30,15 +36,19 @@ impl EventBridgePublisher {
 impl EventPublisher for EventBridgePublisher {
     async fn publish(&self, events: &[BusEvent]) -> Vec<Result<(), String>> {
         let mut results = Vec::with_capacity(events.len());
-        for chunk in events.chunks(MAX_ENTRIES) {
+        let details: Vec<String> = events.iter().map(|e| e.detail.to_string()).collect();
+        let sizes = events.iter().zip(&details).map(|(e, d)| entry_bytes(e, d));
+        for group in split(sizes, MAX_ENTRIES, MAX_BATCH_BYTES) {
+            let chunk = &events[group.clone()];
             let entries = chunk
                 .iter()
-                .map(|e| {
+                .zip(&details[group])
+                .map(|(e, detail)| {
                     PutEventsRequestEntry::builder()
                         .event_bus_name(&self.bus)
                         .source(EVENT_SOURCE)
                         .detail_type(&e.detail_type)
-                        .detail(e.detail.to_string())
+                        .detail(detail)
                         .build()
                 })
                 .collect();

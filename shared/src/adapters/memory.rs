@@ -26,6 +26,9 @@ pub struct InMemoryExecutionStore {
     writes: AtomicUsize,
     /// Answer the next write as the SDK's retry does after a lost response: applied, then `Conflict`.
     lose_next: AtomicBool,
+    /// Records larger than this (JSON bytes) are refused as `TooLarge`, as DynamoDB refuses items
+    /// over 400 KB (none: no limit).
+    item_limit: Option<usize>,
 }
 
 /// Due-index entries pushed back by `defer`, as the DynamoDB adapter moves an item's `dueAt`: a
@@ -86,6 +89,22 @@ impl InMemoryExecutionStore {
         }
     }
 
+    /// Refuses records larger than `bytes` (as JSON) with `TooLarge`.
+    pub fn with_item_limit(mut self, bytes: usize) -> Self {
+        self.item_limit = Some(bytes);
+        self
+    }
+
+    fn check_size(&self, record: &Execution) -> Result<(), StoreError> {
+        let size = crate::cache::json_size(record);
+        match self.item_limit {
+            Some(limit) if size > limit => Err(StoreError::TooLarge(format!(
+                "a record of {size} bytes exceeds the {limit} byte limit"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Reads (`get`) that reached the store.
     pub fn gets(&self) -> usize {
         self.gets.load(Ordering::SeqCst)
@@ -124,6 +143,7 @@ impl ExecutionStore for InMemoryExecutionStore {
 
     async fn create(&self, record: &Execution) -> Result<(), StoreError> {
         self.writes.fetch_add(1, Ordering::SeqCst);
+        self.check_size(record)?;
         let mut records = self.records.lock().expect("store");
         if records.contains_key(&record.id) {
             return Err(StoreError::Conflict);
@@ -135,6 +155,7 @@ impl ExecutionStore for InMemoryExecutionStore {
 
     async fn replace(&self, record: &Execution, expected_version: u64) -> Result<(), StoreError> {
         self.writes.fetch_add(1, Ordering::SeqCst);
+        self.check_size(record)?;
         let mut records = self.records.lock().expect("store");
         match records.get(&record.id) {
             Some(current) if current.version == expected_version => {

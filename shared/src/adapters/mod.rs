@@ -1,5 +1,6 @@
 //! Adapters: the ports implemented on AWS (DynamoDB, SQS) and in memory.
 
+pub mod batches;
 pub mod dynamodb;
 pub mod eventbridge;
 pub mod memory;

@@ -1,5 +1,5 @@
-//! SQS adapter of `MessageSender`: `SendMessageBatch` in chunks of 10 (the API's limit), queue names
-//! resolved to URLs once per process through `GetQueueUrl`.
+//! SQS adapter of `MessageSender`: `SendMessageBatch` in groups of at most 10 entries and 256 KiB
+//! (the API's limits), queue names resolved to URLs once per process through `GetQueueUrl`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -11,8 +11,20 @@ use aws_sdk_sqs::Client;
 
 use crate::ports::{DeadLetter, DeadLetterQueue, MessageSender, OutMessage, SendError, StoreError};
 
+use super::batches::{split, MAX_BATCH_BYTES, MAX_ENTRIES};
+
 /// SendMessageBatch takes at most 10 entries.
-pub const MAX_BATCH: usize = 10;
+pub const MAX_BATCH: usize = MAX_ENTRIES;
+
+/// The size SQS counts for a message: its body and each attribute's name, type and value.
+fn message_bytes(message: &OutMessage) -> usize {
+    let attributes: usize = message
+        .attributes
+        .iter()
+        .map(|(name, value)| name.len() + "String".len() + value.len())
+        .sum();
+    message.body.len() + attributes
+}
 
 pub struct SqsSender {
     client: Client,
@@ -68,7 +80,12 @@ impl MessageSender for SqsSender {
             Err(e) => return messages.iter().map(|_| Err(e.clone())).collect(),
         };
         let mut results = Vec::with_capacity(messages.len());
-        for chunk in messages.chunks(MAX_BATCH) {
+        let groups = split(
+            messages.iter().map(message_bytes),
+            MAX_BATCH,
+            MAX_BATCH_BYTES,
+        );
+        for chunk in groups.into_iter().map(|group| &messages[group]) {
             let entries = chunk
                 .iter()
                 .enumerate()

@@ -91,6 +91,7 @@ impl CoordinatorError {
             CoordinatorError::Rejected(r) => r.code(),
             CoordinatorError::Store(StoreError::Corrupt(_)) => Code::CorruptRecord,
             CoordinatorError::Store(StoreError::Missing(_)) => Code::NotFound,
+            CoordinatorError::Store(StoreError::TooLarge(_)) => Code::ItemTooLarge,
             CoordinatorError::Store(_) => Code::StoreUnavailable,
             CoordinatorError::Contention(_) => Code::Contention,
         }
@@ -381,7 +382,7 @@ impl Coordinator {
         role: &str,
         hot: bool,
     ) -> Result<Applied, CoordinatorError> {
-        match self.commit_event(id, event, role, hot).await? {
+        match self.commit_or_fail_oversized(id, event, role, hot).await? {
             Decided::Committed {
                 record,
                 actions,
@@ -397,6 +398,29 @@ impl Coordinator {
                 record,
                 skipped: Some(skip),
             }),
+        }
+    }
+
+    /// `commit_event`, and when the record a worker's reply makes is too large for the store (an
+    /// output or error beyond the item limit), the same reply applied as a final `ITEM_TOO_LARGE`
+    /// failure of its step: the execution fails and is dead-lettered, instead of the reply being
+    /// retried until it dead-letters with the execution stuck.
+    async fn commit_or_fail_oversized(
+        &self,
+        id: Uuid,
+        event: &Event,
+        role: &str,
+        hot: bool,
+    ) -> Result<Decided, CoordinatorError> {
+        match self.commit_event(id, event, role, hot).await {
+            Err(CoordinatorError::Store(StoreError::TooLarge(detail))) => {
+                let Some(failed) = domain::oversized_reply(event, &detail) else {
+                    return Err(CoordinatorError::Store(StoreError::TooLarge(detail)));
+                };
+                tracing::error!(execution_id = %id, detail, "the step's outcome does not fit in the record: the step fails");
+                self.commit_event(id, &failed, role, false).await
+            }
+            other => other,
         }
     }
 

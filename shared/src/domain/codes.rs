@@ -70,6 +70,9 @@ catalogue! {
     StoreUnavailable = "STORE_UNAVAILABLE" => 503,
     /// Too many concurrent writes to one execution: safe to retry.
     Contention = "CONTENTION" => 503,
+    /// A write the store refuses for its size (DynamoDB's 400 KB item limit): final. As a step error
+    /// code: the step's outcome did not fit in the execution record.
+    ItemTooLarge = "ITEM_TOO_LARGE" => 413,
 
     // Events the state machine refuses.
     UnknownCorrelation = "UNKNOWN_CORRELATION" => 409,

@@ -1268,6 +1268,47 @@ fn write_id(ctx: &Context) -> String {
     ctx.token.simple().to_string()[..16].to_string()
 }
 
+/// A worker's reply whose outcome makes the record too large for the store (`detail`: the store's
+/// answer), as the final failure of its step with `ITEM_TOO_LARGE`: same launch, attempt and
+/// fingerprint, so a redelivery of the reply is a duplicate. `None` for any other event.
+pub fn oversized_reply(event: &Event, detail: &str) -> Option<Event> {
+    match event {
+        Event::FromWorker { sender, event } => Some(Event::FromWorker {
+            sender: sender.clone(),
+            event: Box::new(oversized_reply(event, detail)?),
+        }),
+        Event::Reply {
+            launch_id,
+            step,
+            attempt,
+            fingerprint,
+            outcome,
+        } => {
+            let what = match outcome {
+                Outcome::Succeeded(output) => {
+                    format!("its output ({} bytes)", output.to_string().len())
+                }
+                Outcome::Failed(error) => {
+                    format!("its error {} ({} bytes)", error.code, error.message.len())
+                }
+            };
+            let message = format!("{what} does not fit in the execution record: {detail}");
+            Some(Event::Reply {
+                launch_id: *launch_id,
+                step: *step,
+                attempt: *attempt,
+                fingerprint: fingerprint.clone(),
+                outcome: Outcome::Failed(StepError::new(
+                    Code::ItemTooLarge.as_str(),
+                    message,
+                    false,
+                )),
+            })
+        }
+        _ => None,
+    }
+}
+
 /// What the creating write of `record` launched, to send again while nothing has happened since (the
 /// record is at its first version): a duplicate submit cannot tell whether the first submitter's send
 /// went out, and the worker deduplicates on the launch id.

@@ -19,8 +19,8 @@ pub use execution::{
 };
 pub use ids::{launch_id, new_secret, reply_token};
 pub use machine::{
-    creation_actions, decide, start, start_launched, Action, Context, Decision, Event, EventKind,
-    NewExecution, Outcome, Rejection, Sender, Skip, Transition, TRANSITIONS,
+    creation_actions, decide, oversized_reply, start, start_launched, Action, Context, Decision,
+    Event, EventKind, NewExecution, Outcome, Rejection, Sender, Skip, Transition, TRANSITIONS,
 };
 pub use payload::Payload;
 pub use pipeline::{PipelineDef, RetryPolicy, StepDef, StepKind};

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use stepline::adapters::InMemoryReleaseRegistry;
 use stepline::aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use stepline::domain::{PipelineDef, StepDef};
+use stepline::envelope::{ReplyEnvelope, ReplyOutcome, RequestHeader};
 use stepline::ports::{ExecutionStore, MessageSender, ReleaseRegistry, SystemClock};
 use stepline::release::Release;
 use stepline::{Coordinator, Settings};
@@ -49,6 +50,25 @@ pub async fn coordinator_of(
     };
     registry.activate(activation).await.unwrap();
     Coordinator::new(store, registry, sender, Arc::new(SystemClock), settings())
+}
+
+/// The header of the last request sent to the `requests` queue (what a worker would answer).
+#[allow(dead_code)]
+pub fn last_request(sender: &stepline::adapters::RecordingSender) -> RequestHeader {
+    let sent = sender.drain();
+    let (_, request) = sent
+        .iter()
+        .rev()
+        .find(|(q, _)| q == "requests")
+        .expect("a request");
+    let request: serde_json::Value = serde_json::from_str(&request.body).unwrap();
+    serde_json::from_value(request["header"].clone()).unwrap()
+}
+
+/// A worker's reply to `header` with `outcome`, as it travels.
+#[allow(dead_code)]
+pub fn reply(header: &RequestHeader, outcome: ReplyOutcome) -> String {
+    serde_json::to_string(&ReplyEnvelope::for_request(header, outcome)).unwrap()
 }
 
 /// An SQS event of one message.

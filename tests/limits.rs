@@ -1,0 +1,60 @@
+//! Size limits on the emulator: a step whose outcome would make the execution item exceed
+//! DynamoDB's 400 KB fails at once with `ITEM_TOO_LARGE` and is dead-lettered with its context, where
+//! the refused write used to be retried until its reply dead-lettered and the execution timed out.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde_json::Value;
+use stepline::domain::{Code, Status, StepError};
+use stepline::envelope::{DeadLetterEnvelope, RequestHeader};
+use stepline::worker::StepFunction;
+use stepline_suite::TestStack;
+
+/// Fails the first step with an error message of 210 KB: a reply SQS and the coordinator take, but
+/// an item DynamoDB refuses (the record keeps the error of the step and of the execution).
+struct HugeError;
+
+#[async_trait]
+impl StepFunction for HugeError {
+    async fn run(&self, _request: &RequestHeader, _input: Value) -> Result<Value, StepError> {
+        Err(StepError::new("HUGE", "e".repeat(210_000), false))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_too_large_for_the_item_fails_the_execution_with_item_too_large(
+) -> anyhow::Result<()> {
+    let mut stack = TestStack::new("limits", |_| {}).await?;
+    stack.start(Arc::new(HugeError))?;
+    let id = stack.submit(order_worker::sample_order(1)).await?;
+    let record = stack.wait_dead_lettered(id).await?;
+    assert_eq!(record.status, Status::Failed);
+    let error = record.error.expect("an error");
+    assert_eq!(error.code, Code::ItemTooLarge.as_str());
+    assert!(error.message.contains("HUGE"), "{}", error.message);
+    assert_eq!(
+        record.attempt, 1,
+        "failed on its first reply, not after timeouts"
+    );
+
+    // Dead-lettered with its context; the reply itself was not poison.
+    let (_, dlq) = stack.local.stack.queue("ExecutionDeadLetterQueue")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let message = loop {
+        if let Some(message) = stepline_local::receive(&stack.sqs(), dlq).await?.pop() {
+            break message;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no dead-letter envelope in 30 s");
+    };
+    let envelope: DeadLetterEnvelope =
+        serde_json::from_str(message.body.as_deref().unwrap_or_default())?;
+    assert_eq!(envelope.execution_id, id);
+    assert_eq!(
+        envelope.error.map(|e| e.code),
+        Some(Code::ItemTooLarge.as_str().to_string())
+    );
+    assert_eq!(stack.queue_depth("ReplyDeadLetterQueue").await?, 0);
+    Ok(())
+}
