@@ -6,13 +6,13 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{coordinator_of, last_request, reply, settings, sqs, task_pipeline};
+use common::{last_request, reply, settings, sqs, submitted, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
 use stepline::domain::{launch_id, PipelineDef, Status};
 use stepline::envelope::{ReplyEnvelope, ReplyOutcome};
 use stepline::ports::SystemClock;
-use stepline::{handlers, Coordinator, SubmitRequest};
+use stepline::{handlers, Coordinator};
 use uuid::Uuid;
 
 fn def() -> PipelineDef {
@@ -33,20 +33,10 @@ async fn setup() -> (
     Uuid,
 ) {
     let store = Arc::new(InMemoryExecutionStore::default());
-    let sender = Arc::new(RecordingSender::default());
-    let coordinator = coordinator_of(def(), store.clone(), sender.clone()).await;
-    let submitted = coordinator
-        .submit(SubmitRequest {
-            pipeline_id: "hot".into(),
-            tenant: "t".into(),
-            input: json!({}),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let (sender, coordinator, id) = submitted(def(), store.clone()).await;
     // The submit launched the first step itself: its request is what it sent.
     assert_eq!(store.writes(), 1, "one write: the create");
-    (store, sender, coordinator, submitted.execution)
+    (store, sender, coordinator, id)
 }
 
 #[tokio::test]

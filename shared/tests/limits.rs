@@ -5,12 +5,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{coordinator_of, last_request, reply, sqs, task_pipeline};
+use common::{last_request, reply, sqs, submitted, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, RecordingSender};
 use stepline::domain::{Code, Status, StepError};
 use stepline::envelope::ReplyOutcome;
-use stepline::{handlers, Coordinator, SubmitRequest};
+use stepline::{handlers, Coordinator};
 use uuid::Uuid;
 
 /// A store refusing records over 20 KB, and an execution of two steps launched on it.
@@ -21,19 +21,9 @@ async fn launched() -> (
     Uuid,
 ) {
     let store = Arc::new(InMemoryExecutionStore::default().with_item_limit(20_000));
-    let sender = Arc::new(RecordingSender::default());
-    let def = task_pipeline("limits", &["a", "b"]);
-    let coordinator = coordinator_of(def, store.clone(), sender.clone()).await;
-    let submitted = coordinator
-        .submit(SubmitRequest {
-            pipeline_id: "limits".into(),
-            tenant: "t".into(),
-            input: json!({}),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    (store, sender, coordinator, submitted.execution)
+    let (sender, coordinator, id) =
+        submitted(task_pipeline("limits", &["a", "b"]), store.clone()).await;
+    (store, sender, coordinator, id)
 }
 
 #[tokio::test]

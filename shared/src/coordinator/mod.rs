@@ -382,7 +382,7 @@ impl Coordinator {
         role: &str,
         hot: bool,
     ) -> Result<Applied, CoordinatorError> {
-        match self.commit_or_fail_oversized(id, event, role, hot).await? {
+        match self.commit_event(id, event, role, hot).await? {
             Decided::Committed {
                 record,
                 actions,
@@ -398,29 +398,6 @@ impl Coordinator {
                 record,
                 skipped: Some(skip),
             }),
-        }
-    }
-
-    /// `commit_event`, and when the record a worker's reply makes is too large for the store (an
-    /// output or error beyond the item limit), the same reply applied as a final `ITEM_TOO_LARGE`
-    /// failure of its step: the execution fails and is dead-lettered, instead of the reply being
-    /// retried until it dead-letters with the execution stuck.
-    async fn commit_or_fail_oversized(
-        &self,
-        id: Uuid,
-        event: &Event,
-        role: &str,
-        hot: bool,
-    ) -> Result<Decided, CoordinatorError> {
-        match self.commit_event(id, event, role, hot).await {
-            Err(CoordinatorError::Store(StoreError::TooLarge(detail))) => {
-                let Some(failed) = domain::oversized_reply(event, &detail) else {
-                    return Err(CoordinatorError::Store(StoreError::TooLarge(detail)));
-                };
-                tracing::error!(execution_id = %id, detail, "the step's outcome does not fit in the record: the step fails");
-                self.commit_event(id, &failed, role, false).await
-            }
-            other => other,
         }
     }
 
@@ -465,6 +442,11 @@ impl Coordinator {
     }
 
     /// One decision on `record` and, if it writes, one conditional write.
+    ///
+    /// When the record a worker's reply makes is too large for the store (an output or an error
+    /// beyond the item limit), the same reply is decided again once as a final `ITEM_TOO_LARGE`
+    /// failure of its step: the execution fails and is dead-lettered, instead of the reply being
+    /// retried until it dead-letters with the execution stuck.
     async fn decide_and_write(
         &self,
         record: Execution,
@@ -474,12 +456,38 @@ impl Coordinator {
         let definition = self
             .definition(&record.pipeline_id, &record.release_version)
             .await?;
-        let ctx = self.context(role);
-        Ok(match domain::decide(&record, &definition, &ctx, event) {
-            Decision::Commit {
-                record: next,
-                actions,
-            } => match self.commit(&next, record.version).await? {
+        let mut substitute = None;
+        loop {
+            let ctx = self.context(role);
+            let decision = domain::decide(
+                &record,
+                &definition,
+                &ctx,
+                substitute.as_ref().unwrap_or(event),
+            );
+            let (next, actions) = match decision {
+                Decision::Commit { record, actions } => (record, actions),
+                Decision::Skip(skip) => {
+                    return Ok(Attempt::Done(Box::new(Decided::Unchanged { record, skip })))
+                }
+                Decision::Reject(rejection) => return Ok(Attempt::Rejected(rejection)),
+            };
+            let written = match self.commit(&next, record.version).await {
+                Err(CoordinatorError::Store(StoreError::TooLarge(detail)))
+                    if substitute.is_none() =>
+                {
+                    substitute = domain::oversized_reply(event, &detail);
+                    match substitute {
+                        Some(_) => {
+                            tracing::error!(execution_id = %record.id, detail, "the step's outcome does not fit in the record: the step fails");
+                            continue;
+                        }
+                        None => return Err(StoreError::TooLarge(detail).into()),
+                    }
+                }
+                written => written?,
+            };
+            return Ok(match written {
                 Written::Committed => {
                     observe(&record, &next, &actions);
                     self.recent.lock().expect("recent").remember(&next);
@@ -490,10 +498,8 @@ impl Coordinator {
                     }))
                 }
                 Written::Lost(current) => Attempt::Lost(current),
-            },
-            Decision::Skip(skip) => Attempt::Done(Box::new(Decided::Unchanged { record, skip })),
-            Decision::Reject(rejection) => Attempt::Rejected(rejection),
-        })
+            });
+        }
     }
 
     /// A conditional write of `next` over version `expected`. A failed condition is read back: a record

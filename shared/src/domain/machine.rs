@@ -1277,13 +1277,7 @@ pub fn oversized_reply(event: &Event, detail: &str) -> Option<Event> {
             sender: sender.clone(),
             event: Box::new(oversized_reply(event, detail)?),
         }),
-        Event::Reply {
-            launch_id,
-            step,
-            attempt,
-            fingerprint,
-            outcome,
-        } => {
+        Event::Reply { outcome, .. } => {
             let what = match outcome {
                 Outcome::Succeeded(output) => {
                     format!("its output ({} bytes)", output.to_string().len())
@@ -1293,17 +1287,12 @@ pub fn oversized_reply(event: &Event, detail: &str) -> Option<Event> {
                 }
             };
             let message = format!("{what} does not fit in the execution record: {detail}");
-            Some(Event::Reply {
-                launch_id: *launch_id,
-                step: *step,
-                attempt: *attempt,
-                fingerprint: fingerprint.clone(),
-                outcome: Outcome::Failed(StepError::new(
-                    Code::ItemTooLarge.as_str(),
-                    message,
-                    false,
-                )),
-            })
+            let failed = StepError::new(Code::ItemTooLarge.as_str(), message, false);
+            let mut event = event.clone();
+            if let Event::Reply { outcome, .. } = &mut event {
+                *outcome = Outcome::Failed(failed);
+            }
+            Some(event)
         }
         _ => None,
     }

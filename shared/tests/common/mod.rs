@@ -52,6 +52,30 @@ pub async fn coordinator_of(
     Coordinator::new(store, registry, sender, Arc::new(SystemClock), settings())
 }
 
+/// A coordinator over `store` and a recording sender with one execution of `def` submitted (its
+/// first step launched: the request is in the sender).
+#[allow(dead_code)]
+pub async fn submitted(
+    def: PipelineDef,
+    store: Arc<stepline::adapters::InMemoryExecutionStore>,
+) -> (
+    Arc<stepline::adapters::RecordingSender>,
+    Coordinator,
+    uuid::Uuid,
+) {
+    let sender = Arc::new(stepline::adapters::RecordingSender::default());
+    let pipeline_id = def.pipeline_id.clone();
+    let coordinator = coordinator_of(def, store, sender.clone()).await;
+    let request = stepline::SubmitRequest {
+        pipeline_id,
+        tenant: "t".into(),
+        input: serde_json::json!({}),
+        ..Default::default()
+    };
+    let execution = coordinator.submit(request).await.unwrap().execution;
+    (sender, coordinator, execution)
+}
+
 /// The header of the last request sent to the `requests` queue (what a worker would answer).
 #[allow(dead_code)]
 pub fn last_request(sender: &stepline::adapters::RecordingSender) -> RequestHeader {
