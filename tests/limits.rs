@@ -1,6 +1,7 @@
-//! Size limits on the emulator: a step whose outcome would make the execution item exceed
-//! DynamoDB's 400 KB fails at once with `ITEM_TOO_LARGE` and is dead-lettered with its context, where
-//! the refused write used to be retried until its reply dead-lettered and the execution timed out.
+//! Size limits on the emulator: a worker's large error is stored once, and a step whose outcome would
+//! make the execution item exceed DynamoDB's 400 KB fails at once with `ITEM_TOO_LARGE` and is
+//! dead-lettered with its context, where the refused write used to be retried until its reply
+//! dead-lettered and the execution timed out.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,8 +13,8 @@ use stepline::envelope::{DeadLetterEnvelope, RequestHeader};
 use stepline::worker::StepFunction;
 use stepline_suite::TestStack;
 
-/// Fails the first step with an error message of 210 KB: a reply SQS and the coordinator take, but
-/// an item DynamoDB refuses (the record keeps the error of the step and of the execution).
+/// Fails the first step with an error message of 210 KB: a reply SQS and the coordinator take, more
+/// than half of what an item holds.
 struct HugeError;
 
 #[async_trait]
@@ -24,11 +25,38 @@ impl StepFunction for HugeError {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_worker_error_is_stored_once_and_fails_the_execution_with_its_code(
+) -> anyhow::Result<()> {
+    let mut stack = TestStack::new("limits-error", |_| {}).await?;
+    stack.start(Arc::new(HugeError))?;
+    let id = stack.submit(order_worker::sample_order(1)).await?;
+    let record = stack.wait_dead_lettered(id).await?;
+    assert_eq!(record.status, Status::Failed);
+    assert_eq!(
+        record.attempt, 1,
+        "failed on its first reply, not after timeouts"
+    );
+    let error = record.error.expect("an error");
+    assert_eq!(
+        (error.code.as_str(), error.message.len()),
+        ("HUGE", 210_000)
+    );
+    assert_eq!(
+        record.steps[0].error.as_ref().map(|e| e.code.as_str()),
+        Some("HUGE")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_too_large_for_the_item_fails_the_execution_with_item_too_large(
 ) -> anyhow::Result<()> {
     let mut stack = TestStack::new("limits", |_| {}).await?;
     stack.start(Arc::new(HugeError))?;
-    let id = stack.submit(order_worker::sample_order(1)).await?;
+    // An input of 200 KB, kept in the record until the first step succeeds, beside the 210 KB error.
+    let mut input = order_worker::sample_order(1);
+    input["note"] = Value::String("n".repeat(200_000));
+    let id = stack.submit(input).await?;
     let record = stack.wait_dead_lettered(id).await?;
     assert_eq!(record.status, Status::Failed);
     let error = record.error.expect("an error");

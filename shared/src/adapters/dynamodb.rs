@@ -131,8 +131,42 @@ fn rename_steps(item: &mut Item, to_short: bool) {
     }
 }
 
+/// The attribute of a step entry whose error is the execution's `error`, stored there only: a failed
+/// step's error (up to a worker's whole message) is not written twice.
+const SHARED_ERROR: &str = "es";
+
+/// Stores the current step's error once when it is the execution's (after `rename_steps` to short).
+fn share_step_error(item: &mut Item, record: &Execution) {
+    let current = record.steps.get(record.step as usize);
+    if record.error.is_none() || current.is_none_or(|p| p.error != record.error) {
+        return;
+    }
+    if let Some(AttributeValue::L(steps)) = item.get_mut("steps") {
+        if let Some(AttributeValue::M(step)) = steps.get_mut(record.step as usize) {
+            if step.remove("e").is_some() {
+                step.insert(SHARED_ERROR.into(), AttributeValue::Bool(true));
+            }
+        }
+    }
+}
+
+/// Puts the execution's error back in the step entry that shares it (before `rename_steps` to long).
+fn unshare_step_error(item: &mut Item) {
+    let error = item.get("error").cloned();
+    if let (Some(error), Some(AttributeValue::L(steps))) = (error, item.get_mut("steps")) {
+        for step in steps {
+            if let AttributeValue::M(map) = step {
+                if map.remove(SHARED_ERROR).is_some() {
+                    map.insert("e".into(), error.clone());
+                }
+            }
+        }
+    }
+}
+
 /// Maps an execution item back to its record (the id comes from the key).
 fn execution_from_item(mut item: Item) -> Result<Execution, StoreError> {
+    unshare_step_error(&mut item);
     rename_steps(&mut item, false);
     if !item.contains_key("id") {
         let id = match item.get(PK) {
@@ -178,6 +212,7 @@ impl DynamoDbExecutionStore {
         // The id is in the key already: not stored twice (every byte of the item is billed).
         item.remove("id");
         rename_steps(&mut item, true);
+        share_step_error(&mut item, record);
         item.insert(PK.into(), s(execution_key(record.id)));
         if let Some(due) = record.due_at() {
             item.insert(
@@ -516,6 +551,7 @@ mod item_tests {
     use super::*;
     use crate::domain::{
         start_launched, Context, NewExecution, PipelineDef, Receipt, RetryPolicy, StepDef,
+        StepError,
     };
 
     fn store() -> DynamoDbExecutionStore {
@@ -570,6 +606,20 @@ mod item_tests {
             n(due_key(record.due_at().unwrap(), 5_000)),
             "rounded up to the granule"
         );
+        assert_eq!(execution_from_item(item).unwrap(), record);
+
+        // A failed step's error is the execution's: written once, read back in both places.
+        let error = StepError::new("HUGE", "e".repeat(1_000), false);
+        record.steps[0].error = Some(error.clone());
+        record.error = Some(error);
+        let item = store().to_item(&record).unwrap();
+        let text = format!("{item:?}");
+        assert_eq!(text.matches(&"e".repeat(1_000)).count(), 1, "{text}");
+        assert_eq!(execution_from_item(item).unwrap(), record);
+
+        // A step error other than the execution's stays in the step.
+        record.error = Some(StepError::new("CANCELLED", "stop", false));
+        let item = store().to_item(&record).unwrap();
         assert_eq!(execution_from_item(item).unwrap(), record);
     }
 }
