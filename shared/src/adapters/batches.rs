@@ -45,7 +45,8 @@ mod tests {
             split([30_000; 10], MAX_ENTRIES, MAX_BATCH_BYTES),
             vec![0..8, 8..10]
         );
-        assert_eq!(split([60, 50, 40, 10], 10, 100), vec![0..1, 1..3, 3..4]);
+        assert_eq!(split([60, 50, 40, 20], 10, 100), vec![0..1, 1..3, 3..4]);
+        assert_eq!(split([60, 50, 40, 10], 10, 100), vec![0..1, 1..4]);
         assert_eq!(split([], 10, 100), Vec::<Range<usize>>::new());
     }
 
