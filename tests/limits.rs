@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::Value;
+use stepline::adapters::SqsSender;
 use stepline::domain::{Code, Status, StepError};
 use stepline::envelope::{DeadLetterEnvelope, RequestHeader};
+use stepline::ports::{MessageSender, OutMessage};
 use stepline::worker::StepFunction;
 use stepline_suite::TestStack;
 
@@ -84,5 +86,33 @@ async fn an_outcome_too_large_for_the_item_fails_the_execution_with_item_too_lar
         Some(Code::ItemTooLarge.as_str().to_string())
     );
     assert_eq!(stack.queue_depth("ReplyDeadLetterQueue").await?, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_sent_together_are_split_into_batches_that_fit() -> anyhow::Result<()> {
+    // Ten replies of 120 KB: 1.2 MB in one SendMessageBatch is refused as a whole (over the batch
+    // limit), and a sender that groups by count alone fails all ten, every time it retries.
+    let stack = TestStack::new("limits-batch", |_| {}).await?;
+    let (_, url) = stack.local.stack.queue("ReplyQueue")?;
+    let messages: Vec<OutMessage> = (0..10)
+        .map(|i| OutMessage::new(format!("{i}{}", "r".repeat(120_000))))
+        .collect();
+    let results = SqsSender::new(stack.sqs()).send(url, &messages).await;
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|r| {
+            r.as_ref()
+                .err()
+                .map(|e| e.reason.chars().take(120).collect())
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 10 not sent: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    assert_eq!(stack.queue_depth("ReplyQueue").await?, 10);
     Ok(())
 }
