@@ -26,11 +26,17 @@ impl StepFunction for HugeError {
     }
 }
 
+/// A stack of the example pipeline whose worker fails with [`HugeError`].
+async fn failing_stack(prefix: &str) -> anyhow::Result<TestStack> {
+    let mut stack = TestStack::new(prefix, |_| {}).await?;
+    stack.start(Arc::new(HugeError))?;
+    Ok(stack)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_worker_error_is_stored_once_and_fails_the_execution_with_its_code(
 ) -> anyhow::Result<()> {
-    let mut stack = TestStack::new("limits-error", |_| {}).await?;
-    stack.start(Arc::new(HugeError))?;
+    let stack = failing_stack("limits-error").await?;
     let id = stack.submit(order_worker::sample_order(1)).await?;
     let record = stack.wait_dead_lettered(id).await?;
     assert_eq!(record.status, Status::Failed);
@@ -53,8 +59,7 @@ async fn a_large_worker_error_is_stored_once_and_fails_the_execution_with_its_co
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_too_large_for_the_item_fails_the_execution_with_item_too_large(
 ) -> anyhow::Result<()> {
-    let mut stack = TestStack::new("limits", |_| {}).await?;
-    stack.start(Arc::new(HugeError))?;
+    let stack = failing_stack("limits").await?;
     // An input of 200 KB, kept in the record until the first step succeeds, beside the 210 KB error.
     let mut input = order_worker::sample_order(1);
     input["note"] = Value::String("n".repeat(200_000));
