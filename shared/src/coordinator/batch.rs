@@ -124,12 +124,6 @@ impl MessageError {
 pub struct BatchReport {
     /// Messages to redeliver (a transient failure, or poison that could not be parked).
     pub retry: Vec<String>,
-    /// Messages whose event was committed, or whose execution was started.
-    pub committed: usize,
-    /// Messages acknowledged without a write (duplicates, stale replies, ...).
-    pub skipped: usize,
-    /// Poison messages parked in the queue's DLQ.
-    pub parked: usize,
 }
 
 /// How one message ended.
@@ -164,17 +158,15 @@ impl Coordinator {
         for (message_id, body, result, staged) in results {
             outbox.extend(staged);
             match result {
-                Ok(Handled::Committed) => report.committed += 1,
+                Ok(Handled::Committed) => {}
                 Ok(Handled::Skipped(skip)) => {
                     tracing::info!(message_id = %message_id, ?skip, "message acknowledged without a write");
-                    report.skipped += 1;
                 }
                 Ok(Handled::Started {
                     execution,
                     duplicate,
                 }) => {
                     tracing::info!(message_id = %message_id, execution_id = %execution, duplicate, "execution started by event");
-                    report.committed += 1;
                 }
                 Err(e) if e.is_retryable() => {
                     tracing::warn!(message_id = %message_id, execution_id = ?e.execution(), code = %e.code(), error = %e, "message will be retried");
@@ -187,10 +179,7 @@ impl Coordinator {
             }
         }
         self.flush(outbox).await;
-        let parked = poison.len();
-        let not_parked = self.park(inbox, poison).await;
-        report.parked = parked - not_parked.len();
-        report.retry.extend(not_parked);
+        report.retry.extend(self.park(inbox, poison).await);
         report
     }
 
