@@ -31,7 +31,7 @@ use uuid::Uuid;
 use crate::adapters::dynamodb::due_shard;
 use crate::adapters::InMemoryReleaseRegistry;
 use crate::coordinator::{Coordinator, Settings, SubmitRequest};
-use crate::domain::{Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError, StepStatus};
+use crate::domain::{Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError};
 use crate::envelope::{DeadLetterEnvelope, Identity, RequestHeader};
 use crate::ports::{
     Backoff, BusEvent, Clock, DuePage, DueQuery, EventPublisher, ExecutionStore, MessageSender,
@@ -327,15 +327,13 @@ impl World {
                     record.id, record.generation, p.generation
                 ));
             }
-            for (k, step) in record.steps.iter().enumerate() {
-                let was = p.steps.get(k).map(|s| s.status);
-                if step.status == StepStatus::Succeeded && was != Some(StepStatus::Succeeded) {
-                    *self.applied.entry((record.id, k as u32)).or_default() += 1;
-                }
+            for k in record.steps_succeeded_since(p) {
+                *self.applied.entry((record.id, k)).or_default() += 1;
+            }
+            for (step, k) in record.steps.iter().zip(record.first_step..) {
                 let error = step.error.as_ref().map(|e| e.code.as_str());
                 let was_error = p
-                    .steps
-                    .get(k)
+                    .progress(k)
                     .and_then(|s| s.error.as_ref())
                     .map(|e| e.code.as_str());
                 if error == Some("STEP_TIMEOUT")

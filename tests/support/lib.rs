@@ -3,7 +3,7 @@
 //! and runs the real handlers behind the local runner. Waits poll with deadlines.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -360,7 +360,8 @@ pub fn await_step(def: &PipelineDef, id: &str, queue: &str, interactions: Vec<St
 pub struct FlakyPricing {
     pub failing: AtomicBool,
     pub retryable: bool,
-    pub price_runs: AtomicUsize,
+    /// The launch ids `price` ran for, in order.
+    pub price_launches: std::sync::Mutex<Vec<uuid::Uuid>>,
 }
 
 impl FlakyPricing {
@@ -369,12 +370,16 @@ impl FlakyPricing {
         Arc::new(Self {
             failing: AtomicBool::new(true),
             retryable,
-            price_runs: AtomicUsize::new(0),
+            price_launches: Default::default(),
         })
     }
 
     pub fn price_runs(&self) -> usize {
-        self.price_runs.load(Ordering::SeqCst)
+        self.price_launches().len()
+    }
+
+    pub fn price_launches(&self) -> Vec<uuid::Uuid> {
+        self.price_launches.lock().expect("launches").clone()
     }
 }
 
@@ -382,7 +387,10 @@ impl FlakyPricing {
 impl StepFunction for FlakyPricing {
     async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
         if request.step_id == "price" {
-            self.price_runs.fetch_add(1, Ordering::SeqCst);
+            self.price_launches
+                .lock()
+                .expect("launches")
+                .push(request.launch_id);
             if self.failing.load(Ordering::SeqCst) {
                 return Err(StepError::new(
                     "PRICING_DOWN",

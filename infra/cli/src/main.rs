@@ -367,8 +367,8 @@ fn summary(record: &Execution) -> String {
 async fn watch(api: &Coordinator, id: Uuid, timeout: Duration, out: &Output) -> Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut last = String::new();
-    // Steps whose success was shown. They are read from the record's per-step progress, not inferred
-    // from the polls: a fast execution or a slow poll shows every step all the same.
+    // Steps whose success was shown. They are read from the record's progress, not inferred from the
+    // polls: a fast execution or a slow poll shows every step all the same.
     let mut shown = 0;
     loop {
         let record = api.get(id).await?;
@@ -382,10 +382,14 @@ async fn watch(api: &Coordinator, id: Uuid, timeout: Duration, out: &Output) -> 
                 .and_then(|d| d.step(k).map(|s| s.id.clone()))
                 .unwrap_or_default()
         };
-        while let Some(progress) = record.steps.get(shown) {
-            if progress.status != StepStatus::Succeeded {
-                break;
-            }
+        // The record holds the current step's progress only: every step before it succeeded.
+        let succeeded = record.first_step as usize
+            + record
+                .steps
+                .iter()
+                .take_while(|p| p.status == StepStatus::Succeeded)
+                .count();
+        while shown < succeeded {
             let k = shown as u32;
             out.show(
                 &json!({"executionId": id, "step": k, "stepId": step_id(k), "stepStatus": "SUCCEEDED"}),

@@ -137,12 +137,13 @@ const SHARED_ERROR: &str = "es";
 
 /// Stores the current step's error once when it is the execution's (after `rename_steps` to short).
 fn share_step_error(item: &mut Item, record: &Execution) {
-    let current = record.steps.get(record.step as usize);
+    let current = record.progress(record.step);
     if record.error.is_none() || current.is_none_or(|p| p.error != record.error) {
         return;
     }
+    let index = (record.step - record.first_step) as usize;
     if let Some(AttributeValue::L(steps)) = item.get_mut("steps") {
-        if let Some(AttributeValue::M(step)) = steps.get_mut(record.step as usize) {
+        if let Some(AttributeValue::M(step)) = steps.get_mut(index) {
             if step.remove("e").is_some() {
                 step.insert(SHARED_ERROR.into(), AttributeValue::Bool(true));
             }

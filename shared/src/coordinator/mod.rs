@@ -613,15 +613,7 @@ fn observe(before: &Execution, after: &Execution, actions: &[Action]) {
     use crate::metrics::{emit, Metric};
     let pipeline = after.pipeline_id.as_str();
     let at = after.updated_at;
-    let completed = after
-        .steps
-        .iter()
-        .enumerate()
-        .filter(|(k, s)| {
-            s.status == domain::StepStatus::Succeeded
-                && before.steps.get(*k).map(|b| b.status) != Some(domain::StepStatus::Succeeded)
-        })
-        .count();
+    let completed = after.steps_succeeded_since(before).len();
     if completed > 0 {
         emit(Metric::StepsCompleted, completed as f64, pipeline, at);
         // The record's previous write launched the step (or recorded its last heartbeat).

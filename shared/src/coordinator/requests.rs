@@ -62,6 +62,8 @@ impl Coordinator {
     /// execution's pinned release.
     pub async fn redrive(&self, request: RedriveRequest) -> Changed {
         require_reason(&request.reason, "a re-drive")?;
+        // The audit trail: the record keeps only the latest re-drive notes.
+        tracing::info!(execution_id = %request.execution_id, expected_version = request.expected_version, reason = %request.reason, "re-drive requested");
         let event = Event::Redrive {
             expected_version: request.expected_version,
             reason: request.reason,

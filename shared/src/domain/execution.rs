@@ -102,7 +102,7 @@ pub struct Receipt {
     pub fingerprint: String,
 }
 
-/// Progress of one step, indexed like the pipeline's steps (present once the step was first launched).
+/// Progress of one step (present once the step was first launched, kept while it is the current step).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(
     rename_all = "camelCase",
@@ -112,8 +112,6 @@ pub struct Receipt {
 pub struct StepProgress {
     pub status: StepStatus,
     pub launch_id: Uuid,
-    /// The step's output while the next step may still need it as input (dropped once consumed).
-    pub output: Option<Payload>,
     pub receipt: Option<Receipt>,
     /// Receipts of replies applied before `receipt` (failed attempts of this step): a launch id answers
     /// once, so a later, different reply for any of them is a conflict.
@@ -128,8 +126,6 @@ pub struct StepProgress {
 struct StepProgressItem {
     status: StepStatus,
     launch_id: Uuid,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    output: Option<Payload>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     receipt: Option<ReceiptItem>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -151,7 +147,6 @@ impl From<StepProgress> for StepProgressItem {
         Self {
             status: p.status,
             launch_id: p.launch_id,
-            output: p.output,
             receipt: p.receipt.map(|r| ReceiptItem {
                 launch_id: (r.launch_id != p.launch_id).then_some(r.launch_id),
                 fingerprint: r.fingerprint,
@@ -167,7 +162,6 @@ impl From<StepProgressItem> for StepProgress {
         Self {
             status: p.status,
             launch_id: p.launch_id,
-            output: p.output,
             receipt: p.receipt.map(|r| Receipt {
                 launch_id: r.launch_id.unwrap_or(p.launch_id),
                 fingerprint: r.fingerprint,
@@ -285,6 +279,14 @@ pub struct ParentLink {
 
 /// Incidents kept on the record (oldest dropped first): the DLQ holds the messages themselves.
 pub const MAX_INCIDENTS: usize = 10;
+/// An incident's detail is cut to this many bytes on the record (the DLQ holds the whole message).
+pub const MAX_INCIDENT_DETAIL: usize = 512;
+/// Re-drive notes kept on the record (oldest dropped first; each re-drive is also logged when made).
+pub const MAX_REDRIVE_NOTES: usize = 5;
+/// Receipts of a step's earlier failed attempts kept on the record (oldest dropped first). Replies of
+/// older attempts than these are not adopted (see `Execution::adoptable`), so a dropped receipt can
+/// never let a second, different reply of its launch through.
+pub const MAX_EARLIER_RECEIPTS: usize = 4;
 
 /// Audit entry of an operator re-drive.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -333,9 +335,16 @@ pub struct Execution {
     /// How often the current attempt's request was re-sent by the sweeper.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub resends: u32,
-    /// The execution's input, kept until the first step succeeded (null after: it travelled on).
+    /// The current step's input: the execution's input, then each step's output as the next step
+    /// launches (for re-sends, retries and re-drives); null once the execution succeeded.
     #[serde(default, skip_serializing_if = "Payload::is_null")]
     pub input: Payload,
+    /// The step of `steps[0]`. The record keeps only the current step's progress: the entries of
+    /// earlier steps are dropped as the next one launches, so the item does not grow with the
+    /// pipeline. A late reply to an earlier step is known by its deterministic launch id.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub first_step: u32,
+    /// Progress of the steps from `first_step` (the current one).
     #[serde(default)]
     pub steps: Vec<StepProgress>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -419,15 +428,45 @@ impl Execution {
             || (self.parent.is_some() && !self.parent_notified)
     }
 
-    /// The input of step `index`: the execution input for the first step, else the previous step's output.
+    /// The input of step `index`, while it is the current step.
     pub fn step_input(&self, index: u32) -> Option<&Payload> {
-        if index == 0 {
-            Some(&self.input)
-        } else {
-            self.steps
-                .get(index as usize - 1)
-                .and_then(|p| p.output.as_ref())
-        }
+        (index == self.step).then_some(&self.input)
+    }
+
+    /// The progress of step `index`, if the record still holds it.
+    pub fn progress(&self, index: u32) -> Option<&StepProgress> {
+        let k = index.checked_sub(self.first_step)?;
+        self.steps.get(k as usize)
+    }
+
+    pub fn progress_mut(&mut self, index: u32) -> Option<&mut StepProgress> {
+        let k = index.checked_sub(self.first_step)?;
+        self.steps.get_mut(k as usize)
+    }
+
+    /// The steps that succeeded between `before` and this version of the record: those the record
+    /// moved past (it only leaves a step that succeeded) and those now marked succeeded.
+    pub fn steps_succeeded_since(&self, before: &Execution) -> Vec<u32> {
+        let was_done = |k: u32| {
+            k < before.first_step
+                || before
+                    .progress(k)
+                    .is_some_and(|p| p.status == StepStatus::Succeeded)
+        };
+        let left = before.first_step..self.first_step;
+        let now_done = self
+            .steps
+            .iter()
+            .zip(self.first_step..)
+            .filter(|(p, _)| p.status == StepStatus::Succeeded)
+            .map(|(_, k)| k);
+        left.chain(now_done).filter(|k| !was_done(*k)).collect()
+    }
+
+    /// Whether a success reply of an earlier attempt of the current step may be adopted: only the
+    /// latest attempts, whose receipts (if they answered) the record still holds.
+    pub fn adoptable(&self, attempt: u32) -> bool {
+        attempt + MAX_EARLIER_RECEIPTS as u32 >= self.attempt
     }
 
     /// Attempts used in the current retry budget.
@@ -445,7 +484,6 @@ mod tests {
         StepProgress {
             status: StepStatus::Succeeded,
             launch_id: own,
-            output: None,
             receipt: Some(Receipt {
                 launch_id: receipt_launch,
                 fingerprint: "f00d".into(),

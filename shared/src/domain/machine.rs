@@ -66,7 +66,8 @@ use super::codes::Code;
 use super::execution::{
     AwaitUnit, DeadLetterMark, Execution, Incident, Interaction, InteractionCompletion, Lease,
     LifecycleEvent, LifecycleKind, Receipt, RedriveNote, Status, StepError, StepProgress,
-    StepStatus, Verdict, MAX_INCIDENTS,
+    StepStatus, Verdict, MAX_EARLIER_RECEIPTS, MAX_INCIDENTS, MAX_INCIDENT_DETAIL,
+    MAX_REDRIVE_NOTES,
 };
 use super::ids::{launch_id, new_secret, reply_token};
 use super::payload::Payload;
@@ -358,6 +359,7 @@ pub fn start(new: NewExecution<'_>, ctx: &Context) -> (Execution, Vec<Action>) {
         launch_id: None,
         resends: 0,
         input: Payload::new(new.input),
+        first_step: 0,
         steps: Vec::new(),
         result: None,
         error: None,
@@ -471,14 +473,12 @@ pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
 /// Appends to the outbox the lifecycle events a transition from `before` to `next` amounts to.
 fn record_lifecycle(before: &Execution, next: &mut Execution, ctx: &Context) {
     let mut found: Vec<(LifecycleKind, Option<u32>, Option<String>)> = Vec::new();
-    for (k, step) in next.steps.iter().enumerate() {
-        let was = before.steps.get(k);
-        let k = Some(k as u32);
-        if step.status == StepStatus::Succeeded
-            && was.map(|w| w.status) != Some(StepStatus::Succeeded)
-        {
-            found.push((LifecycleKind::StepSucceeded, k, None));
-        }
+    for k in next.steps_succeeded_since(before) {
+        found.push((LifecycleKind::StepSucceeded, Some(k), None));
+    }
+    for (step, k) in next.steps.iter().zip(next.first_step..) {
+        let was = before.progress(k);
+        let k = Some(k);
         if step.status == StepStatus::Failed
             && (was.map(|w| (w.status, w.receipt.as_ref(), w.error.as_ref()))
                 != Some((
@@ -596,16 +596,34 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
         ),
         Event::Incident { code, detail } => {
             let mut next = bump(record, ctx);
-            next.incidents.push(Incident {
-                at: ctx.now,
-                code: code.clone(),
-                detail: detail.clone(),
-            });
-            let excess = next.incidents.len().saturating_sub(MAX_INCIDENTS);
-            next.incidents.drain(..excess);
+            note_incident(&mut next, ctx, code, detail);
             commit(next, Vec::new())
         }
     }
+}
+
+/// Notes an incident on the record: the latest `MAX_INCIDENTS` are kept, each detail cut to
+/// `MAX_INCIDENT_DETAIL` bytes (the DLQ the message went to holds it whole).
+fn note_incident(next: &mut Execution, ctx: &Context, code: &str, detail: &str) {
+    next.incidents.push(Incident {
+        at: ctx.now,
+        code: code.to_string(),
+        detail: truncated(detail, MAX_INCIDENT_DETAIL),
+    });
+    let excess = next.incidents.len().saturating_sub(MAX_INCIDENTS);
+    next.incidents.drain(..excess);
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, marked when cut.
+pub fn truncated(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max.saturating_sub(3);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
 }
 
 /// Checks a worker's message against the record: the reply token of the launch it names (when the
@@ -655,13 +673,8 @@ fn claim(record: &Execution, ctx: &Context) -> Decision {
             } else {
                 "lifecycle events are switched off".to_string()
             };
-            next.incidents.push(Incident {
-                at: ctx.now,
-                code: EVENTS_DROPPED.into(),
-                detail: format!("{} lifecycle events dropped: {reason}", next.events.len()),
-            });
-            let excess = next.incidents.len().saturating_sub(MAX_INCIDENTS);
-            next.incidents.drain(..excess);
+            let detail = format!("{} lifecycle events dropped: {reason}", next.events.len());
+            note_incident(&mut next, ctx, EVENTS_DROPPED, &detail);
             next.events.clear();
             next.publish_by = None;
             next.publish_attempts = 0;
@@ -791,7 +804,7 @@ fn reply(
             attempt,
         });
     }
-    if let Some(receipt) = record.steps.get(step as usize).and_then(|p| {
+    if let Some(receipt) = record.progress(step).and_then(|p| {
         p.receipt
             .iter()
             .chain(&p.earlier_receipts)
@@ -812,6 +825,7 @@ fn reply(
     let adopted = !current
         && matches!(outcome, Outcome::Succeeded(_))
         && record.step == step
+        && record.adoptable(attempt)
         && match record.status {
             Status::Running => attempt < record.attempt,
             Status::WaitRetry | Status::Queued => attempt <= record.attempt,
@@ -853,32 +867,36 @@ fn apply_outcome(
 ) -> Vec<Action> {
     let step = next.step;
     next.lease = None;
-    let progress = &mut next.steps[step as usize];
+    let progress = next
+        .progress_mut(step)
+        .expect("the current step was launched");
     if let Some(earlier) = progress.receipt.replace(receipt) {
         progress.earlier_receipts.push(earlier);
+        let excess = progress
+            .earlier_receipts
+            .len()
+            .saturating_sub(MAX_EARLIER_RECEIPTS);
+        progress.earlier_receipts.drain(..excess);
     }
     match outcome {
         Outcome::Succeeded(output) => {
             progress.status = StepStatus::Succeeded;
             progress.error = None;
             next.error = None;
-            // Payloads travel in messages: the record keeps only the next step's input (for re-sends,
-            // retries and re-drives) and, at the end, the result. DynamoDB bills every write by the
-            // whole item's size, so outputs of steps already consumed are dropped.
-            for earlier in &mut next.steps[..step as usize] {
-                earlier.output = None;
-            }
-            if step == 0 {
-                next.input = Payload::default();
-            }
+            // The record keeps only what the current step needs: its input (for re-sends, retries and
+            // re-drives) and its progress; at the end, the result. DynamoDB bills every write by the
+            // whole item's size, so the item stays the same size however long the pipeline is.
             if (step as usize) + 1 == def.steps.len() {
                 next.status = Status::Succeeded;
+                next.input = Payload::default();
                 next.result = Some(Payload::new(output));
                 next.wake_at = None;
                 next.launch_id = None;
                 Vec::new()
             } else {
-                next.steps[step as usize].output = Some(Payload::new(output));
+                next.input = Payload::new(output);
+                next.steps.clear();
+                next.first_step = step + 1;
                 next.step = step + 1;
                 next.budget_base = 0;
                 launch_attempt(next, def, ctx, 1)
@@ -1058,10 +1076,12 @@ fn redrive(record: &Execution, ctx: &Context, expected_version: u64, reason: &st
     let mut next = bump(record, ctx);
     next.redrives.push(RedriveNote {
         at: ctx.now,
-        reason: reason.to_string(),
+        reason: truncated(reason, MAX_INCIDENT_DETAIL),
         from_status: record.status,
         from_version: record.version,
     });
+    let excess = next.redrives.len().saturating_sub(MAX_REDRIVE_NOTES);
+    next.redrives.drain(..excess);
     next.status = Status::Queued;
     next.budget_base = record.attempt;
     next.error = None;
@@ -1111,12 +1131,11 @@ fn launch_attempt(
     let progress = StepProgress {
         status: StepStatus::Launching,
         launch_id: id,
-        output: None,
         receipt: None,
         earlier_receipts: Vec::new(),
         error: None,
     };
-    match next.steps.get_mut(step as usize) {
+    match next.progress_mut(step) {
         Some(existing) => {
             existing.status = StepStatus::Launching;
             existing.launch_id = id;
@@ -1205,7 +1224,8 @@ fn fail_attempt(
         .map(|s| s.retry.clone())
         .unwrap_or_default();
     error.retryable &= !policy.non_retryable.contains(&error.code);
-    if let Some(progress) = next.steps.get_mut(next.step as usize) {
+    let step = next.step;
+    if let Some(progress) = next.progress_mut(step) {
         progress.status = StepStatus::Failed;
         progress.error = Some(error.clone());
     }

@@ -15,7 +15,8 @@ pub use codes::Code;
 pub use execution::{
     AwaitUnit, DeadLetterMark, Execution, Incident, Interaction, InteractionCompletion, Lease,
     LifecycleEvent, LifecycleKind, ParentLink, Receipt, RedriveNote, Status, StepError,
-    StepProgress, StepStatus, Verdict,
+    StepProgress, StepStatus, Verdict, MAX_EARLIER_RECEIPTS, MAX_INCIDENTS, MAX_INCIDENT_DETAIL,
+    MAX_REDRIVE_NOTES,
 };
 pub use ids::{launch_id, new_secret, reply_token};
 pub use machine::{

@@ -9,6 +9,7 @@ use stepline::domain::{
     decide, launch_id, reply_token, start, Action, Context, Decision, Event, Execution, Lease,
     LifecycleEvent, LifecycleKind, NewExecution, Outcome, ParentLink, PipelineDef, Rejection,
     RetryPolicy, Sender, Skip, Status, StepDef, StepError, StepProgress, StepStatus, Verdict,
+    MAX_EARLIER_RECEIPTS, MAX_INCIDENTS, MAX_REDRIVE_NOTES,
 };
 use uuid::Uuid;
 
@@ -334,7 +335,6 @@ pub fn launching(launch: Uuid) -> StepProgress {
     StepProgress {
         status: StepStatus::Launching,
         launch_id: launch,
-        output: None,
         receipt: None,
         earlier_receipts: Vec::new(),
         error: None,
@@ -370,14 +370,25 @@ pub fn assert_commit_invariants(
     assert_eq!(after.pipeline_id, before.pipeline_id, "pipeline is pinned");
     if after.input != before.input {
         assert!(
-            after.input.is_null()
-                && after
-                    .steps
-                    .first()
-                    .is_some_and(|p| p.status == StepStatus::Succeeded),
-            "the input is pinned until the first step consumed it, then dropped"
+            !after.steps_succeeded_since(before).is_empty()
+                && (after.step > before.step
+                    || after.status == Status::Succeeded && after.input.is_null()),
+            "the input is the current step's: it changes only as a step succeeds"
         );
     }
+    // The record is bounded: the current step's progress only, capped receipts and notes.
+    assert!(
+        after.steps.len() <= 1 && after.first_step == after.step,
+        "only the current step's progress is kept: {:?} from {}",
+        after.steps,
+        after.first_step
+    );
+    assert!(after
+        .steps
+        .iter()
+        .all(|p| p.earlier_receipts.len() <= MAX_EARLIER_RECEIPTS));
+    assert!(after.redrives.len() <= MAX_REDRIVE_NOTES);
+    assert!(after.incidents.len() <= MAX_INCIDENTS);
     assert_eq!(after.id, before.id);
     assert_eq!(after.tenant, before.tenant);
     assert_eq!(after.idempotency_key, before.idempotency_key);

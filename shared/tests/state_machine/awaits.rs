@@ -63,7 +63,7 @@ fn approving_resumes_at_the_next_step_with_the_completion_payload() {
     assert_eq!(next.status, Status::Running);
     assert_eq!(next.step, 2);
     assert_eq!(
-        next.steps[1].output.as_ref().unwrap().value(),
+        next.input.value(),
         &json!({"order": 7, "valid": true, "interactions": {"approval": payload}}),
         "the step input flows on with the answers"
     );
@@ -145,7 +145,7 @@ fn every_interaction_must_be_approved_before_resuming() {
     let (done, _) = m.commit(&half, PARKED_AT + 2, 6, &approve("chef", 2));
     assert_eq!(done.step, 2);
     assert_eq!(
-        done.steps[1].output.as_ref().unwrap().value()["interactions"],
+        done.input.value()["interactions"],
         json!({"manager": {"ok": 1}, "chef": {"ok": 2}})
     );
 }

@@ -13,6 +13,7 @@
 mod fixtures;
 
 mod awaits;
+mod bounded;
 mod cancel;
 mod claim;
 mod coverage;

@@ -64,13 +64,15 @@ fn launched_once(
 fn identical_reply_delivered_twice_is_skipped_as_duplicate() {
     let m = Machine::of(three_steps());
 
-    // Success of a middle step, also after the execution moved further.
+    // Success of a middle step: the execution moved on, and the record keeps only the current
+    // step's progress: the reply answers a step it left (recognised by its launch id), and nothing is
+    // written, however often it comes.
     let record = m.running();
     let event = ok_reply(0, 1, output(0));
     let (next, _) = m.commit(&record, T0 + 5_000, 3, &event);
-    assert_eq!(m.skipped(&next, T0 + 5_000, 3, &event), Skip::Duplicate);
+    assert_eq!(m.skipped(&next, T0 + 5_000, 3, &event), Skip::Stale);
     let (further, _) = m.commit(&next, T0 + 6_000, 4, &ok_reply(1, 1, output(1)));
-    assert_eq!(m.skipped(&further, T0 + 7_000, 5, &event), Skip::Duplicate);
+    assert_eq!(m.skipped(&further, T0 + 7_000, 5, &event), Skip::Stale);
 
     // Success of the last step (duplicate, not merely terminal).
     let record = m.running_at_step(2);
@@ -99,23 +101,30 @@ fn identical_reply_delivered_twice_is_skipped_as_duplicate() {
 fn reply_with_same_launch_id_but_other_bytes_is_rejected_as_conflict() {
     let m = Machine::of(three_steps());
     let first = launch_id(EXEC, 0, 1);
+    let last = launch_id(EXEC, 2, 1);
 
-    for event in [
-        ok_reply(0, 1, output(0)),
-        err_reply(0, 1, &retryable()),
-        err_reply(0, 1, &fatal()),
+    // While the record holds the step's progress: its failures, and the last step's success.
+    for (record, event, launch) in [
+        (m.running(), err_reply(0, 1, &retryable()), first),
+        (m.running(), err_reply(0, 1, &fatal()), first),
+        (m.running_at_step(2), ok_reply(2, 1, output(2)), last),
     ] {
-        let (next, _) = m.commit(&m.running(), T0 + 5_000, 3, &event);
+        let (next, _) = m.commit(&record, T0 + 5_000, 3, &event);
         let rejection = m.rejected(&next, T0 + 5_000, 3, &with_other_bytes(&event));
-        assert_eq!(rejection, Rejection::Conflict { launch_id: first });
+        assert_eq!(rejection, Rejection::Conflict { launch_id: launch });
         assert_eq!(rejection.code(), "RECEIPT_CONFLICT");
     }
 
     // A success replayed as a failure of the same launch is a conflict as well.
-    let (next, _) = m.commit(&m.running(), T0 + 5_000, 3, &ok_reply(0, 1, output(0)));
+    let (next, _) = m.commit(
+        &m.running_at_step(2),
+        T0 + 5_000,
+        3,
+        &ok_reply(2, 1, output(2)),
+    );
     assert_eq!(
-        m.rejected(&next, T0 + 6_000, 4, &err_reply(0, 1, &fatal())),
-        Rejection::Conflict { launch_id: first }
+        m.rejected(&next, T0 + 6_000, 4, &err_reply(2, 1, &fatal())),
+        Rejection::Conflict { launch_id: last }
     );
 }
 

@@ -38,23 +38,12 @@ fn successful_reply_on_middle_step_records_output_and_launches_next_step() {
     );
     assert_eq!(next.lease, None);
     assert_eq!(next.generation, 1);
-    assert_eq!(
-        next.steps,
-        vec![
-            StepProgress {
-                status: StepStatus::Succeeded,
-                launch_id: first,
-                output: Some(Payload::new(value.clone())),
-                receipt: Some(Receipt {
-                    launch_id: first,
-                    fingerprint: fingerprint(&Outcome::Succeeded(value.clone())),
-                }),
-                earlier_receipts: Vec::new(),
-                error: None,
-            },
-            launching(second_step),
-        ]
-    );
+    // The record moves on to the next step: its progress replaces the first step's, whose output is
+    // now the current input.
+    assert_eq!(next.first_step, 1);
+    assert_eq!(next.steps, vec![launching(second_step)]);
+    assert_eq!(next.steps_succeeded_since(&record), vec![0]);
+    assert_ne!(first, second_step);
     assert_eq!(
         next.step_input(1),
         Some(&Payload::new(value)),
@@ -83,14 +72,14 @@ fn successful_reply_on_last_step_succeeds_execution_with_result_and_no_due_time(
     assert_eq!(next.lease, None);
     assert_eq!(next.error, None);
     assert!(actions.is_empty());
-    assert_eq!(next.steps.len(), 3);
-    assert!(next.steps.iter().all(|p| p.status == StepStatus::Succeeded));
+    assert_eq!((next.first_step, next.steps.len()), (2, 1));
+    assert_eq!(next.steps[0].status, StepStatus::Succeeded);
     assert!(
-        next.steps.iter().all(|p| p.output.is_none()),
-        "the result holds the last output; consumed outputs are dropped"
+        next.input.is_null(),
+        "the result holds the last output; the input is dropped"
     );
     assert_eq!(
-        next.steps[2].receipt.as_ref().map(|r| r.launch_id),
+        next.steps[0].receipt.as_ref().map(|r| r.launch_id),
         Some(launch_id(EXEC, 2, 1))
     );
 }
@@ -121,7 +110,6 @@ fn retryable_failure_with_budget_left_waits_for_retry_under_new_lease_and_jitter
         StepProgress {
             status: StepStatus::Failed,
             launch_id: first,
-            output: None,
             receipt: Some(Receipt {
                 launch_id: first,
                 fingerprint: fingerprint(&Outcome::Failed(error.clone())),
@@ -387,14 +375,11 @@ fn late_success_of_superseded_attempt_of_current_step_is_adopted() {
         (next.status, next.step, next.attempt),
         (Status::Running, 1, 1)
     );
-    assert_eq!(next.steps[0].status, StepStatus::Succeeded);
-    assert_eq!(next.steps[0].output, Some(Payload::new(output(0))));
+    assert_eq!(next.steps_succeeded_since(&second), vec![0]);
     assert_eq!(
-        next.steps[0].receipt,
-        Some(Receipt {
-            launch_id: first,
-            fingerprint: fingerprint(&Outcome::Succeeded(output(0))),
-        })
+        next.input,
+        Payload::new(output(0)),
+        "attempt 1's output goes on"
     );
     assert_eq!(next.error, None, "the timeout no longer stands");
     assert_eq!(
@@ -402,8 +387,9 @@ fn late_success_of_superseded_attempt_of_current_step_is_adopted() {
         (1, 1, launch_id(EXEC, 1, 1), at + TIMEOUT_MS[1])
     );
 
-    // The same success delivered again is a duplicate; attempt 2's reply now arrives too late.
-    assert_eq!(m.skipped(&next, at + 1, 9, &late), Skip::Duplicate);
+    // The same success delivered again, or attempt 2's reply, answers a step the execution left.
+    assert_eq!(m.skipped(&next, at + 1, 9, &late), Skip::Stale);
+    assert_ne!(first, launch_id(EXEC, 0, 2));
     assert_eq!(
         m.skipped(&next, at + 2, 9, &ok_reply(0, 2, output(0))),
         Skip::Stale
@@ -452,7 +438,7 @@ fn late_success_of_timed_out_attempt_is_adopted_while_its_retry_waits() {
     match decision {
         Decision::Commit { record, .. } => {
             assert_eq!((record.status, record.step), (Status::Running, 1));
-            assert_eq!(record.steps[0].status, StepStatus::Succeeded);
+            assert_eq!(record.steps_succeeded_since(&waiting), vec![0]);
             assert_eq!(record.lease, None, "the pending retry is fenced");
         }
         other => panic!("the late success was not adopted: {other:?}"),
@@ -473,7 +459,7 @@ fn late_success_of_timed_out_attempt_is_adopted_after_a_redrive() {
     let (adopted, _) = m.commit(&requeued, TIMED_OUT_AT + 200, 8, &ok_reply(0, 1, output(0)));
 
     assert_eq!((adopted.status, adopted.step), (Status::Running, 1));
-    assert_eq!(adopted.steps[0].status, StepStatus::Succeeded);
+    assert_eq!(adopted.steps_succeeded_since(&requeued), vec![0]);
     assert_eq!(adopted.lease, None, "the pending launch is fenced");
     let work = launch_work_of(&actions);
     assert_eq!(
