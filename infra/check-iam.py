@@ -2,7 +2,8 @@
 """Least-privilege check of template.yaml.
 
 Every function's policies must name their actions and resources: no `*` in any Action or Resource
-(a documented exception needs an entry in the function's `Metadata.IamExceptions` with a reason), and
+(a documented exception needs an entry in the function's `Metadata.IamExceptions` with a reason, naming
+the wildcard action or the end of the resource it allows), and
 only resource-scoped SAM policy templates (listed below, each granting a fixed small set of actions on
 one named resource). Exits non-zero with one line per violation.
 """
@@ -47,7 +48,7 @@ def strings(value):
 def check_statement(where, statement, exceptions, problems):
     for key in ("Action", "Resource"):
         for text in strings(statement.get(key, [])):
-            if "*" in text and text not in exceptions:
+            if "*" in text and not any(text == e or text.endswith(e) for e in exceptions):
                 problems.append(f"{where}: {key} {text!r} has a wildcard")
     if statement.get("Effect") == "Allow" and not statement.get("Resource"):
         problems.append(f"{where}: an Allow statement without a Resource")
@@ -61,10 +62,12 @@ def main(path):
     for name, resource in template.get("Resources", {}).items():
         kind = resource.get("Type")
         props = resource.get("Properties", {})
+        # Each exception names the wildcard text it allows (`action`) or the end of a resource ARN
+        # (`resource`, e.g. the key prefix of objects whose names are not known in advance).
         exceptions = {
-            e["action"]: e["reason"]
+            e.get("action") or e.get("resource"): e["reason"]
             for e in resource.get("Metadata", {}).get("IamExceptions", [])
-            if e.get("reason")
+            if e.get("reason") and (e.get("action") or e.get("resource"))
         }
         if kind == "AWS::Serverless::Function":
             checked += 1

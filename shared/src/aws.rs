@@ -8,10 +8,11 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_sqs::config::SharedCredentialsProvider;
 
 use crate::adapters::{
-    DynamoDbExecutionStore, DynamoDbReleaseRegistry, EventBridgePublisher, SqsDeadLetterQueue,
-    SqsSender,
+    DynamoDbExecutionStore, DynamoDbReleaseRegistry, EventBridgePublisher, S3PayloadStore,
+    SqsDeadLetterQueue, SqsSender,
 };
-use crate::config::{CoordinatorConfig, WorkerConfig};
+use crate::claims::ClaimCheck;
+use crate::config::{CoordinatorConfig, PayloadConfig, WorkerConfig};
 use crate::coordinator::{Coordinator, Settings};
 use crate::domain::contract::Contract;
 use crate::envelope::Identity;
@@ -53,6 +54,7 @@ pub struct Clients {
     pub dynamodb: aws_sdk_dynamodb::Client,
     pub sqs: aws_sdk_sqs::Client,
     pub eventbridge: aws_sdk_eventbridge::Client,
+    pub s3: aws_sdk_s3::Client,
 }
 
 impl Clients {
@@ -61,8 +63,28 @@ impl Clients {
             dynamodb: aws_sdk_dynamodb::Client::new(sdk),
             sqs: aws_sdk_sqs::Client::new(sdk),
             eventbridge: aws_sdk_eventbridge::Client::new(sdk),
+            s3: s3_client(sdk),
         }
     }
+
+    /// The claim check of a stack's payload configuration (none without a payload bucket).
+    pub fn claims(&self, payloads: &PayloadConfig) -> Option<ClaimCheck> {
+        let bucket = payloads.bucket.as_ref()?;
+        Some(ClaimCheck::new(
+            Arc::new(S3PayloadStore::new(self.s3.clone())),
+            bucket.clone(),
+            payloads.threshold_bytes,
+        ))
+    }
+}
+
+/// The S3 client of a configuration. With an endpoint URL set (a local emulator, a VPC endpoint),
+/// buckets are addressed in the path: `bucket.host` names need DNS that such endpoints lack.
+pub fn s3_client(sdk: &SdkConfig) -> aws_sdk_s3::Client {
+    let config = aws_sdk_s3::config::Builder::from(sdk)
+        .force_path_style(sdk.endpoint_url().is_some())
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
 }
 
 /// The coordinator on DynamoDB and SQS.
@@ -86,7 +108,7 @@ pub fn coordinator_on(
     clock: Arc<dyn Clock>,
 ) -> Coordinator {
     let dynamodb = clients.dynamodb.clone();
-    let coordinator = Coordinator::new(
+    let mut coordinator = Coordinator::new(
         Arc::new(
             DynamoDbExecutionStore::new(
                 dynamodb.clone(),
@@ -103,6 +125,9 @@ pub fn coordinator_on(
         clock,
         Settings::from_config(config),
     );
+    if let Some(claims) = clients.claims(&config.payloads) {
+        coordinator = coordinator.with_claim_check(claims);
+    }
     match &config.event_bus {
         Some(bus) => coordinator.with_publisher(Arc::new(EventBridgePublisher::new(
             clients.eventbridge.clone(),
@@ -121,19 +146,23 @@ pub fn worker(
     contract: &Contract,
     steps: Arc<dyn StepFunction>,
 ) -> Worker {
-    worker_on(aws_sdk_sqs::Client::new(sdk), config, contract, steps)
+    worker_on(&Clients::new(sdk), config, contract, steps)
 }
 
-/// A worker on the given SQS client.
+/// A worker on the given clients (SQS, and S3 for claim-checked payloads).
 pub fn worker_on(
-    sqs: aws_sdk_sqs::Client,
+    clients: &Clients,
     config: &WorkerConfig,
     contract: &Contract,
     steps: Arc<dyn StepFunction>,
 ) -> Worker {
     let identity = Identity::of(contract, &config.release_version);
-    let worker = Worker::new(identity, Arc::new(SqsSender::new(sqs.clone())), steps)
+    let sqs = clients.sqs.clone();
+    let mut worker = Worker::new(identity, Arc::new(SqsSender::new(sqs.clone())), steps)
         .with_visibility(Arc::new(SqsVisibilityExtender::new(sqs)));
+    if let Some(claims) = clients.claims(&config.payloads) {
+        worker = worker.with_claim_check(claims);
+    }
     match &config.request_dlq_url {
         Some(dlq) => worker.with_dead_letter_queue(dlq.clone()),
         None => worker,

@@ -38,6 +38,32 @@ pub struct CoordinatorConfig {
     pub lease_seconds: u32,
     /// Due executions taken per shard and claim run.
     pub claim_limit: i32,
+    pub payloads: PayloadConfig,
+}
+
+/// Payloads up to 32 KiB travel inline by default (well under SQS's 256 KiB messages and DynamoDB's
+/// 400 KB items); larger ones are claim-checked.
+pub const DEFAULT_PAYLOAD_THRESHOLD_BYTES: usize = 32 * 1024;
+
+/// Where claim-checked payloads go (see `claims`): `PAYLOAD_BUCKET` (none: payloads above the
+/// threshold are refused with `PAYLOAD_TOO_LARGE`) and `PAYLOAD_THRESHOLD_BYTES`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadConfig {
+    pub bucket: Option<String>,
+    pub threshold_bytes: usize,
+}
+
+impl PayloadConfig {
+    pub fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        Ok(Self {
+            bucket: get("PAYLOAD_BUCKET").filter(|b| !b.is_empty()),
+            threshold_bytes: parsed(
+                get,
+                "PAYLOAD_THRESHOLD_BYTES",
+                DEFAULT_PAYLOAD_THRESHOLD_BYTES,
+            )?,
+        })
+    }
 }
 
 impl CoordinatorConfig {
@@ -65,6 +91,7 @@ impl CoordinatorConfig {
             due_granularity_seconds: parsed(&get, "DUE_GRANULARITY_SECONDS", 5)?,
             lease_seconds: parsed(&get, "LEASE_SECONDS", 60)?,
             claim_limit: parsed(&get, "CLAIM_LIMIT", 100)?,
+            payloads: PayloadConfig::from_lookup(&get)?,
         })
     }
 }
@@ -75,6 +102,7 @@ pub struct WorkerConfig {
     pub release_version: String,
     /// DLQ of the worker's request queue: requests it cannot handle go there with a reason.
     pub request_dlq_url: Option<String>,
+    pub payloads: PayloadConfig,
 }
 
 impl WorkerConfig {
@@ -87,6 +115,7 @@ impl WorkerConfig {
             release_version: get("RELEASE_VERSION")
                 .ok_or(ConfigError::Missing("RELEASE_VERSION"))?,
             request_dlq_url: get("REQUEST_DLQ_URL"),
+            payloads: PayloadConfig::from_lookup(&get)?,
         })
     }
 }

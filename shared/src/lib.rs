@@ -14,6 +14,7 @@
 pub mod adapters;
 pub mod aws;
 pub mod cache;
+pub mod claims;
 pub mod config;
 pub mod coordinator;
 pub mod domain;

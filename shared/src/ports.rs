@@ -257,3 +257,13 @@ impl Clock for SystemClock {
         fastrand::f64()
     }
 }
+
+/// Where claim-checked payloads are kept (an S3 bucket): immutable objects, written before the
+/// reference to them is committed or sent.
+#[async_trait]
+pub trait PayloadStore: Send + Sync {
+    /// Stores `bytes` under `key`. Keys are content addresses: writing a key again writes the same bytes.
+    async fn put(&self, bucket: &str, key: &str, bytes: Vec<u8>) -> Result<(), StoreError>;
+    /// The bytes under `key` (`Missing` if there are none).
+    async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError>;
+}

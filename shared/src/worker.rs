@@ -43,7 +43,10 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::adapters::batches::MAX_BATCH_BYTES;
 use crate::cache::{byte_budget, BoundedCache};
+use crate::claims::{ClaimCheck, ClaimError};
+use crate::domain::payload::PayloadRef;
 use crate::domain::{Code, StepError};
 use crate::envelope::{
     Identity, RawRequest, ReplyEnvelope, ReplyOutcome, RequestHeader, CANCEL_KIND,
@@ -152,6 +155,7 @@ struct Core {
     visibility: Option<Arc<dyn VisibilityExtender>>,
     heartbeat: Heartbeat,
     memory: Arc<Mutex<LaunchMemory>>,
+    claims: Option<ClaimCheck>,
 }
 
 impl Worker {
@@ -172,6 +176,7 @@ impl Worker {
                     DEFAULT_CANCEL_CAPACITY,
                     DEFAULT_DEDUP_CAPACITY,
                 ))),
+                claims: None,
             },
             concurrency: DEFAULT_CONCURRENCY,
         }
@@ -180,6 +185,13 @@ impl Worker {
     /// Sends undecodable and misaddressed requests to this queue (URL or name) with a typed reason.
     pub fn with_dead_letter_queue(mut self, queue: impl Into<String>) -> Self {
         self.core.dead_letter_queue = Some(queue.into());
+        self
+    }
+
+    /// Resolves payload references in step inputs, and claim-checks outputs and error messages longer
+    /// than the check's threshold (see `claims`).
+    pub fn with_claim_check(mut self, claims: ClaimCheck) -> Self {
+        self.core.claims = Some(claims);
         self
     }
 
@@ -552,21 +564,18 @@ impl Core {
             receipt_handle,
             claim,
         } = job;
-        let outcome = match input {
+        let outcome = match self.resolved(input).await {
             Ok(input) => {
                 let step = self.steps.run(&header, input);
-                match self
+                let result = self
                     .with_heartbeat(
                         step,
                         &header,
                         event_source_arn.as_deref(),
                         receipt_handle.as_deref(),
                     )
-                    .await
-                {
-                    Ok(output) => ReplyOutcome::Succeeded { output },
-                    Err(error) => ReplyOutcome::Failed { error },
-                }
+                    .await;
+                self.offloaded(&header, result).await
             }
             Err(error) => ReplyOutcome::Failed { error },
         };
@@ -575,13 +584,65 @@ impl Core {
             attempt = header.attempt, launch_id = %header.launch_id,
             ok = matches!(outcome, ReplyOutcome::Succeeded { .. }), "step ran"
         );
-        let reply = ReplyEnvelope::for_request(&header, outcome);
-        let body = serde_json::to_string(&reply).expect("reply serializes");
+        let mut reply = ReplyEnvelope::for_request(&header, outcome);
+        let mut body = serde_json::to_string(&reply).expect("reply serializes");
+        if body.len() > MAX_BATCH_BYTES {
+            // It cannot be sent (no payload bucket took it): the attempt fails for good, now, instead
+            // of timing out send after send.
+            let error = ClaimError::TooLarge {
+                bytes: body.len(),
+                limit: MAX_BATCH_BYTES,
+            };
+            reply.outcome = ReplyOutcome::Failed {
+                error: error.step_error(),
+            };
+            body = serde_json::to_string(&reply).expect("reply serializes");
+        }
         claim.complete(body.clone());
         Disposition::Reply {
             queue: header.reply_to,
             body,
         }
+    }
+
+    /// The step's input with its payload references resolved.
+    async fn resolved(&self, input: Result<Value, StepError>) -> Result<Value, StepError> {
+        let input = input?;
+        match &self.claims {
+            Some(claims) => claims.resolve(input).await.map_err(|e| e.step_error()),
+            None if PayloadRef::any_in(&input) => Err(ClaimError::Unresolvable(
+                "the input holds a payload reference and this worker has no payload bucket".into(),
+            )
+            .step_error()),
+            None => Ok(input),
+        }
+    }
+
+    /// The step's outcome with a long output or error message claim-checked.
+    async fn offloaded(
+        &self,
+        header: &RequestHeader,
+        result: Result<Value, StepError>,
+    ) -> ReplyOutcome {
+        let Some(claims) = &self.claims else {
+            return match result {
+                Ok(output) => ReplyOutcome::Succeeded { output },
+                Err(error) => ReplyOutcome::Failed { error },
+            };
+        };
+        let offloaded = match result {
+            Ok(output) => claims
+                .offload(header.execution_id, output)
+                .await
+                .map(|output| ReplyOutcome::Succeeded { output }),
+            Err(error) => claims
+                .offload_error(header.execution_id, error)
+                .await
+                .map(|error| ReplyOutcome::Failed { error }),
+        };
+        offloaded.unwrap_or_else(|e| ReplyOutcome::Failed {
+            error: e.step_error(),
+        })
     }
 
     fn heartbeat_interval(&self, header: &RequestHeader) -> Option<Duration> {

@@ -15,6 +15,7 @@ const LAYERS: &[&[&str]] = &[
         "metrics",
         "telemetry",
     ],
+    &["claims"],
     &["adapters"],
     &["coordinator"],
     &["handlers", "http", "worker"],

@@ -185,6 +185,8 @@ impl Meter {
                     .interceptor(self.clone())
                     .build(),
             ),
+            // Payloads stay under the claim-check threshold in the benchmark's workloads.
+            s3: stepline::aws::s3_client(sdk),
         }
     }
 

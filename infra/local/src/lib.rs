@@ -107,7 +107,7 @@ impl LocalStack {
     ) -> Result<Binding> {
         let config = WorkerConfig::from_lookup(self.stack.env_of(function)?)?;
         let worker = Arc::new(stepline::aws::worker_on(
-            self.clients.sqs.clone(),
+            &self.clients,
             &config,
             contract,
             steps,

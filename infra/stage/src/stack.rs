@@ -34,6 +34,10 @@ pub enum Physical {
         name: String,
         arn: String,
     },
+    Bucket {
+        name: String,
+        arn: String,
+    },
 }
 
 /// An SQS event source of a function.
@@ -78,7 +82,9 @@ impl Lookup for Stack {
 
     fn reference(&self, logical: &str) -> Option<String> {
         Some(match self.resources.get(logical)? {
-            Physical::Table { name, .. } | Physical::Bus { name, .. } => name.clone(),
+            Physical::Table { name, .. }
+            | Physical::Bus { name, .. }
+            | Physical::Bucket { name, .. } => name.clone(),
             Physical::Queue { url, .. } => url.clone(),
         })
     }
@@ -89,7 +95,8 @@ impl Lookup for Stack {
             (
                 Physical::Table { arn, .. }
                 | Physical::Queue { arn, .. }
-                | Physical::Bus { arn, .. },
+                | Physical::Bus { arn, .. }
+                | Physical::Bucket { arn, .. },
                 "Arn",
             ) => arn.clone(),
             (Physical::Queue { name, .. }, "QueueName") => name.clone(),
@@ -178,6 +185,16 @@ impl Stack {
                     .insert(logical.clone(), Physical::Bus { name, arn });
             }
         }
+        let s3 = stepline::aws::s3_client(sdk);
+        for (logical, kind, props) in &resources {
+            if kind == "AWS::S3::Bucket" {
+                let bucket = bucket_of(&stack, logical, props)?;
+                create_bucket(&s3, &bucket)
+                    .await
+                    .with_context(|| format!("creating bucket {logical}"))?;
+                stack.resources.insert(logical.clone(), bucket);
+            }
+        }
         for (logical, kind, props) in &resources {
             if kind == "AWS::Events::Rule" {
                 create_rule(&events, &stack, props)
@@ -220,6 +237,7 @@ impl Stack {
                     name: name_of("Name")?,
                     arn: String::new(),
                 },
+                "AWS::S3::Bucket" => bucket_of(&stack, logical, props)?,
                 _ => continue,
             };
             stack.resources.insert(logical.clone(), physical);
@@ -630,4 +648,42 @@ fn function_spec(template: &Template, stack: &Stack, props: &Value) -> Result<Fu
         }
     }
     Ok(spec)
+}
+
+/// A bucket's name: its `BucketName`, else made from the stage and logical id (as CloudFormation
+/// names a bucket the template leaves unnamed, stably here so that `lookup` finds it again).
+fn bucket_of(stack: &Stack, logical: &str, props: &Value) -> Result<Physical> {
+    let name = match props.get("BucketName") {
+        Some(_) => resolved(props, "BucketName", stack)?,
+        None => format!("stepline-{}-{}", stack.stage, logical.to_lowercase()),
+    };
+    let arn = format!("arn:aws:s3:::{name}");
+    Ok(Physical::Bucket { name, arn })
+}
+
+async fn create_bucket(s3: &aws_sdk_s3::Client, bucket: &Physical) -> Result<()> {
+    let Physical::Bucket { name, .. } = bucket else {
+        anyhow::bail!("not a bucket: {bucket:?}");
+    };
+    let mut create = s3.create_bucket().bucket(name);
+    let region = s3.config().region().map(|r| r.to_string());
+    if let Some(region) = region.filter(|r| r != "us-east-1") {
+        use aws_sdk_s3::types::{BucketLocationConstraint, CreateBucketConfiguration};
+        create = create.create_bucket_configuration(
+            CreateBucketConfiguration::builder()
+                .location_constraint(BucketLocationConstraint::from(region.as_str()))
+                .build(),
+        );
+    }
+    match create.send().await {
+        Ok(_) => Ok(()),
+        Err(e)
+            if e.as_service_error().is_some_and(|s| {
+                s.is_bucket_already_owned_by_you() || s.is_bucket_already_exists()
+            }) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(sdk_error(e)),
+    }
 }

@@ -13,7 +13,7 @@ use crate::domain::release::{Activation, Release};
 use crate::domain::Execution;
 use crate::ports::{
     ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, MessageSender,
-    OutMessage, Registration, ReleaseRegistry, SendError, StoreError,
+    OutMessage, PayloadStore, Registration, ReleaseRegistry, SendError, StoreError,
 };
 
 #[derive(Default)]
@@ -293,5 +293,46 @@ impl MessageSender for RecordingSender {
                 Ok(())
             })
             .collect()
+    }
+}
+
+/// Payload objects in memory, by bucket and key.
+#[derive(Default)]
+pub struct InMemoryPayloadStore {
+    objects: Mutex<HashMap<(String, String), Vec<u8>>>,
+}
+
+impl InMemoryPayloadStore {
+    /// Replaces an object's bytes (tests tamper with stored payloads).
+    pub fn overwrite(&self, bucket: &str, key: &str, bytes: Vec<u8>) {
+        self.objects
+            .lock()
+            .expect("objects")
+            .insert((bucket.to_string(), key.to_string()), bytes);
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.lock().expect("objects").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[async_trait]
+impl PayloadStore for InMemoryPayloadStore {
+    async fn put(&self, bucket: &str, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        self.overwrite(bucket, key, bytes);
+        Ok(())
+    }
+
+    async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError> {
+        self.objects
+            .lock()
+            .expect("objects")
+            .get(&(bucket.to_string(), key.to_string()))
+            .cloned()
+            .ok_or_else(|| StoreError::Missing(format!("{bucket}/{key}")))
     }
 }

@@ -1,12 +1,16 @@
-//! Adapters: the ports implemented on AWS (DynamoDB, SQS) and in memory.
+//! Adapters: the ports implemented on AWS (DynamoDB, SQS, EventBridge, S3) and in memory.
 
 pub mod batches;
 pub mod dynamodb;
 pub mod eventbridge;
 pub mod memory;
+pub mod s3;
 pub mod sqs;
 
 pub use dynamodb::{DynamoDbExecutionStore, DynamoDbReleaseRegistry};
 pub use eventbridge::EventBridgePublisher;
-pub use memory::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
+pub use memory::{
+    InMemoryExecutionStore, InMemoryPayloadStore, InMemoryReleaseRegistry, RecordingSender,
+};
+pub use s3::S3PayloadStore;
 pub use sqs::{SqsDeadLetterQueue, SqsSender};

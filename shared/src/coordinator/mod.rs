@@ -15,6 +15,7 @@
 mod batch;
 mod dead_letters;
 mod outbox;
+mod payloads;
 mod releases;
 mod requests;
 mod sweep;
@@ -34,6 +35,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::cache::{byte_budget, json_size, BoundedCache};
+use crate::claims::{ClaimCheck, ClaimError};
 use crate::config::CoordinatorConfig;
 use crate::domain::{
     self, Action, Code, Context, Decision, Event, Execution, NewExecution, ParentLink, PipelineDef,
@@ -76,6 +78,8 @@ pub enum CoordinatorError {
     Store(#[from] StoreError),
     #[error("gave up after {0} conflicting writes")]
     Contention(u32),
+    #[error(transparent)]
+    Payload(#[from] ClaimError),
 }
 
 impl CoordinatorError {
@@ -94,6 +98,7 @@ impl CoordinatorError {
             CoordinatorError::Store(StoreError::TooLarge(_)) => Code::ItemTooLarge,
             CoordinatorError::Store(_) => Code::StoreUnavailable,
             CoordinatorError::Contention(_) => Code::Contention,
+            CoordinatorError::Payload(e) => e.code(),
         }
     }
 
@@ -102,6 +107,7 @@ impl CoordinatorError {
         match self {
             CoordinatorError::Store(e) => e.is_retryable(),
             CoordinatorError::Contention(_) => true,
+            CoordinatorError::Payload(e) => e.is_retryable(),
             _ => false,
         }
     }
@@ -226,6 +232,8 @@ pub struct Coordinator {
     publisher: Option<Arc<dyn EventPublisher>>,
     /// Records this process committed last (bounded): the hot path decides on them without a read.
     recent: Mutex<RecentRecords>,
+    /// Where payloads above the threshold go (none: kept inline).
+    claims: Option<ClaimCheck>,
 }
 
 /// Records a process committed, oldest evicted first, bounded by count and by bytes (a share of the
@@ -268,6 +276,7 @@ impl Coordinator {
             releases: Mutex::new(HashMap::new()),
             publisher: None,
             recent: Mutex::new(RecentRecords::default()),
+            claims: None,
         }
     }
 
@@ -382,6 +391,8 @@ impl Coordinator {
         role: &str,
         hot: bool,
     ) -> Result<Applied, CoordinatorError> {
+        let checked = self.claim_checked_event(id, event).await?;
+        let event = checked.as_ref().unwrap_or(event);
         match self.commit_event(id, event, role, hot).await? {
             Decided::Committed {
                 record,
@@ -567,7 +578,7 @@ impl Coordinator {
             tenant: &request.tenant,
             definition,
             contract_version: pinned.contract_version.clone(),
-            input: request.input,
+            input: self.claim_checked(id, request.input).await?,
             idempotency_key: request.idempotency_key,
         };
         let (mut record, actions) = domain::start_launched(new, &ctx);

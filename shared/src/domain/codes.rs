@@ -73,6 +73,14 @@ catalogue! {
     /// A write the store refuses for its size (DynamoDB's 400 KB item limit): final. As a step error
     /// code: the step's outcome did not fit in the execution record.
     ItemTooLarge = "ITEM_TOO_LARGE" => 413,
+    /// A payload larger than any path takes (a message's limit, with no payload bucket to hold it):
+    /// final.
+    PayloadTooLarge = "PAYLOAD_TOO_LARGE" => 413,
+    /// The payload bucket throttled or unreachable: safe to retry.
+    PayloadUnavailable = "PAYLOAD_UNAVAILABLE" => 503,
+    /// A payload reference that does not resolve: its object is missing, in another bucket than the
+    /// stack's, or does not match the reference's size and digest. As a step error code: final.
+    PayloadUnresolvable = "PAYLOAD_UNRESOLVABLE" => 422,
 
     // Events the state machine refuses.
     UnknownCorrelation = "UNKNOWN_CORRELATION" => 409,
@@ -210,6 +218,9 @@ mod tests {
             Code::NoRoute,
             Code::MethodNotAllowed,
             Code::BodyTooLarge,
+            Code::PayloadTooLarge,
+            Code::PayloadUnavailable,
+            Code::PayloadUnresolvable,
             Code::ReleaseConflict,
             Code::NotFinished,
             Code::NotSucceeded,

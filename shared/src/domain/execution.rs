@@ -72,6 +72,10 @@ pub struct StepError {
     pub code: String,
     pub message: String,
     pub retryable: bool,
+    /// Where the whole message is when it was too long to carry: a payload reference (see
+    /// `payload::PayloadRef`); `message` then holds its beginning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<serde_json::Value>,
 }
 
 impl StepError {
@@ -80,6 +84,7 @@ impl StepError {
             code: code.to_string(),
             message: message.into(),
             retryable,
+            detail: None,
         }
     }
 }

@@ -12,6 +12,7 @@
 //! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, await step                   | WAITING_EXTERNAL, await unit · SendAwaitNotice     |
 //! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out over n > 0 items     | WAITING_EXTERNAL, n interactions · SendAwaitNotice |
 //! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out over no items        | step done: next step launched, or SUCCEEDED        |
+//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out, claim-checked input | step failed: PAYLOAD_UNRESOLVABLE, FAILED          |
 //! | RUNNING                   | LaunchWork          | lease match, deadline passed, no resend   | same launch re-sent · SendRequest                  |
 //! | RUNNING                   | LaunchWork          | lease match, deadline passed, resent      | attempt failed: STEP_TIMEOUT, retryable            |
 //! | RUNNING/WAITING_EXTERNAL  | LaunchWork          | lease match, nothing due under it         | lease released                                     |
@@ -70,7 +71,7 @@ use super::execution::{
     MAX_REDRIVE_NOTES,
 };
 use super::ids::{launch_id, new_secret, reply_token};
-use super::payload::Payload;
+use super::payload::{Payload, REF_FIELD};
 use super::pipeline::{PipelineDef, StepKind};
 
 mod transitions;
@@ -1152,6 +1153,15 @@ fn launch_attempt(
     };
     // A fan-out waits for one child per item (each child's end completes one interaction).
     let names = match step_def.kind {
+        StepKind::FanOut if next.step_input(step).is_some_and(|i| i.reference().is_some()) => {
+            // The coordinator reads the items to start the children; it does not fetch payloads.
+            let error = StepError::new(
+                Code::PayloadUnresolvable.as_str(),
+                "a fan-out step's input must travel inline: its items are above the claim-check threshold",
+                false,
+            );
+            return fail_attempt(next, def, ctx, error);
+        }
         StepKind::FanOut => {
             let items = fan_out_items(next, step);
             if items == 0 {
@@ -1201,10 +1211,11 @@ pub fn fan_out_items(record: &Execution, step: u32) -> usize {
         .map_or(0, Vec::len)
 }
 
-/// The output of an await or fan-out step: its input, with the answers beside it.
+/// The output of an await or fan-out step: its input, with the answers beside it (an object input
+/// gets an `interactions` field; any other input, a claim-checked one included, is wrapped).
 fn with_answers(record: &Execution, step: u32, answers: serde_json::Map<String, Value>) -> Value {
     match record.step_input(step).map(|p| p.value().clone()) {
-        Some(Value::Object(mut fields)) => {
+        Some(Value::Object(mut fields)) if !fields.contains_key(REF_FIELD) => {
             fields.insert("interactions".into(), Value::Object(answers));
             Value::Object(fields)
         }

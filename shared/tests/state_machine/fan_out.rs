@@ -122,3 +122,42 @@ fn a_cancelled_child_tells_its_parent() {
     assert_eq!(actions, vec![in_flight, Action::NotifyParent]);
     assert_eq!(cancelled.due_at(), Some(LAUNCHED_AT + 1 + LEASE_MS));
 }
+
+/// A claim-checked reference as a step's input (the worker runtime resolves it; the machine does not).
+fn reference() -> Value {
+    stepline::domain::payload::PayloadRef {
+        bucket: "payloads".into(),
+        key: format!("payloads/{EXEC}/0ab1"),
+        size: 40_000,
+        sha256: "0ab1".into(),
+    }
+    .to_value()
+}
+
+#[test]
+fn a_fan_out_over_a_claim_checked_input_fails_at_once() {
+    let m = Machine::of(fan_out_first_pipeline());
+    let (record, actions) = m.start_with(reference());
+    let (next, actions) = m.launch(&record, LAUNCHED_AT, 2, &actions);
+    assert_eq!(next.status, Status::Failed);
+    let error = next.error.as_ref().expect("an error");
+    assert_eq!(
+        (error.code.as_str(), error.retryable),
+        ("PAYLOAD_UNRESOLVABLE", false)
+    );
+    assert!(matches!(actions[..], [Action::SendDeadLetter { .. }]));
+}
+
+#[test]
+fn an_await_step_wraps_a_claim_checked_input_beside_its_answers() {
+    let m = Machine::of(approval_pipeline(&[]));
+    let (waiting, _) = m.past_first_step(reference());
+    let token = token_of(&waiting, "approval");
+    let approve = complete("approval", &token, Verdict::Approved, json!({"by": "maria"}));
+    let (next, _) = m.commit(&waiting, PARKED_AT + 1_000, 5, &approve);
+    assert_eq!(
+        next.input.value(),
+        &json!({"input": reference(), "interactions": {"approval": {"by": "maria"}}}),
+        "the reference stays whole; the worker resolves it where it sits"
+    );
+}

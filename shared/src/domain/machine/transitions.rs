@@ -195,6 +195,13 @@ pub const TRANSITIONS: &[Transition] = &[
         &["launch_work_of_a_fan_out_over_no_items_goes_straight_on"],
     ),
     row(
+        QUEUED_OR_RETRY,
+        &[E::LaunchWork],
+        "lease match, fan-out over a claim-checked input",
+        "step failed: PAYLOAD_UNRESOLVABLE, FAILED",
+        &["a_fan_out_over_a_claim_checked_input_fails_at_once"],
+    ),
+    row(
         RUNNING,
         &[E::LaunchWork],
         "lease match, deadline passed, no resend",

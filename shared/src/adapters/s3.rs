@@ -1,0 +1,63 @@
+//! The payload store on S3: one object per claim-checked payload, written whole with one `PutObject`
+//! (up to 5 GB) and read with one `GetObject`. Encryption and expiry are the bucket's (template.yaml).
+
+use async_trait::async_trait;
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::Client;
+
+use crate::ports::{PayloadStore, StoreError};
+
+#[derive(Clone, Debug)]
+pub struct S3PayloadStore {
+    client: Client,
+}
+
+impl S3PayloadStore {
+    pub fn new(client: Client) -> Self {
+        Self { client }
+    }
+}
+
+fn unavailable<E>(err: aws_sdk_s3::error::SdkError<E>) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    if matches!(err.code(), Some("NoSuchKey" | "NoSuchBucket")) {
+        return StoreError::Missing(DisplayErrorContext(&err).to_string());
+    }
+    StoreError::Unavailable(DisplayErrorContext(&err).to_string())
+}
+
+#[async_trait]
+impl PayloadStore for S3PayloadStore {
+    async fn put(&self, bucket: &str, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        self.client
+            .put_object()
+            .bucket(bucket)
+            .key(key)
+            .content_type("application/json")
+            .body(ByteStream::from(bytes))
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError> {
+        let object = self
+            .client
+            .get_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        let bytes = object
+            .body
+            .collect()
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("reading s3://{bucket}/{key}: {e}")))?;
+        Ok(bytes.into_bytes().to_vec())
+    }
+}
