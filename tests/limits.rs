@@ -1,42 +1,41 @@
-//! Size limits on the emulator: a worker's large error is stored once, and a step whose outcome would
-//! make the execution item exceed DynamoDB's 400 KB fails at once with `ITEM_TOO_LARGE` and is
-//! dead-lettered with its context, where the refused write used to be retried until its reply
-//! dead-lettered and the execution timed out.
+//! Size limits on the emulator. Payloads above the claim-check threshold travel through the stack's
+//! payload bucket (a 100 MB step output reaches the next step intact; a 300 KB worker error is kept
+//! once, in the bucket); outputs under it that are large together are replied in batches split by
+//! bytes; the record stays the same size over a 1,000-step pipeline; and a step whose outcome would
+//! make the execution item exceed DynamoDB's 400 KB (claim checks set high) fails at once with
+//! `ITEM_TOO_LARGE` and is dead-lettered with its context, not retried.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use serde_json::Value;
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use aws_sdk_dynamodb::types::AttributeValue;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 use stepline::adapters::SqsSender;
-use stepline::domain::{Code, Status, StepError};
+use stepline::domain::payload::PayloadRef;
+use stepline::domain::{Code, Status, StepDef, StepError};
 use stepline::envelope::{DeadLetterEnvelope, RequestHeader};
 use stepline::ports::{MessageSender, OutMessage};
 use stepline::worker::StepFunction;
 use stepline_suite::TestStack;
 
-/// Fails the first step with an error message of 210 KB: a reply SQS and the coordinator take, more
-/// than half of what an item holds.
-struct HugeError;
+/// Fails the first step with an error message of the given length.
+struct HugeError(usize);
 
 #[async_trait]
 impl StepFunction for HugeError {
     async fn run(&self, _request: &RequestHeader, _input: Value) -> Result<Value, StepError> {
-        Err(StepError::new("HUGE", "e".repeat(210_000), false))
+        Err(StepError::new("HUGE", "e".repeat(self.0), false))
     }
 }
 
-/// A stack of the example pipeline whose worker fails with [`HugeError`].
-async fn failing_stack(prefix: &str) -> anyhow::Result<TestStack> {
-    let mut stack = TestStack::new(prefix, |_| {}).await?;
-    stack.start(Arc::new(HugeError))?;
-    Ok(stack)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_large_worker_error_is_stored_once_and_fails_the_execution_with_its_code(
+async fn a_300_kb_worker_error_is_stored_once_and_fails_the_execution_with_its_code(
 ) -> anyhow::Result<()> {
-    let stack = failing_stack("limits-error").await?;
+    let mut stack = TestStack::new("limits-error", |_| {}).await?;
+    stack.start(Arc::new(HugeError(300_000)))?;
     let id = stack.submit(order_worker::sample_order(1)).await?;
     let record = stack.wait_dead_lettered(id).await?;
     assert_eq!(record.status, Status::Failed);
@@ -44,14 +43,24 @@ async fn a_large_worker_error_is_stored_once_and_fails_the_execution_with_its_co
         record.attempt, 1,
         "failed on its first reply, not after timeouts"
     );
-    let error = record.error.expect("an error");
+    let error = record.error.clone().expect("an error");
+    assert_eq!(error.code, "HUGE");
+    assert!(error.message.len() <= 1024, "the beginning stays inline");
+    // The whole message is in the payload bucket, once; the item holds its reference.
+    let detail = error
+        .detail
+        .clone()
+        .expect("a reference to the whole message");
+    assert!(PayloadRef::of(&detail).is_some(), "{detail}");
     assert_eq!(
-        (error.code.as_str(), error.message.len()),
-        ("HUGE", 210_000)
+        stack.claims()?.resolve(detail).await?,
+        json!("e".repeat(300_000))
     );
-    assert_eq!(
-        record.steps[0].error.as_ref().map(|e| e.code.as_str()),
-        Some("HUGE")
+    let item = stack.local.execution_item(id).await?.expect("the item");
+    assert!(
+        item_bytes(&item) < 8_000,
+        "an item of {} bytes",
+        item_bytes(&item)
     );
     Ok(())
 }
@@ -59,10 +68,14 @@ async fn a_large_worker_error_is_stored_once_and_fails_the_execution_with_its_co
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_too_large_for_the_item_fails_the_execution_with_item_too_large(
 ) -> anyhow::Result<()> {
-    let stack = failing_stack("limits").await?;
-    // An input of 200 KB, kept in the record until the first step succeeds, beside the 210 KB error.
+    // Claim checks set as high as they go (SQS's 256 KiB): these payloads stay inline.
+    let mut stack =
+        TestStack::with_parameters("limits", &[("PayloadThresholdBytes", "262144")], |_| {})
+            .await?;
+    stack.start(Arc::new(HugeError(200_000)))?;
+    // An input of 230 KB, kept in the record while the first step runs, beside the 200 KB error.
     let mut input = order_worker::sample_order(1);
-    input["note"] = Value::String("n".repeat(200_000));
+    input["note"] = Value::String("n".repeat(230_000));
     let id = stack.submit(input).await?;
     let record = stack.wait_dead_lettered(id).await?;
     assert_eq!(record.status, Status::Failed);
@@ -119,5 +132,217 @@ async fn large_messages_sent_together_are_split_into_batches_that_fit() -> anyho
         failed.first()
     );
     assert_eq!(stack.queue_depth("ReplyQueue").await?, 10);
+    Ok(())
+}
+
+/// Every step answers with `pad` bytes of padding beside the step's index.
+struct Padded(usize);
+
+#[async_trait]
+impl StepFunction for Padded {
+    async fn run(&self, request: &RequestHeader, _input: Value) -> Result<Value, StepError> {
+        Ok(json!({"step": request.step_index, "pad": "p".repeat(self.0)}))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_30_kb_outputs_replied_in_one_batch_all_succeed() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("limits-30kb", |_| {}).await?;
+    let ids = stack.submit_orders(10).await?;
+    // The ten first requests, handled as one worker batch: ten replies of about 30 KB each (under the
+    // claim-check threshold, so inline), 300 KB together: more than one SendMessageBatch takes.
+    let worker = Arc::new(stack.worker(Arc::new(Padded(30_000)))?);
+    let (_, arn) = match stack.local.stack.resources.get("OrderRequestQueue") {
+        Some(stepline_local::stack::Physical::Queue { url, arn, .. }) => (url.clone(), arn.clone()),
+        _ => anyhow::bail!("no request queue"),
+    };
+    let requests = stack.take_all("OrderRequestQueue").await?;
+    assert_eq!(requests.len(), 10);
+    let mut event = SqsEvent::default();
+    for (i, body) in requests.into_iter().enumerate() {
+        let mut message = SqsMessage::default();
+        message.message_id = Some(format!("m-{i}"));
+        message.body = Some(body);
+        message.event_source_arn = Some(arn.clone());
+        event.records.push(message);
+    }
+    let response = worker.handle(event).await;
+    assert!(
+        response.batch_item_failures.is_empty(),
+        "replies not sent: {:?}",
+        response.batch_item_failures.len()
+    );
+    stack.start_worker(worker)?;
+    for id in ids {
+        let record = stack.wait_terminal(id).await?;
+        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+        let result = record.result.expect("a result");
+        assert_eq!(result.value()["pad"].as_str().map(str::len), Some(30_000));
+    }
+    Ok(())
+}
+
+/// Step 0 returns a 100 MB document with its digest; step 1 checks what it received against it.
+struct Blob;
+
+const BLOB_BYTES: usize = 100 * 1024 * 1024;
+
+#[async_trait]
+impl StepFunction for Blob {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        match request.step_index {
+            0 => {
+                let blob: String = (0..BLOB_BYTES / 16)
+                    .map(|i| format!("{:016x}", (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+                    .collect();
+                let sha256 = hex::encode(Sha256::digest(blob.as_bytes()));
+                Ok(json!({"blob": blob, "sha256": sha256}))
+            }
+            1 => {
+                let blob = input["blob"].as_str().unwrap_or_default();
+                let sha256 = hex::encode(Sha256::digest(blob.as_bytes()));
+                Ok(json!({
+                    "bytes": blob.len(),
+                    "intact": input["sha256"].as_str() == Some(sha256.as_str()),
+                }))
+            }
+            _ => Ok(input),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_100_mb_step_output_reaches_the_next_step_intact() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("limits-100mb", |def| {
+        for step in &mut def.steps {
+            step.timeout_secs = 600;
+        }
+    })
+    .await?;
+    stack.start(Arc::new(Blob))?;
+    let id = stack.submit(json!({"job": 1})).await?;
+    let record = stack
+        .wait_for(id, Duration::from_secs(600), |r| r.status.is_terminal())
+        .await?;
+    assert_eq!(record.status, Status::Succeeded, "{:?}", record.error);
+    let result = record.result.expect("a result");
+    assert_eq!(
+        result.value(),
+        &json!({"bytes": BLOB_BYTES, "intact": true})
+    );
+    Ok(())
+}
+
+/// Passes a counter on, one more at each step.
+struct Count;
+
+#[async_trait]
+impl StepFunction for Count {
+    async fn run(&self, _request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        let n = input["n"].as_u64().unwrap_or_default();
+        Ok(json!({"n": n + 1, "doc": "d".repeat(200)}))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_step_pipeline_succeeds_with_an_item_that_does_not_grow() -> anyhow::Result<()> {
+    const STEPS: usize = 1_000;
+    let mut stack = TestStack::new("limits-long", |def| {
+        let first = def.steps[0].clone();
+        def.steps = (0..STEPS)
+            .map(|k| StepDef {
+                id: format!("s{k}"),
+                ..first.clone()
+            })
+            .collect();
+    })
+    .await?;
+    stack.start(Arc::new(Count))?;
+    let id = stack.submit(json!({"n": 0})).await?;
+    // Item sizes along the way, as stored.
+    let mut sizes = Vec::new();
+    let record = loop {
+        let record = stack.api.get(id).await?;
+        if let Some(item) = stack.local.execution_item(id).await? {
+            sizes.push((record.step, item_bytes(&item)));
+        }
+        if record.status.is_terminal() {
+            break record;
+        }
+        anyhow::ensure!(
+            sizes.len() < 6_000,
+            "not finished after {} polls: {record:?}",
+            sizes.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(record.status, Status::Succeeded, "{:?}", record.error);
+    assert_eq!(record.result.expect("a result").value()["n"], STEPS as u64);
+    let largest = |steps: std::ops::Range<u32>| {
+        sizes
+            .iter()
+            .filter(|(s, _)| steps.contains(s))
+            .map(|(_, b)| *b)
+            .max()
+    };
+    let (Some(early), Some(late)) = (largest(1..100), largest(900..1_000)) else {
+        anyhow::bail!("no item seen early or late: {} polls", sizes.len());
+    };
+    assert!(
+        late <= early + 16,
+        "the item grew from {early} to {late} bytes over the pipeline"
+    );
+    assert!(
+        late < 1_024,
+        "an item of {late} bytes with 200-byte payloads"
+    );
+    Ok(())
+}
+
+/// An item's size as DynamoDB counts it: attribute names and values (numbers as their text).
+fn item_bytes(item: &std::collections::HashMap<String, AttributeValue>) -> usize {
+    fn value(v: &AttributeValue) -> usize {
+        match v {
+            AttributeValue::S(s) | AttributeValue::N(s) => s.len(),
+            AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
+            AttributeValue::M(m) => {
+                3 + m.iter().map(|(k, v)| 1 + k.len() + value(v)).sum::<usize>()
+            }
+            AttributeValue::L(l) => 3 + l.iter().map(|v| 1 + value(v)).sum::<usize>(),
+            _ => 0,
+        }
+    }
+    item.iter().map(|(k, v)| k.len() + value(v)).sum()
+}
+
+/// Step 0 answers with the size of the input it saw; the others pass it on.
+struct Measure;
+
+#[async_trait]
+impl StepFunction for Measure {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        Ok(match request.step_index {
+            0 => json!({"bytes": input.to_string().len(), "refs": PayloadRef::any_in(&input)}),
+            _ => input,
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_input_is_claim_checked_at_submission_and_resolved_for_its_step(
+) -> anyhow::Result<()> {
+    let mut stack = TestStack::new("limits-input", |_| {}).await?;
+    let input = json!({"note": "n".repeat(100_000)});
+    let id = stack.submit(input.clone()).await?;
+    let record = stack.api.get(id).await?;
+    let reference = PayloadRef::of(record.input.value()).expect("the record holds a reference");
+    assert_eq!(reference.size as usize, input.to_string().len());
+    stack.start(Arc::new(Measure))?;
+    let record = stack.wait_terminal(id).await?;
+    assert_eq!(record.status, Status::Succeeded, "{:?}", record.error);
+    assert_eq!(
+        record.result.expect("a result").value(),
+        &json!({"bytes": input.to_string().len(), "refs": false})
+    );
     Ok(())
 }

@@ -18,7 +18,13 @@ const FUNCTION_MEMORY_KIB: u64 = 128 * 1024;
 async fn the_completion_function_stays_within_its_memory_under_large_outputs() -> anyhow::Result<()>
 {
     tokio::task::spawn_blocking(binaries::build).await??;
-    let stack = TestStack::new("mem-completion", |_| {}).await?;
+    // Outputs kept inline (the threshold at its largest), as a worker without claim checks sends them.
+    let stack = TestStack::with_parameters(
+        "mem-completion",
+        &[("PayloadThresholdBytes", "262144")],
+        |_| {},
+    )
+    .await?;
     stack.submit_orders(EXECUTIONS).await?;
     let requests = stack.take_all("OrderRequestQueue").await?;
     assert_eq!(requests.len(), EXECUTIONS);

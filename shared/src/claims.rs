@@ -117,8 +117,8 @@ impl ClaimCheck {
         if error.message.len() <= self.threshold {
             return Ok(error);
         }
-        let whole = serde_json::to_vec(&Value::String(error.message.clone()))
-            .expect("a string serializes");
+        let whole =
+            serde_json::to_vec(&Value::String(error.message.clone())).expect("a string serializes");
         let reference = self.store_bytes(execution, whole).await?;
         error.message = crate::domain::machine::truncated(&error.message, INLINE_MESSAGE_BYTES);
         error.detail = Some(reference.to_value());
@@ -236,10 +236,16 @@ mod tests {
         let large = json!({"rows": "x".repeat(1_000)});
         let reference = claims.offload(EXEC, large.clone()).await.unwrap();
         let parsed = PayloadRef::of(&reference).expect("a reference");
-        assert_eq!(parsed.size, serde_json::to_vec(&large).unwrap().len() as u64);
+        assert_eq!(
+            parsed.size,
+            serde_json::to_vec(&large).unwrap().len() as u64
+        );
         assert_eq!(parsed.key, ClaimCheck::key(EXEC, &parsed.sha256));
         // Content-addressed: the same payload again is the same object.
-        assert_eq!(claims.offload(EXEC, large.clone()).await.unwrap(), reference);
+        assert_eq!(
+            claims.offload(EXEC, large.clone()).await.unwrap(),
+            reference
+        );
         assert_eq!(store.len(), 1);
         // References resolve wherever they sit.
         let nested = json!({"input": reference, "n": [reference]});
@@ -257,7 +263,11 @@ mod tests {
             .await
             .unwrap();
         let parsed = PayloadRef::of(&reference).unwrap();
-        store.overwrite("payloads", &parsed.key, b"\"tampered payload text\"".to_vec());
+        store.overwrite(
+            "payloads",
+            &parsed.key,
+            b"\"tampered payload text\"".to_vec(),
+        );
         let err = claims.resolve(reference).await.unwrap_err();
         assert_eq!(err.code(), Code::PayloadUnresolvable);
         assert!(!err.is_retryable());

@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 use stepline::adapters::RecordingSender;
 use stepline::aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use stepline::domain::payload::PayloadRef;
 use stepline::domain::StepError;
 use stepline::envelope::{
     Identity, ReplyEnvelope, ReplyOutcome, RequestEnvelope, RequestHeader, CANCEL_KIND,
@@ -772,4 +773,109 @@ async fn a_panicking_step_fails_only_its_own_message_and_can_run_again() {
         .await;
     assert_eq!(steps.calls().len(), 3);
     assert_eq!(sender.drain().len(), 1);
+}
+
+/// A worker claim-checking payloads over 1 KiB into an in-memory bucket.
+fn claim_checking_worker() -> (
+    Worker,
+    Arc<RecordingSender>,
+    Arc<Steps>,
+    stepline::claims::ClaimCheck,
+) {
+    let (worker, sender, steps) = worker();
+    let store = Arc::new(stepline::adapters::InMemoryPayloadStore::default());
+    let claims = stepline::claims::ClaimCheck::new(store, "payloads", 1024);
+    (
+        worker.with_claim_check(claims.clone()),
+        sender,
+        steps,
+        claims,
+    )
+}
+
+fn reply_outcome(sender: &RecordingSender) -> ReplyOutcome {
+    let sent = sender.drain();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    serde_json::from_str::<ReplyEnvelope>(&sent[0].1.body)
+        .unwrap()
+        .outcome
+}
+
+#[tokio::test]
+async fn step_code_sees_a_claim_checked_input_resolved_and_its_large_output_travels_as_a_reference()
+{
+    let (worker, sender, steps, claims) = claim_checking_worker();
+    let h = header(40);
+    let input = json!({"rows": "r".repeat(5_000)});
+    let reference = claims.offload(h.execution_id, input.clone()).await.unwrap();
+    assert!(PayloadRef::of(&reference).is_some());
+
+    let response = worker
+        .handle(event(vec![request("m1", &h, &json!({"doc": reference}))]))
+        .await;
+
+    assert!(failed_ids(&response).is_empty());
+    assert_eq!(steps.calls(), vec![(h.launch_id, json!({"doc": input}))]);
+    let ReplyOutcome::Succeeded { output } = reply_outcome(&sender) else {
+        panic!("a success")
+    };
+    assert!(PayloadRef::of(&output).is_some(), "{output}");
+    assert_eq!(
+        claims.resolve(output).await.unwrap(),
+        json!({"echo": {"doc": input}})
+    );
+}
+
+#[tokio::test]
+async fn a_reference_that_does_not_resolve_fails_the_attempt_for_good_without_running_the_step() {
+    let (checking, sender, steps, _) = claim_checking_worker();
+    let h = header(41);
+    let forged = PayloadRef {
+        bucket: "payloads".into(),
+        key: "payloads/none".into(),
+        size: 3,
+        sha256: "00".into(),
+    };
+    checking
+        .handle(event(vec![request("m1", &h, &forged.to_value())]))
+        .await;
+    assert!(steps.calls().is_empty());
+    let ReplyOutcome::Failed { error } = reply_outcome(&sender) else {
+        panic!("a failure")
+    };
+    assert_eq!(
+        (error.code.as_str(), error.retryable),
+        ("PAYLOAD_UNRESOLVABLE", false)
+    );
+
+    // A worker without a payload bucket cannot resolve one either, and says so.
+    let (plain, sender, steps) = worker();
+    plain
+        .handle(event(vec![request("m2", &header(42), &forged.to_value())]))
+        .await;
+    assert!(steps.calls().is_empty());
+    let ReplyOutcome::Failed { error } = reply_outcome(&sender) else {
+        panic!("a failure")
+    };
+    assert_eq!(error.code, "PAYLOAD_UNRESOLVABLE");
+}
+
+#[tokio::test]
+async fn without_a_payload_bucket_an_output_too_large_to_send_fails_the_attempt_for_good() {
+    let (worker, sender, _) = worker();
+    let input = json!({"rows": "r".repeat(300_000)});
+    let response = worker
+        .handle(event(vec![request("m1", &header(43), &input)]))
+        .await;
+    assert!(
+        failed_ids(&response).is_empty(),
+        "answered, not retried into a loop"
+    );
+    let ReplyOutcome::Failed { error } = reply_outcome(&sender) else {
+        panic!("a failure")
+    };
+    assert_eq!(
+        (error.code.as_str(), error.retryable),
+        ("PAYLOAD_TOO_LARGE", false)
+    );
 }

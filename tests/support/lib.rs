@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use stepline::adapters::SqsDeadLetterQueue;
 use stepline::config::CoordinatorConfig;
@@ -56,23 +56,27 @@ impl TestStack {
     /// Lifecycle events are off (their outbox writes would blur the version counts tests assert);
     /// `with_lifecycle_events` turns them on.
     pub async fn new(prefix: &str, tune: impl FnOnce(&mut PipelineDef)) -> Result<Self> {
-        Self::provision(prefix, false, tune).await
+        Self::with_parameters(prefix, &[], tune).await
     }
 
     pub async fn with_lifecycle_events(
         prefix: &str,
         tune: impl FnOnce(&mut PipelineDef),
     ) -> Result<Self> {
-        Self::provision(prefix, true, tune).await
+        Self::with_parameters(prefix, &[("LifecycleEvents", "true")], tune).await
     }
 
-    async fn provision(
+    /// A stack with some of the template's parameters overridden.
+    pub async fn with_parameters(
         prefix: &str,
-        lifecycle: bool,
+        parameters: &[(&str, &str)],
         tune: impl FnOnce(&mut PipelineDef),
     ) -> Result<Self> {
         stepline_local::require_emulator();
-        let params = [("LifecycleEvents".to_string(), lifecycle.to_string())].into();
+        let params = parameters
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let local = LocalStack::up_with(&fresh_stage(prefix), &params).await?;
         let api = local.coordinator(functions::REDRIVE)?;
         let (queue, _) = local.stack.queue("OrderRequestQueue")?;
@@ -252,6 +256,29 @@ impl TestStack {
     pub async fn wait_terminal(&self, id: Uuid) -> Result<Execution> {
         self.wait_for(id, Duration::from_secs(60), |r| r.status.is_terminal())
             .await
+    }
+
+    /// A worker of the registered release running `steps`, configured from the order worker
+    /// function's environment (its dead-letter queue and payload bucket).
+    pub fn worker(&self, steps: Arc<dyn StepFunction>) -> Result<Worker> {
+        let env = self.local.stack.env_of(functions::ORDER_WORKER)?;
+        let config = stepline::config::WorkerConfig::from_lookup(env)?;
+        Ok(stepline::aws::worker_on(
+            &self.local.clients,
+            &config,
+            &Contract::of(&self.pipeline),
+            steps,
+        ))
+    }
+
+    /// The claim check the coordinator functions use (the stack's payload bucket).
+    pub fn claims(&self) -> Result<stepline::claims::ClaimCheck> {
+        let env = self.local.stack.env_of(functions::REDRIVE)?;
+        let config = CoordinatorConfig::from_lookup(env)?;
+        self.local
+            .clients
+            .claims(&config.payloads)
+            .context("the stack has a payload bucket")
     }
 
     pub fn sqs(&self) -> aws_sdk_sqs::Client {

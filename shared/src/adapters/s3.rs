@@ -53,11 +53,10 @@ impl PayloadStore for S3PayloadStore {
             .send()
             .await
             .map_err(unavailable)?;
-        let bytes = object
-            .body
-            .collect()
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("reading s3://{bucket}/{key}: {e}")))?;
+        let bytes =
+            object.body.collect().await.map_err(|e| {
+                StoreError::Unavailable(format!("reading s3://{bucket}/{key}: {e}"))
+            })?;
         Ok(bytes.into_bytes().to_vec())
     }
 }

@@ -53,7 +53,10 @@ impl Coordinator {
                 }
                 Some(event)
             }
-            Event::FromWorker { sender, event: inner } => {
+            Event::FromWorker {
+                sender,
+                event: inner,
+            } => {
                 let Event::Reply { outcome, .. } = inner.as_ref() else {
                     return Ok(None);
                 };

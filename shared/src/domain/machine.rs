@@ -1153,7 +1153,11 @@ fn launch_attempt(
     };
     // A fan-out waits for one child per item (each child's end completes one interaction).
     let names = match step_def.kind {
-        StepKind::FanOut if next.step_input(step).is_some_and(|i| i.reference().is_some()) => {
+        StepKind::FanOut
+            if next
+                .step_input(step)
+                .is_some_and(|i| i.reference().is_some()) =>
+        {
             // The coordinator reads the items to start the children; it does not fetch payloads.
             let error = StepError::new(
                 Code::PayloadUnresolvable.as_str(),

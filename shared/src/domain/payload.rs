@@ -87,9 +87,7 @@ impl PayloadRef {
     /// Whether `value` holds a reference anywhere.
     pub fn any_in(value: &Value) -> bool {
         match value {
-            Value::Object(fields) => {
-                Self::of(value).is_some() || fields.values().any(Self::any_in)
-            }
+            Value::Object(fields) => Self::of(value).is_some() || fields.values().any(Self::any_in),
             Value::Array(items) => items.iter().any(Self::any_in),
             _ => false,
         }

@@ -153,7 +153,12 @@ fn an_await_step_wraps_a_claim_checked_input_beside_its_answers() {
     let m = Machine::of(approval_pipeline(&[]));
     let (waiting, _) = m.past_first_step(reference());
     let token = token_of(&waiting, "approval");
-    let approve = complete("approval", &token, Verdict::Approved, json!({"by": "maria"}));
+    let approve = complete(
+        "approval",
+        &token,
+        Verdict::Approved,
+        json!({"by": "maria"}),
+    );
     let (next, _) = m.commit(&waiting, PARKED_AT + 1_000, 5, &approve);
     assert_eq!(
         next.input.value(),
