@@ -383,3 +383,35 @@ mod tests {
         assert_eq!(percentile(&[], 0.5), 0);
     }
 }
+
+/// The execution item at one pipeline length: what every hop writes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Length {
+    pub steps: usize,
+    pub executions: usize,
+    pub item_bytes_median: u64,
+    pub item_bytes_max: u64,
+    /// Write units of the largest coordinator write (1 KB units of the larger of the old and new item).
+    pub write_units_per_hop_max: u64,
+    /// Table write units per coordinator write, on average (due-index entries apart).
+    pub write_units_per_write: f64,
+    pub dynamodb_writes_per_step: f64,
+    pub write_units_per_step: f64,
+}
+
+impl Length {
+    pub fn of(steps: usize, executions: usize, cost: &Cost) -> Self {
+        let table_units = cost.write_units_per_step - cost.index_writes_per_step;
+        Self {
+            steps,
+            executions,
+            item_bytes_median: cost.item_bytes_median,
+            item_bytes_max: cost.item_bytes_max,
+            write_units_per_hop_max: cost.item_bytes_max.div_ceil(1024).max(1),
+            write_units_per_write: table_units
+                / cost.dynamodb_writes_per_step.max(f64::MIN_POSITIVE),
+            dynamodb_writes_per_step: cost.dynamodb_writes_per_step,
+            write_units_per_step: cost.write_units_per_step,
+        }
+    }
+}

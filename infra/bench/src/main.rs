@@ -11,6 +11,9 @@ use clap::Parser;
 use stepline_bench::{analysis, coldstart, pricing, recovery, report, scale, workload};
 use stepline_local::Template;
 
+/// Pipeline lengths whose execution item the benchmark measures.
+const LENGTHS: [usize; 4] = [5, 20, 100, 1_000];
+
 #[derive(Parser, Debug)]
 #[command(about = "Benchmarks of the Stepline coordinator on the local emulator and in simulation")]
 struct Args {
@@ -89,15 +92,25 @@ async fn main() -> Result<()> {
     .await?;
     let cost_with_events = analysis::cost(&with_events, &prices);
 
-    // The same pipeline four times longer: what is paid per execution spreads over more steps.
-    let long = workload::Workload {
-        executions: work.executions / 2,
-        steps: work.steps * 4,
-        sequential: 0,
-        ..work
-    };
-    eprintln!("P1 with {} steps", long.steps);
-    let cost_long = analysis::cost(&workload::run(long).await?, &prices);
+    // The same pipeline at other lengths: the item (what every hop writes) must not grow with it, and
+    // what is paid per execution spreads over more steps. About as many steps at each length.
+    let mut lengths = vec![analysis::Length::of(work.steps, work.executions, &cost)];
+    let mut cost_long = cost.clone();
+    for steps in LENGTHS.into_iter().filter(|s| *s != work.steps) {
+        let at = workload::Workload {
+            executions: (work.executions * work.steps / steps).max(1),
+            steps,
+            sequential: 0,
+            ..work
+        };
+        eprintln!("P1 with {} steps ({} executions)", at.steps, at.executions);
+        let run = analysis::cost(&workload::run(at).await?, &prices);
+        lengths.push(analysis::Length::of(steps, at.executions, &run));
+        if steps == work.steps * 4 {
+            cost_long = run;
+        }
+    }
+    let long_steps = work.steps * 4;
 
     let dir = args.binaries.clone().unwrap_or_else(coldstart::release_dir);
     eprintln!("P4: binaries in {}", dir.display());
@@ -121,7 +134,8 @@ async fn main() -> Result<()> {
         cost: &cost,
         cost_with_events: &cost_with_events,
         cost_long: &cost_long,
-        long_steps: long.steps,
+        long_steps,
+        lengths: &lengths,
         path: &path,
         latency: &latency,
         cold: &cold,

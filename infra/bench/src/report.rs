@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use crate::analysis::{Cost, CriticalPath, Latency};
+use crate::analysis::{Cost, CriticalPath, Latency, Length};
 use crate::coldstart::ColdStart;
 use crate::pricing::Prices;
 use crate::recovery::{Backlog, Poison, CLAIM_PERIOD_S};
@@ -23,6 +23,8 @@ pub struct Figures<'a> {
     /// The same pipeline, longer (`long_steps` steps).
     pub cost_long: &'a Cost,
     pub long_steps: usize,
+    /// The execution item at each pipeline length measured.
+    pub lengths: &'a [Length],
     pub path: &'a CriticalPath,
     pub latency: &'a Latency,
     pub cold: &'a ColdStart,
@@ -40,6 +42,7 @@ pub fn summary(f: &Figures<'_>) -> Value {
         "init_ms_max": f.cold.init_ms_max,
         "binary_mb_max": f.cold.binary_mb_max,
         "rss_mb_max": f.cold.rss_mb_max,
+        "write_units_per_hop_max": f.lengths.iter().map(|l| l.write_units_per_hop_max).max().unwrap_or(0),
         "mode": f.mode,
         "workload": {
             "executions": f.work.executions,
@@ -52,6 +55,7 @@ pub fn summary(f: &Figures<'_>) -> Value {
         "cost": f.cost,
         "cost_with_lifecycle_events": f.cost_with_events,
         "cost_longer_pipeline": {"steps": f.long_steps, "cost": f.cost_long},
+        "record_by_length": f.lengths,
         "critical_path": f.path,
         "latency": f.latency,
         "cold_start": f.cold,
@@ -76,7 +80,7 @@ pub const START: &str = "<!-- bench:results:start -->";
 pub const END: &str = "<!-- bench:results:end -->";
 
 /// The targets, as (summary key, label, target, whether lower is better).
-pub const TARGETS: [(&str, &str, f64); 6] = [
+pub const TARGETS: [(&str, &str, f64); 7] = [
     (
         "usd_per_million_steps",
         "Coordinator cost, $ per million step transitions",
@@ -99,6 +103,11 @@ pub const TARGETS: [(&str, &str, f64); 6] = [
     ),
     ("binary_mb_max", "Largest binary, MB (10^6 bytes)", 8.0),
     ("rss_mb_max", "Peak RSS, largest, MB (10^6 bytes)", 32.0),
+    (
+        "write_units_per_hop_max",
+        "Write units of the largest hop write, at 5 to 1,000 steps",
+        1.0,
+    ),
 ];
 
 fn num(v: &Value) -> f64 {
@@ -173,13 +182,26 @@ pub fn markdown(s: &Value) -> String {
         num(&c["events_per_step"]), c["item_bytes_median"], c["item_bytes_max"], num(&c["claim_usd_per_month"]),
         c["empty_receives"],
     );
-    let long = &s["cost_longer_pipeline"];
     let _ = writeln!(
         md,
-        "With {} steps the record carries more step entries: median {} B, max {} B per write ({:.2} write units per step, of which {:.2} due-index entries).\n",
-        long["steps"], long["cost"]["item_bytes_median"], long["cost"]["item_bytes_max"],
-        num(&long["cost"]["write_units_per_step"]), num(&long["cost"]["index_writes_per_step"]),
+        "The execution item by pipeline length ({}-byte payloads): the record keeps only the current step, so every hop writes the same item however long the pipeline.\n\n| Steps | Executions | Item median B | Item max B | Write units, largest write | Table write units per write | Writes per step | Write units per step |\n|---:|---:|---:|---:|---:|---:|---:|---:|",
+        w["payload_bytes"],
     );
+    for l in s["record_by_length"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |",
+            l["steps"],
+            l["executions"],
+            l["item_bytes_median"],
+            l["item_bytes_max"],
+            l["write_units_per_hop_max"],
+            num(&l["write_units_per_write"]),
+            num(&l["dynamodb_writes_per_step"]),
+            num(&l["write_units_per_step"]),
+        );
+    }
+    let _ = writeln!(md);
     let _ = writeln!(md, "| Side | Service | Operation | Calls | Billed units | $ / million steps |\n|---|---|---|---:|---:|---:|");
     for line in c["lines"].as_array().into_iter().flatten() {
         let _ = writeln!(

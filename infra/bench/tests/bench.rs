@@ -132,6 +132,7 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
         cost_with_events: &cost,
         cost_long: &cost,
         long_steps: work.steps,
+        lengths: &[analysis::Length::of(work.steps, work.executions, &cost)],
         path: &path,
         latency: &latency,
         cold: &cold,

@@ -197,7 +197,7 @@ pub const TRANSITIONS: &[Transition] = &[
     row(
         QUEUED_OR_RETRY,
         &[E::LaunchWork],
-        "lease match, fan-out over a claim-checked input",
+        "lease match, fan-out, claim-checked input",
         "step failed: PAYLOAD_UNRESOLVABLE, FAILED",
         &["a_fan_out_over_a_claim_checked_input_fails_at_once"],
     ),
