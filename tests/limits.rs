@@ -68,14 +68,18 @@ async fn a_300_kb_worker_error_is_stored_once_and_fails_the_execution_with_its_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_too_large_for_the_item_fails_the_execution_with_item_too_large(
 ) -> anyhow::Result<()> {
-    // Claim checks set as high as they go (SQS's 256 KiB): these payloads stay inline.
+    // Claim checks set as high as they go (200 KiB): these payloads stay inline.
     let mut stack =
-        TestStack::with_parameters("limits", &[("PayloadThresholdBytes", "262144")], |_| {})
+        TestStack::with_parameters("limits", &[("PayloadThresholdBytes", "204800")], |_| {})
             .await?;
-    stack.start(Arc::new(HugeError(200_000)))?;
-    // An input of 230 KB, kept in the record while the first step runs, beside the 200 KB error.
+    // An input and an error of 200 KiB each (as much as travels inline), with the rest of the record:
+    // just over DynamoDB's 400 KB.
+    stack.start(Arc::new(HugeError(204_800)))?;
     let mut input = order_worker::sample_order(1);
-    input["note"] = Value::String("n".repeat(230_000));
+    input["note"] = Value::String(String::new());
+    let base = input.to_string().len();
+    input["note"] = Value::String("n".repeat(204_800 - base));
+    assert_eq!(input.to_string().len(), 204_800);
     let id = stack.submit(input).await?;
     let record = stack.wait_dead_lettered(id).await?;
     assert_eq!(record.status, Status::Failed);

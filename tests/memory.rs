@@ -21,7 +21,7 @@ async fn the_completion_function_stays_within_its_memory_under_large_outputs() -
     // Outputs kept inline (the threshold at its largest), as a worker without claim checks sends them.
     let stack = TestStack::with_parameters(
         "mem-completion",
-        &[("PayloadThresholdBytes", "262144")],
+        &[("PayloadThresholdBytes", "204800")],
         |_| {},
     )
     .await?;

@@ -20,6 +20,9 @@ use crate::ports::{PayloadStore, StoreError};
 
 /// The prefix of every payload object (the bucket's lifecycle rule expires it).
 pub const PAYLOAD_PREFIX: &str = "payloads/";
+/// The most a payload takes inline (with no payload bucket, or the threshold at its highest): the
+/// rest of a 256 KiB SQS message is left to its envelope.
+pub const MAX_INLINE_BYTES: usize = 200 * 1024;
 /// A claim-checked error message keeps this many bytes of its beginning inline.
 pub const INLINE_MESSAGE_BYTES: usize = 1024;
 
@@ -31,8 +34,8 @@ pub enum ClaimError {
     /// The reference cannot be resolved (missing object, foreign bucket, size or digest mismatch).
     #[error("payload reference does not resolve: {0}")]
     Unresolvable(String),
-    /// Larger than what can travel, and no payload bucket to hold it.
-    #[error("payload of {bytes} bytes exceeds {limit} bytes and no payload bucket is configured")]
+    /// Larger than what can travel inline, and no payload bucket to hold it.
+    #[error("a payload of {bytes} bytes exceeds the {limit} bytes a message carries inline, and no payload bucket is configured")]
     TooLarge { bytes: usize, limit: usize },
 }
 
@@ -62,6 +65,18 @@ impl From<StoreError> for ClaimError {
             other => ClaimError::Unresolvable(other.to_string()),
         }
     }
+}
+
+/// Without a payload bucket: `value` if it can travel inline, else `TooLarge`.
+pub fn inline_only(value: Value) -> Result<Value, ClaimError> {
+    let bytes = serde_json::to_vec(&value).map_or(0, |text| text.len());
+    if bytes > MAX_INLINE_BYTES {
+        return Err(ClaimError::TooLarge {
+            bytes,
+            limit: MAX_INLINE_BYTES,
+        });
+    }
+    Ok(value)
 }
 
 /// Offloads and resolves payloads against one bucket.

@@ -45,7 +45,7 @@ use uuid::Uuid;
 
 use crate::adapters::batches::MAX_BATCH_BYTES;
 use crate::cache::{byte_budget, BoundedCache};
-use crate::claims::{ClaimCheck, ClaimError};
+use crate::claims::{ClaimCheck, ClaimError, MAX_INLINE_BYTES};
 use crate::domain::payload::PayloadRef;
 use crate::domain::{Code, StepError};
 use crate::envelope::{
@@ -625,9 +625,18 @@ impl Core {
         result: Result<Value, StepError>,
     ) -> ReplyOutcome {
         let Some(claims) = &self.claims else {
-            return match result {
-                Ok(output) => ReplyOutcome::Succeeded { output },
-                Err(error) => ReplyOutcome::Failed { error },
+            // No payload bucket: what cannot travel inline fails the attempt for good (an output) or
+            // is cut (an error message keeps the worker's code).
+            return match result.map(crate::claims::inline_only) {
+                Ok(Ok(output)) => ReplyOutcome::Succeeded { output },
+                Ok(Err(too_large)) => ReplyOutcome::Failed {
+                    error: too_large.step_error(),
+                },
+                Err(mut error) => {
+                    error.message =
+                        crate::domain::machine::truncated(&error.message, MAX_INLINE_BYTES);
+                    ReplyOutcome::Failed { error }
+                }
             };
         };
         let offloaded = match result {

@@ -6,7 +6,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Coordinator, CoordinatorError};
-use crate::claims::ClaimCheck;
+use crate::claims::{inline_only, ClaimCheck, ClaimError};
 use crate::domain::{Event, Outcome};
 
 impl Coordinator {
@@ -21,7 +21,8 @@ impl Coordinator {
         self.claims.as_ref()
     }
 
-    /// `value`, or its reference once stored when it is above the threshold.
+    /// `value`, or its reference once stored when it is above the threshold. Without a payload
+    /// bucket, a payload too large to travel inline is refused (`PAYLOAD_TOO_LARGE`).
     pub(crate) async fn claim_checked(
         &self,
         execution: Uuid,
@@ -29,7 +30,7 @@ impl Coordinator {
     ) -> Result<Value, CoordinatorError> {
         match &self.claims {
             Some(claims) => Ok(claims.offload(execution, value).await?),
-            None => Ok(value),
+            None => Ok(inline_only(value)?),
         }
     }
 
@@ -40,7 +41,7 @@ impl Coordinator {
         event: &Event,
     ) -> Result<Option<Event>, CoordinatorError> {
         let Some(claims) = &self.claims else {
-            return Ok(None);
+            return inline_only_event(event);
         };
         let over = |value: &Value| {
             serde_json::to_vec(value).map_or(0, |text| text.len()) > claims.threshold()
@@ -80,5 +81,41 @@ impl Coordinator {
             }
             _ => None,
         })
+    }
+}
+
+/// Without a payload bucket: an answer too large to travel inline is refused; a worker's output too
+/// large to travel on fails its step for good (`PAYLOAD_TOO_LARGE`) instead of a request that could
+/// never be sent.
+fn inline_only_event(event: &Event) -> Result<Option<Event>, CoordinatorError> {
+    match event {
+        Event::CompleteInteraction { payload, .. } => {
+            inline_only(payload.clone())?;
+            Ok(None)
+        }
+        Event::FromWorker {
+            sender,
+            event: inner,
+        } => {
+            let Event::Reply {
+                outcome: Outcome::Succeeded(output),
+                ..
+            } = inner.as_ref()
+            else {
+                return Ok(None);
+            };
+            let Err(too_large) = inline_only(output.clone()) else {
+                return Ok(None);
+            };
+            let mut reply = inner.as_ref().clone();
+            if let Event::Reply { outcome, .. } = &mut reply {
+                *outcome = Outcome::Failed(ClaimError::step_error(&too_large));
+            }
+            Ok(Some(Event::FromWorker {
+                sender: sender.clone(),
+                event: Box::new(reply),
+            }))
+        }
+        _ => Ok(None),
     }
 }

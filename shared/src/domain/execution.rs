@@ -210,6 +210,8 @@ pub enum Verdict {
 #[serde(rename_all = "camelCase")]
 pub struct InteractionCompletion {
     pub verdict: Verdict,
+    /// The answer, until the unit resolves: then it has gone on in the step's outcome.
+    #[serde(default, skip_serializing_if = "Payload::is_null")]
     pub payload: Payload,
     /// Fingerprint of the verdict and payload: the same answer is a duplicate, another a conflict.
     pub fingerprint: String,

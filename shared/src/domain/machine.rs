@@ -1045,6 +1045,13 @@ fn complete_interaction(
         Verdict::Approved => return commit(next, Vec::new()),
     };
     unit.resolved = true;
+    // The answers went on in the outcome (the step's output, or the rejection's error): the unit keeps
+    // only their fingerprints, all that a repeated completion is checked against.
+    for interaction in &mut unit.interactions {
+        if let Some(done) = interaction.completion.as_mut() {
+            done.payload = Payload::default();
+        }
+    }
     let receipt = Receipt {
         launch_id: unit.id,
         fingerprint: fingerprint.to_string(),

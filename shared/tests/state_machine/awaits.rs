@@ -67,7 +67,12 @@ fn approving_resumes_at_the_next_step_with_the_completion_payload() {
         &json!({"order": 7, "valid": true, "interactions": {"approval": payload}}),
         "the step input flows on with the answers"
     );
-    assert!(next.await_unit.as_ref().unwrap().resolved);
+    let unit = next.await_unit.as_ref().unwrap();
+    assert!(unit.resolved);
+    // Stored once: the answer went on in the input; the unit keeps what it is checked against.
+    let done = unit.interactions[0].completion.as_ref().unwrap();
+    assert!(done.payload.is_null(), "the answer is not kept twice");
+    assert_eq!(done.verdict, Verdict::Approved);
     match &actions[..] {
         [Action::SendRequest {
             step: 2,
