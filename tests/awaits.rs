@@ -89,10 +89,13 @@ async fn an_approval_resumes_the_execution_and_a_second_one_changes_nothing() ->
         .await?;
 
     assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-    // The manager's answer is recorded on the await unit (the step's output travelled on to pricing).
+    // The manager's answer is recorded on the await unit by its verdict and fingerprint; the answer
+    // itself travelled on in the step's output, to pricing (stored once).
     let unit = record.await_unit.as_ref().expect("await unit kept");
     let completion = unit.interactions[0].completion.as_ref().expect("answered");
-    assert_eq!(completion.payload.value()["by"], "maria");
+    assert_eq!(completion.verdict, Verdict::Approved);
+    assert!(!completion.fingerprint.is_empty());
+    assert!(completion.payload.is_null(), "the answer is not kept twice");
     assert_eq!(record.result.as_ref().unwrap().value()["totalCents"], 820);
     let settled = stack.api.get(id).await?;
     assert_eq!(
