@@ -105,6 +105,7 @@ async fn interactions_completed_at_once_are_all_recorded() -> anyhow::Result<()>
                 token: interaction.token.clone(),
                 verdict: Verdict::Approved,
                 payload: json!({"who": interaction.id, "note": bulky(&interaction.id)}),
+                unit: None,
             };
             async move { handlers::complete_interaction(&api, message).await }
         });

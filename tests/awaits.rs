@@ -35,6 +35,7 @@ fn manager_answer(id: Uuid, token: &str, approve: bool, payload: Value) -> Inter
             Verdict::Rejected
         },
         payload,
+        unit: None,
     }
 }
 

@@ -213,6 +213,10 @@ pub struct InteractionMessage {
     pub verdict: crate::domain::Verdict,
     #[serde(default)]
     pub payload: Value,
+    /// The await unit (a fan-out step's attempt) the answer is for: a fan-out child names the one that
+    /// started it; an answer for an earlier unit is stale. Absent: the current unit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<Uuid>,
 }
 
 impl InteractionMessage {
@@ -225,6 +229,7 @@ impl InteractionMessage {
             token: link.token.clone(),
             verdict: crate::domain::Verdict::Approved,
             payload,
+            unit: link.unit,
         }
     }
     /// Fingerprint of the answer (verdict and payload): the same answer twice is one completion.

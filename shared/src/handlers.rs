@@ -166,7 +166,7 @@ fn start_command(event: StartEvent) -> Result<Command, MessageError> {
         tenant: event.detail.tenant,
         input: event.detail.input,
         // A redelivered event (same id) starts nothing new.
-        idempotency_key: Some(format!("event:{}", event.id)),
+        idempotency_key: Some(crate::domain::start_event_key(&event.id)),
         parent: event.detail.parent,
     };
     Ok(Command::Start {

@@ -544,6 +544,7 @@ async fn complete(
         token: body.token,
         verdict: body.verdict,
         payload: body.payload,
+        unit: None,
     };
     // Commits and carries out what the commit decided (the next step's launch, a dead letter).
     let applied = coordinator.complete_interaction(message).await?;

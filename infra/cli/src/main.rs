@@ -469,6 +469,7 @@ async fn answer(
             token: target.token.clone(),
             verdict,
             payload,
+            unit: None,
         },
     )
     .await?;

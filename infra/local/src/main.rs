@@ -508,6 +508,7 @@ async fn restaurant_demo(
                     token: notice.interactions[0].token.clone(),
                     verdict,
                     payload,
+                    unit: None,
                 },
             )
             .await?;

@@ -218,9 +218,6 @@ pub struct Submitted {
     pub version: u64,
 }
 
-/// Namespace of execution ids derived from idempotency keys.
-const IDEMPOTENCY_NAMESPACE: Uuid = Uuid::from_u128(0x3b0e_91c4_55d2_4f0a_9c7e_1a2b_8d6f_40e1);
-
 pub struct Coordinator {
     store: Arc<dyn ExecutionStore>,
     registry: Arc<dyn ReleaseRegistry>,
@@ -566,10 +563,7 @@ impl Coordinator {
         let pinned = self.pinned(&request.pipeline_id, &release).await?;
         let definition = &pinned.definition;
         let id = match &request.idempotency_key {
-            Some(key) => Uuid::new_v5(
-                &IDEMPOTENCY_NAMESPACE,
-                format!("{}/{}/{key}", request.tenant, request.pipeline_id).as_bytes(),
-            ),
+            Some(key) => domain::idempotent_id(&request.tenant, &request.pipeline_id, key),
             None => self.clock.token(),
         };
         let ctx = self.context("submit");
@@ -582,6 +576,7 @@ impl Coordinator {
             idempotency_key: request.idempotency_key,
         };
         let (mut record, actions) = domain::start_launched(new, &ctx);
+        let parent_link = request.parent.clone();
         record.parent = request.parent;
         match self.store.create(&record).await {
             Ok(()) => {}
@@ -598,10 +593,24 @@ impl Coordinator {
                             .await?;
                         self.stage(outbox, &existing, &definition, &again, source);
                     }
+                    // A fan-out child its parent starts again (the step's next attempt): the same
+                    // child. It answers the new attempt: if it failed it runs again, if it ended
+                    // otherwise it tells the parent again, if it runs it answers when it ends.
+                    let mut version = existing.version;
+                    if let Some(link) = &parent_link {
+                        let rejoin = Event::Rejoin {
+                            token: link.token.clone(),
+                            unit: link.unit,
+                        };
+                        let applied = self
+                            .decide_into(outbox, source, id, &rejoin, "fan-out", false)
+                            .await?;
+                        version = applied.record.version;
+                    }
                     return Ok(Submitted {
                         execution: id,
                         duplicate: true,
-                        version: existing.version,
+                        version,
                     });
                 }
                 // Our own create, whose response was lost: carry on as if it had answered.

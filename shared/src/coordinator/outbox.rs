@@ -222,8 +222,9 @@ impl Coordinator {
     }
 
     /// A fan-out step's children: one StartExecution message per item on the start queue, each with
-    /// the interaction it completes. Started idempotently (the message id names parent, step, attempt
-    /// and item), so re-sending them after a crash starts nothing twice.
+    /// the interaction it completes. Started idempotently (the message id names parent, step and item,
+    /// not the attempt), so re-sending them after a crash starts nothing twice, and a later attempt of
+    /// the step (a retry, a re-drive) meets the same children: see `Event::Rejoin`.
     fn stage_children(
         &self,
         outbox: &mut Outbox,
@@ -245,7 +246,7 @@ impl Coordinator {
         let count = await_unit.interactions.len();
         for (i, (item, interaction)) in items.iter().zip(&await_unit.interactions).enumerate() {
             let event = StartEvent {
-                id: format!("{}/{}", await_unit.id, interaction.id),
+                id: crate::domain::fan_out_event_id(record.id, record.step, &interaction.id),
                 detail_type: START_DETAIL_TYPE.to_string(),
                 source: START_SOURCE.to_string(),
                 detail: StartDetail {
@@ -258,6 +259,7 @@ impl Coordinator {
                         interaction: interaction.id.clone(),
                         token: interaction.token.clone(),
                         complete_to: self.settings.await_queue.clone(),
+                        unit: Some(await_unit.id),
                     }),
                 },
             };

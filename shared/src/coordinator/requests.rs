@@ -100,6 +100,7 @@ pub(crate) fn interaction_event(message: InteractionMessage) -> (Uuid, Event) {
         token: message.token,
         verdict: message.verdict,
         payload: message.payload,
+        unit: message.unit,
     };
     (message.execution_id, event)
 }

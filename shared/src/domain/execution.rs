@@ -282,6 +282,11 @@ pub struct ParentLink {
     pub token: String,
     /// Where the completion goes (the coordinator's reply queue).
     pub complete_to: String,
+    /// The parent's attempt of its fan-out step (its await unit) this child answers: set when the
+    /// child is started, moved when a later attempt starts it again. A notice naming an earlier one is
+    /// stale and changes nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<Uuid>,
 }
 
 /// Incidents kept on the record (oldest dropped first): the DLQ holds the messages themselves.

@@ -15,6 +15,35 @@ pub fn launch_id(execution: Uuid, step: u32, attempt: u32) -> Uuid {
     )
 }
 
+/// Namespace of the ids of executions submitted with an idempotency key.
+const IDEMPOTENCY_NAMESPACE: Uuid = Uuid::from_u128(0x3b0e_91c4_55d2_4f0a_9c7e_1a2b_8d6f_40e1);
+
+/// The id of the execution a submission with idempotency key `key` creates: the same key (per tenant
+/// and pipeline) always names the same execution.
+pub fn idempotent_id(tenant: &str, pipeline: &str, key: &str) -> Uuid {
+    Uuid::new_v5(
+        &IDEMPOTENCY_NAMESPACE,
+        format!("{tenant}/{pipeline}/{key}").as_bytes(),
+    )
+}
+
+/// The idempotency key of an execution started by an event (`StartExecution`) with id `event`.
+pub fn start_event_key(event: &str) -> String {
+    format!("event:{event}")
+}
+
+/// The id of the start event of item `item` of the fan-out at step `step` of `parent`: the same for
+/// every attempt of the step, so the child is the same execution (see `Event::Rejoin`).
+pub fn fan_out_event_id(parent: Uuid, step: u32, item: &str) -> String {
+    format!("{parent}/{step}/{item}")
+}
+
+/// The id of that child, an execution of `pipeline` for `tenant`.
+pub fn fan_out_child_id(tenant: &str, pipeline: &str, parent: Uuid, step: u32, item: &str) -> Uuid {
+    let key = start_event_key(&fan_out_event_id(parent, step, item));
+    idempotent_id(tenant, pipeline, &key)
+}
+
 /// A new execution's reply secret: 128 random bits (from the decision's fresh token) as hex.
 pub fn new_secret(random: Uuid) -> String {
     Uuid::new_v5(&random, b"reply-secret").simple().to_string()
@@ -25,6 +54,15 @@ pub fn new_secret(random: Uuid) -> String {
 /// sent and nothing else: a launch id anyone can derive, its token only the coordinator can.
 pub fn reply_token(secret: &str, launch: Uuid) -> String {
     hex::encode(&hmac_sha256(secret.as_bytes(), launch.as_bytes())[..16])
+}
+
+/// The resume token of item `item` of the fan-out at step `step` of `execution`: HMAC-SHA256 under the
+/// execution's secret (128 bits, hex). The same for every attempt of the step, so a child started by an
+/// earlier attempt (a retry, a re-drive) completes the current attempt's interaction, and only the
+/// coordinator can derive it.
+pub fn fan_out_token(secret: &str, execution: Uuid, step: u32, item: &str) -> String {
+    let message = format!("fan-out/{execution}/{step}/{item}");
+    hex::encode(&hmac_sha256(secret.as_bytes(), message.as_bytes())[..16])
 }
 
 /// HMAC-SHA256 (RFC 2104).
@@ -66,6 +104,24 @@ mod tests {
         assert_eq!(
             hex::encode(hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn fan_out_tokens_are_stable_per_item_and_secret() {
+        let secret = new_secret(Uuid::from_u128(1));
+        let e = Uuid::from_u128(7);
+        assert_eq!(
+            fan_out_token(&secret, e, 1, "item-0"),
+            fan_out_token(&secret, e, 1, "item-0")
+        );
+        assert_ne!(
+            fan_out_token(&secret, e, 1, "item-0"),
+            fan_out_token(&secret, e, 1, "item-1")
+        );
+        assert_ne!(
+            fan_out_token(&secret, e, 1, "item-0"),
+            fan_out_token(&new_secret(Uuid::from_u128(2)), e, 1, "item-0")
         );
     }
 

@@ -35,6 +35,9 @@
 //! | any                       | Incident            |                                           | noted on the record (latest ones kept)             |
 //! | any                       | EventsPublished     | outbox holds events up to `through`       | those events leave the outbox                      |
 //! | terminal                  | ParentNotified      | has a parent, not yet told                | parent told, leaves the due index                  |
+//! | FAILED/DLQ                | Rejoin              | parent's token, another attempt           | QUEUED, new budget, lease · EnqueueLaunch          |
+//! | SUCCEEDED/CANCELLED       | Rejoin              | parent's token, another attempt           | parent told again · NotifyParent                   |
+//! | not terminal              | Rejoin              | parent's token, another attempt           | answers that attempt when it ends                  |
 //!
 //! "lease match": the launch work's generation and token are the record's lease's. "current launch":
 //! the reply names the RUNNING record's step, attempt and launch id. "no retry": the attempt budget is
@@ -70,7 +73,7 @@ use super::execution::{
     StepStatus, Verdict, MAX_EARLIER_RECEIPTS, MAX_INCIDENTS, MAX_INCIDENT_DETAIL,
     MAX_REDRIVE_NOTES,
 };
-use super::ids::{launch_id, new_secret, reply_token};
+use super::ids::{fan_out_token, launch_id, new_secret, reply_token};
 use super::payload::{Payload, REF_FIELD};
 use super::pipeline::{PipelineDef, StepKind};
 
@@ -157,6 +160,14 @@ pub enum Event {
     },
     /// The parent (of a fan-out child) was told of this execution's end.
     ParentNotified,
+    /// The parent's fan-out step ran again (a retry, a re-drive) and started this child again: child
+    /// ids are stable per item, so it is the same execution. `token` is the parent's resume token for
+    /// it, which only the parent's coordinator can derive.
+    Rejoin {
+        token: String,
+        /// The parent's await unit of this attempt: the child's end answers it.
+        unit: Option<Uuid>,
+    },
     /// A reply or heartbeat as a worker sent it: applied only if `sender` proves it answers a request
     /// the coordinator issued for this execution (the launch's reply token) and names the execution's
     /// pinned release. Everything read off the reply queue arrives wrapped so.
@@ -172,6 +183,8 @@ pub enum Event {
         payload: Value,
         /// Fingerprint of the verdict and payload.
         fingerprint: String,
+        /// The await unit the answer is for (none: the current one); an earlier unit's is stale.
+        unit: Option<Uuid>,
     },
 }
 
@@ -556,6 +569,7 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
         },
         Event::DeadLetterSent { id } => dead_letter_sent(record, ctx, *id),
         Event::AwaitNoticeSent { unit } => await_notice_sent(record, ctx, *unit),
+        Event::Rejoin { token, unit } => rejoin(record, ctx, token, *unit),
         Event::ParentNotified => {
             if record.parent.is_none() || record.parent_notified || !record.status.is_terminal() {
                 return Decision::Skip(Skip::Duplicate);
@@ -585,11 +599,12 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             verdict,
             payload,
             fingerprint,
+            unit,
         } => complete_interaction(
             record,
             def,
             ctx,
-            interaction,
+            (interaction, *unit),
             token,
             *verdict,
             payload,
@@ -981,7 +996,7 @@ fn complete_interaction(
     record: &Execution,
     def: &PipelineDef,
     ctx: &Context,
-    interaction: &str,
+    (interaction, named_unit): (&str, Option<Uuid>),
     token: &str,
     verdict: Verdict,
     payload: &Value,
@@ -996,6 +1011,11 @@ fn complete_interaction(
     let found = &unit.interactions[index];
     if !constant_time_eq(found.token.as_bytes(), token.as_bytes()) {
         return Decision::Reject(Rejection::InvalidToken);
+    }
+    // A fan-out child's notice for an earlier attempt of the step (sent before a later attempt
+    // started it again): that attempt is over, and the child answers the current one.
+    if named_unit.is_some_and(|named| named != unit.id) {
+        return Decision::Skip(Skip::Stale);
     }
     if let Some(done) = &found.completion {
         return if done.fingerprint == fingerprint {
@@ -1081,6 +1101,12 @@ fn redrive(record: &Execution, ctx: &Context, expected_version: u64, reason: &st
             actual: record.version,
         });
     }
+    reopen(record, ctx, reason)
+}
+
+/// A FAILED or DLQ execution queued again: a new attempt of its step with a new retry budget, under
+/// the same pinned release, noted with `reason`.
+fn reopen(record: &Execution, ctx: &Context, reason: &str) -> Decision {
     let mut next = bump(record, ctx);
     next.redrives.push(RedriveNote {
         at: ctx.now,
@@ -1097,6 +1123,47 @@ fn redrive(record: &Execution, ctx: &Context, expected_version: u64, reason: &st
     next.wake_at = Some(ctx.now);
     let action = take_lease(&mut next, ctx, 0);
     commit(next, vec![action])
+}
+
+/// A fan-out child started again by its parent's next attempt of the step (`unit`): a failed child
+/// runs again; one that ended otherwise tells the parent again without running; a running one answers
+/// the new attempt when it ends.
+fn rejoin(record: &Execution, ctx: &Context, token: &str, unit: Option<Uuid>) -> Decision {
+    let Some(parent) = &record.parent else {
+        return Decision::Reject(Rejection::InvalidToken);
+    };
+    if !constant_time_eq(parent.token.as_bytes(), token.as_bytes()) {
+        return Decision::Reject(Rejection::InvalidToken);
+    }
+    if parent.unit == unit {
+        // Started by this attempt already (a redelivered start).
+        return Decision::Skip(Skip::Duplicate);
+    }
+    let decision = match record.status {
+        Status::Failed | Status::Dlq => reopen(record, ctx, "the parent ran its fan-out again"),
+        status if status.is_terminal() => {
+            let mut next = bump(record, ctx);
+            next.parent_notified = false;
+            next.wake_at = Some(ctx.now + ctx.lease_ms);
+            commit(next, vec![Action::NotifyParent])
+        }
+        _ => commit(bump(record, ctx), Vec::new()),
+    };
+    match decision {
+        Decision::Commit {
+            record: mut next,
+            actions,
+        } => {
+            if let Some(link) = next.parent.as_mut() {
+                link.unit = unit;
+            }
+            Decision::Commit {
+                record: next,
+                actions,
+            }
+        }
+        other => other,
+    }
 }
 
 fn cancel(record: &Execution, ctx: &Context, reason: &str) -> Decision {
@@ -1189,23 +1256,34 @@ fn launch_attempt(
         _ => step_def.interaction_names(),
     };
     // An await step parks the execution on an await unit; its tokens derive from this decision's
-    // random token, so they cannot be guessed from anything stored elsewhere.
+    // random token, so they cannot be guessed from anything stored elsewhere. A fan-out's derive from
+    // the execution's secret and the item, the same for every attempt of the step: a child started by
+    // an earlier attempt is the same child, and completes this attempt's interaction.
+    let fan_out = step_def.kind == StepKind::FanOut && !next.secret.is_empty();
+    let token_of = |name: &str| {
+        if fan_out {
+            fan_out_token(&next.secret, next.id, step, name)
+        } else {
+            Uuid::new_v5(&ctx.token, name.as_bytes())
+                .simple()
+                .to_string()
+        }
+    };
+    let interactions = names
+        .into_iter()
+        .map(|name| Interaction {
+            idempotency_key: format!("{id}/{name}"),
+            token: token_of(&name),
+            id: name,
+            completion: None,
+        })
+        .collect();
     next.status = Status::WaitingExternal;
     next.await_unit = Some(AwaitUnit {
         id,
         step,
         deadline,
-        interactions: names
-            .into_iter()
-            .map(|name| Interaction {
-                idempotency_key: format!("{id}/{name}"),
-                token: Uuid::new_v5(&ctx.token, name.as_bytes())
-                    .simple()
-                    .to_string(),
-                id: name,
-                completion: None,
-            })
-            .collect(),
+        interactions,
         notice_sent: false,
         resolved: false,
     });

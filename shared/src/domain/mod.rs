@@ -18,7 +18,10 @@ pub use execution::{
     StepProgress, StepStatus, Verdict, MAX_EARLIER_RECEIPTS, MAX_INCIDENTS, MAX_INCIDENT_DETAIL,
     MAX_REDRIVE_NOTES,
 };
-pub use ids::{launch_id, new_secret, reply_token};
+pub use ids::{
+    fan_out_child_id, fan_out_event_id, idempotent_id, launch_id, new_secret, reply_token,
+    start_event_key,
+};
 pub use machine::{
     creation_actions, decide, oversized_reply, start, start_launched, Action, Context, Decision,
     Event, EventKind, NewExecution, Outcome, Rejection, Sender, Skip, Transition, TRANSITIONS,

@@ -19,6 +19,8 @@ pub const LEASE_MS: i64 = 30_000;
 pub const JITTER: f64 = 0.5;
 pub const OWNER: &str = "test:coordinator-1";
 pub const TENANT: &str = "acme";
+/// The await unit of the parent of `running_child()` (the fan-out attempt that started it).
+pub const PARENT_UNIT: Uuid = Uuid::from_u128(0x0e1e_c000_0000_4000_8000_0000_0000_0078);
 pub const EXEC: Uuid = Uuid::from_u128(0x0e1e_c000_0000_4000_8000_0000_0000_0001);
 
 /// Step timeouts of `three_steps()`, in milliseconds.
@@ -262,6 +264,7 @@ pub fn complete(interaction: &str, token: &str, verdict: Verdict, payload: Value
         fingerprint: stepline::envelope::InteractionMessage::answer_fingerprint(verdict, &payload),
         verdict,
         payload,
+        unit: None,
     }
 }
 
@@ -746,6 +749,7 @@ impl Machine {
             interaction: "item-0".into(),
             token: "t0".into(),
             complete_to: "replies".into(),
+            unit: Some(PARENT_UNIT),
         });
         self.launch(&record, LAUNCHED_AT, 2, &actions).0
     }

@@ -141,6 +141,7 @@ fn with_parent(record: &Execution) -> Execution {
         interaction: "item-0".into(),
         token: "t0".into(),
         complete_to: "replies".into(),
+        unit: Some(Uuid::from_u128(78)),
     });
     if record.status.is_terminal() && record.wake_at.is_none() {
         record.wake_at = Some(record.updated_at + LEASE_MS);
@@ -197,6 +198,18 @@ fn events_for(r: &Execution) -> Vec<Event> {
     }
     if let Some(mark) = &r.dead_letter {
         events.push(Event::DeadLetterSent { id: mark.id });
+    }
+    if let Some(parent) = &r.parent {
+        for unit in [parent.unit, Some(Uuid::from_u128(99))] {
+            events.push(Event::Rejoin {
+                token: parent.token.clone(),
+                unit,
+            });
+        }
+        events.push(Event::Rejoin {
+            token: "forged".into(),
+            unit: Some(Uuid::from_u128(99)),
+        });
     }
     if let Some(unit) = &r.await_unit {
         events.push(Event::AwaitNoticeSent { unit: unit.id });

@@ -166,3 +166,167 @@ fn an_await_step_wraps_a_claim_checked_input_beside_its_answers() {
         "the reference stays whole; the worker resolves it where it sits"
     );
 }
+
+/// The parent's await unit of a later attempt of its fan-out step.
+const NEXT_UNIT: uuid::Uuid = uuid::Uuid::from_u128(0x5eed);
+
+#[test]
+fn a_failed_child_started_again_by_its_parent_runs_again() {
+    let m = Machine::of(child_pipeline());
+    let running = m.running_child();
+    let at = LAUNCHED_AT + 1;
+    let (failed, _) = m.commit(&running, at, 3, &err_reply(0, 1, &fatal()));
+    assert_eq!(failed.status, Status::Failed);
+    let (told, _) = m.commit(&failed, at + 1, 4, &Event::ParentNotified);
+
+    // Someone without the parent's token cannot make it run again.
+    let forged = Event::Rejoin {
+        token: "guessed".into(),
+        unit: Some(NEXT_UNIT),
+    };
+    assert_eq!(
+        m.rejected(&told, at + 2, 5, &forged),
+        stepline::domain::Rejection::InvalidToken
+    );
+
+    let rejoin = Event::Rejoin {
+        token: "t0".into(),
+        unit: Some(NEXT_UNIT),
+    };
+    let (queued, actions) = m.commit(&told, at + 2, 5, &rejoin);
+    assert_eq!(queued.status, Status::Queued);
+    assert_eq!(queued.budget_base, failed.attempt, "a new retry budget");
+    assert_eq!(
+        (queued.error.as_ref(), queued.dead_letter.as_ref()),
+        (None, None)
+    );
+    assert!(matches!(actions[..], [Action::EnqueueLaunch { .. }]));
+    assert_eq!(queued.parent.as_ref().unwrap().unit, Some(NEXT_UNIT));
+    assert_eq!(
+        m.skipped(&queued, at + 2, 5, &rejoin),
+        Skip::Duplicate,
+        "the same start redelivered"
+    );
+    // Its next end tells the parent (again).
+    let (relaunched, actions) = m.launch(&queued, at + 3, 6, &actions);
+    assert_eq!(request_of(&actions).1, 2, "attempt 2");
+    let (done, actions) = m.commit(
+        &relaunched,
+        at + 4,
+        7,
+        &ok_reply(0, 2, json!({"paid": true})),
+    );
+    assert_eq!(done.status, Status::Succeeded);
+    assert_eq!(actions, vec![Action::NotifyParent]);
+}
+
+#[test]
+fn a_running_child_started_again_answers_the_new_attempt() {
+    let m = Machine::of(child_pipeline());
+    let running = m.running_child();
+    let rejoin = Event::Rejoin {
+        token: "t0".into(),
+        unit: Some(NEXT_UNIT),
+    };
+    let (moved, actions) = m.commit(&running, LAUNCHED_AT + 1, 3, &rejoin);
+    assert!(actions.is_empty(), "it runs on");
+    assert_eq!(moved.parent.as_ref().unwrap().unit, Some(NEXT_UNIT));
+    // The same start again (redelivered) changes nothing.
+    assert_eq!(
+        m.skipped(&moved, LAUNCHED_AT + 2, 4, &rejoin),
+        Skip::Duplicate
+    );
+    // Its end answers the new attempt.
+    let paid = ok_reply(0, 1, json!({"paid": true}));
+    let (done, actions) = m.commit(&moved, LAUNCHED_AT + 3, 5, &paid);
+    assert_eq!(actions, vec![Action::NotifyParent]);
+    assert_eq!(done.parent.as_ref().unwrap().unit, Some(NEXT_UNIT));
+}
+
+#[test]
+fn an_ended_child_started_again_by_its_parent_tells_it_again_without_running() {
+    let m = Machine::of(child_pipeline());
+    let running = m.running_child();
+    let paid = ok_reply(0, 1, json!({"paid": true}));
+    let (done, _) = m.commit(&running, LAUNCHED_AT + 1, 3, &paid);
+    let (told, _) = m.commit(&done, LAUNCHED_AT + 2, 4, &Event::ParentNotified);
+    assert_eq!(told.due_at(), None);
+
+    let rejoin = Event::Rejoin {
+        token: "t0".into(),
+        unit: Some(NEXT_UNIT),
+    };
+    let (again, actions) = m.commit(&told, LAUNCHED_AT + 3, 5, &rejoin);
+    assert_eq!(actions, vec![Action::NotifyParent], "told again, not run");
+    assert_eq!(again.status, Status::Succeeded);
+    assert_eq!(again.attempt, told.attempt);
+    assert_eq!(again.parent.as_ref().unwrap().unit, Some(NEXT_UNIT));
+    assert!(!again.parent_notified);
+    assert!(
+        again.due_at().is_some(),
+        "re-sent by the sweeper until confirmed"
+    );
+}
+
+#[test]
+fn a_fan_out_step_run_again_gives_its_children_the_same_tokens() {
+    let m = Machine::of(fan_out_pipeline());
+    let (waiting, _) = fanned_out(&m, json!([{"row": 1}, {"row": 2}]));
+    let first: Vec<String> = waiting
+        .await_unit
+        .as_ref()
+        .unwrap()
+        .interactions
+        .iter()
+        .map(|i| i.token.clone())
+        .collect();
+    // The unit's deadline passes: the step fails (AWAIT_TIMEOUT); a re-drive runs it again.
+    let deadline = waiting.await_unit.as_ref().unwrap().deadline;
+    let (claimed, actions) = m.commit(&waiting, deadline, 20, &Event::Claim);
+    let (failed, _) = m.launch(&claimed, deadline + 1, 21, &actions);
+    assert_eq!(failed.status, Status::Failed);
+    let (queued, actions) = m.commit(&failed, deadline + 2, 22, &redrive(failed.version, "again"));
+    let (again, _) = m.launch(&queued, deadline + 3, 23, &actions);
+    let unit = again.await_unit.as_ref().unwrap();
+    assert_ne!(
+        unit.id,
+        waiting.await_unit.as_ref().unwrap().id,
+        "a new attempt"
+    );
+    let second: Vec<String> = unit.interactions.iter().map(|i| i.token.clone()).collect();
+    assert_eq!(first, second, "the same children complete the new attempt");
+
+    // A child's notice for the first attempt (sent before the re-drive) is stale: nothing changes.
+    let old_unit = waiting.await_unit.as_ref().unwrap().id;
+    let notice = |unit| match complete(
+        "item-0",
+        &first[0],
+        Verdict::Approved,
+        json!({"status": "FAILED"}),
+    ) {
+        Event::CompleteInteraction {
+            interaction,
+            token,
+            verdict,
+            payload,
+            fingerprint,
+            ..
+        } => Event::CompleteInteraction {
+            interaction,
+            token,
+            verdict,
+            payload,
+            fingerprint,
+            unit,
+        },
+        _ => unreachable!(),
+    };
+    assert_eq!(
+        m.skipped(&again, deadline + 4, 24, &notice(Some(old_unit))),
+        Skip::Stale
+    );
+    let (answered, _) = m.commit(&again, deadline + 4, 24, &notice(Some(unit.id)));
+    assert!(answered.await_unit.as_ref().unwrap().interactions[0]
+        .completion
+        .is_some());
+}

@@ -23,6 +23,7 @@ pub enum EventKind {
     EventsPublished,
     ParentNotified,
     CompleteInteraction,
+    Rejoin,
 }
 
 impl EventKind {
@@ -39,6 +40,7 @@ impl EventKind {
         EventKind::EventsPublished,
         EventKind::ParentNotified,
         EventKind::CompleteInteraction,
+        EventKind::Rejoin,
     ];
 }
 
@@ -57,6 +59,7 @@ impl Event {
             Event::AwaitNoticeSent { .. } => EventKind::AwaitNoticeSent,
             Event::EventsPublished { .. } => EventKind::EventsPublished,
             Event::ParentNotified => EventKind::ParentNotified,
+            Event::Rejoin { .. } => EventKind::Rejoin,
             Event::FromWorker { event, .. } => event.kind(),
             Event::CompleteInteraction { .. } => EventKind::CompleteInteraction,
         }
@@ -105,6 +108,7 @@ const QUEUED_OR_RETRY: &[Status] = &[Status::Queued, Status::WaitRetry];
 const RUNNING: &[Status] = &[Status::Running];
 const WAITING: &[Status] = &[Status::WaitingExternal];
 const FAILED: &[Status] = &[Status::Failed, Status::Dlq];
+const SUCCEEDED_OR_CANCELLED: &[Status] = &[Status::Succeeded, Status::Cancelled];
 
 const fn row(
     from: &'static [Status],
@@ -394,6 +398,27 @@ pub const TRANSITIONS: &[Transition] = &[
         "has a parent, not yet told",
         "parent told, leaves the due index",
         &["a_child_that_ends_tells_its_parent_until_confirmed"],
+    ),
+    row(
+        FAILED,
+        &[E::Rejoin],
+        "parent's token, another attempt",
+        "QUEUED, new budget, lease · EnqueueLaunch",
+        &["a_failed_child_started_again_by_its_parent_runs_again"],
+    ),
+    row(
+        SUCCEEDED_OR_CANCELLED,
+        &[E::Rejoin],
+        "parent's token, another attempt",
+        "parent told again · NotifyParent",
+        &["an_ended_child_started_again_by_its_parent_tells_it_again_without_running"],
+    ),
+    row(
+        LIVE,
+        &[E::Rejoin],
+        "parent's token, another attempt",
+        "answers that attempt when it ends",
+        &["a_running_child_started_again_answers_the_new_attempt"],
     ),
 ];
 

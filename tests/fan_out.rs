@@ -1,0 +1,195 @@
+//! Fan-out children keep their identity across their parent's attempts: a parent whose fan-out step
+//! failed is re-driven, and only the children that failed run again; those that succeeded tell the
+//! parent's new attempt their result without running (no row is paid twice). Child ids derive from
+//! the parent, the step and the item (`fan_out_child_id`), never from the attempt.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use stepline::domain::{fan_out_child_id, Execution, Status, StepError};
+use stepline::envelope::RequestHeader;
+use stepline::handlers::{self, RedriveRequest};
+use stepline::worker::StepFunction;
+use stepline::SubmitRequest;
+use stepline_local::{fresh_stage, functions, require_emulator, LocalStack};
+use uuid::Uuid;
+
+/// The csv example's steps, with `pay` counted per row: the row on line 3 holds its first run until
+/// `release` is set (past the fan-out's deadline), the row on line 4 is declined while `declining` is
+/// set.
+struct CountedPayments {
+    runs: Mutex<BTreeMap<u64, u32>>,
+    declining: AtomicBool,
+    release: AtomicBool,
+}
+
+const SLOW_LINE: u64 = 3;
+const DECLINED_LINE: u64 = 4;
+
+#[async_trait]
+impl StepFunction for CountedPayments {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        if request.step_id != "pay" {
+            return csv_payments::CsvSteps.run(request, input).await;
+        }
+        let line = input["line"].as_u64().unwrap_or_default();
+        let run = {
+            let mut runs = self.runs.lock().unwrap();
+            let run = runs.entry(line).or_default();
+            *run += 1;
+            *run
+        };
+        while line == SLOW_LINE && run == 1 && !self.release.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if line == DECLINED_LINE && self.declining.load(Ordering::SeqCst) {
+            return Err(StepError::new("DECLINED", "the bank said no", false));
+        }
+        csv_payments::CsvSteps.run(request, input).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_driven_fan_out_runs_only_the_children_that_did_not_succeed() -> anyhow::Result<()> {
+    require_emulator();
+    let local = LocalStack::up(&fresh_stage("fanout")).await?;
+    let (batch_queue, _) = local.stack.queue("CsvRequestQueue")?;
+    let (payment_queue, _) = local.stack.queue("PaymentRequestQueue")?;
+    let mut batch = csv_payments::batch_pipeline(batch_queue);
+    // The children get 4 s: the slow row's first run outlives the fan-out's first attempt.
+    batch.steps[1].timeout_secs = 4;
+    for def in [batch, csv_payments::payment_pipeline(payment_queue)] {
+        local.release(def, Vec::new()).await?;
+    }
+    let steps = Arc::new(CountedPayments {
+        runs: Mutex::default(),
+        declining: AtomicBool::new(true),
+        release: AtomicBool::new(false),
+    });
+    let _runner = local.run_workers(vec![
+        (
+            "CsvWorkerFunction",
+            csv_payments::batch_contract(),
+            steps.clone(),
+        ),
+        (
+            "PaymentWorkerFunction",
+            csv_payments::payment_contract(),
+            steps.clone(),
+        ),
+    ])?;
+    let api = local.coordinator(functions::REDRIVE)?;
+    let csv = "payee,iban,amount_cents\n\
+        Ada Lovelace,GB33BUKB20201555555555,12500\n\
+        Alan Turing,GB94BARC10201530093459,990\n\
+        Grace Hopper,DE89370400440532013000,500\n\
+        Barbara Liskov,FR1420041010050500013M02606,4200\n";
+    let id = api
+        .submit(SubmitRequest {
+            pipeline_id: csv_payments::BATCH_PIPELINE.into(),
+            tenant: "finance".into(),
+            input: json!({ "csv": csv }),
+            ..Default::default()
+        })
+        .await?
+        .execution;
+
+    // The slow row keeps the fan-out past its deadline: the batch fails with AWAIT_TIMEOUT.
+    let failed = wait_for(&api, id, Duration::from_secs(90), |r| {
+        r.status.is_terminal()
+    })
+    .await?;
+    assert_eq!(failed.status, Status::Failed, "{failed:#?}");
+    assert_eq!(
+        failed.error.as_ref().map(|e| e.code.as_str()),
+        Some("AWAIT_TIMEOUT")
+    );
+    assert_eq!(failed.step, 1, "failed at the fan-out");
+
+    // The slow row finishes; every child ends: three paid, one declined.
+    steps.release.store(true, Ordering::SeqCst);
+    let children: Vec<Uuid> = (0..4)
+        .map(|i| {
+            let item = format!("item-{i}");
+            fan_out_child_id("finance", csv_payments::PAYMENT_PIPELINE, id, 1, &item)
+        })
+        .collect();
+    let mut ended = Vec::new();
+    for child in &children {
+        ended.push(
+            wait_for(&api, *child, Duration::from_secs(60), |r| {
+                r.status.is_terminal()
+            })
+            .await?
+            .status,
+        );
+    }
+    assert_eq!(
+        ended,
+        [
+            Status::Succeeded,
+            Status::Succeeded,
+            Status::Failed,
+            Status::Succeeded
+        ]
+    );
+
+    // The bank accepts the row now.
+    steps.declining.store(false, Ordering::SeqCst);
+
+    // Re-driven as an operator does: against the version read, again if it moved meanwhile (the
+    // children's late notices are noted on it).
+    let response = loop {
+        let request = RedriveRequest {
+            execution_id: id,
+            expected_version: api.get(id).await?.version,
+            reason: "the bank is back".into(),
+        };
+        match handlers::redrive(&api, request).await {
+            Err(e) if e.code() == "VERSION_CONFLICT" => continue,
+            other => break other?,
+        }
+    };
+    assert_eq!(response.status, Status::Queued);
+    let done = wait_for(&api, id, Duration::from_secs(90), |r| {
+        r.status.is_terminal()
+    })
+    .await?;
+    assert_eq!(done.status, Status::Succeeded, "{done:#?}");
+    let summary = done.result.clone().expect("a summary").value().clone();
+    assert_eq!(summary["paid"], 4, "{summary}");
+    assert_eq!(summary["failed"], json!([]));
+
+    // Every row paid once, but the declined one, which ran again.
+    let runs = steps.runs.lock().unwrap().clone();
+    assert_eq!(
+        runs,
+        BTreeMap::from([(2, 1), (SLOW_LINE, 1), (DECLINED_LINE, 2), (5, 1)]),
+        "runs of `pay` per line"
+    );
+    Ok(())
+}
+
+async fn wait_for(
+    api: &stepline::Coordinator,
+    id: Uuid,
+    timeout: Duration,
+    done: impl Fn(&Execution) -> bool,
+) -> anyhow::Result<Execution> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let record = api.get(id).await?;
+        if done(&record) {
+            return Ok(record);
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "not reached within {timeout:?}: {record:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
