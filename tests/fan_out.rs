@@ -16,15 +16,27 @@ use stepline::handlers::{self, RedriveRequest};
 use stepline::worker::StepFunction;
 use stepline::SubmitRequest;
 use stepline_local::{fresh_stage, functions, require_emulator, LocalStack};
+use stepline_suite::wait_until;
 use uuid::Uuid;
 
-/// The csv example's steps, with `pay` counted per row: the row on line 3 holds its first run until
-/// `release` is set (past the fan-out's deadline), the row on line 4 is declined while `declining` is
-/// set.
+/// The csv example's steps, with `pay` counted per row: the rows on the `held` lines hold their first
+/// run until `release` is set, the row on line 4 is declined while `declining` is set.
 struct CountedPayments {
     runs: Mutex<BTreeMap<u64, u32>>,
+    held: Vec<u64>,
     declining: AtomicBool,
     release: AtomicBool,
+}
+
+impl CountedPayments {
+    fn new(held: &[u64], declining: bool) -> Arc<Self> {
+        Arc::new(Self {
+            runs: Mutex::default(),
+            held: held.to_vec(),
+            declining: AtomicBool::new(declining),
+            release: AtomicBool::new(false),
+        })
+    }
 }
 
 const SLOW_LINE: u64 = 3;
@@ -43,7 +55,7 @@ impl StepFunction for CountedPayments {
             *run += 1;
             *run
         };
-        while line == SLOW_LINE && run == 1 && !self.release.load(Ordering::SeqCst) {
+        while self.held.contains(&line) && run == 1 && !self.release.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         if line == DECLINED_LINE && self.declining.load(Ordering::SeqCst) {
@@ -53,24 +65,28 @@ impl StepFunction for CountedPayments {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_re_driven_fan_out_runs_only_the_children_that_did_not_succeed() -> anyhow::Result<()> {
+/// A stack of the csv example with `steps` as both workers, the fan-out's children given
+/// `fan_out_secs`; the batch of four rows (lines 2 to 5) submitted.
+async fn batch_of_four(
+    prefix: &str,
+    steps: &Arc<CountedPayments>,
+    fan_out_secs: u32,
+) -> anyhow::Result<(
+    LocalStack,
+    stepline_local::Runner,
+    stepline::Coordinator,
+    Uuid,
+)> {
     require_emulator();
-    let local = LocalStack::up(&fresh_stage("fanout")).await?;
+    let local = LocalStack::up(&fresh_stage(prefix)).await?;
     let (batch_queue, _) = local.stack.queue("CsvRequestQueue")?;
     let (payment_queue, _) = local.stack.queue("PaymentRequestQueue")?;
     let mut batch = csv_payments::batch_pipeline(batch_queue);
-    // The children get 4 s: the slow row's first run outlives the fan-out's first attempt.
-    batch.steps[1].timeout_secs = 4;
+    batch.steps[1].timeout_secs = fan_out_secs;
     for def in [batch, csv_payments::payment_pipeline(payment_queue)] {
         local.release(def, Vec::new()).await?;
     }
-    let steps = Arc::new(CountedPayments {
-        runs: Mutex::default(),
-        declining: AtomicBool::new(true),
-        release: AtomicBool::new(false),
-    });
-    let _runner = local.run_workers(vec![
+    let runner = local.run_workers(vec![
         (
             "CsvWorkerFunction",
             csv_payments::batch_contract(),
@@ -97,6 +113,24 @@ async fn a_re_driven_fan_out_runs_only_the_children_that_did_not_succeed() -> an
         })
         .await?
         .execution;
+    Ok((local, runner, api, id))
+}
+
+/// The ids of the batch's four children (items 0 to 3 of its fan-out step).
+fn children_of(parent: Uuid) -> Vec<Uuid> {
+    (0..4)
+        .map(|i| {
+            let item = format!("item-{i}");
+            fan_out_child_id("finance", csv_payments::PAYMENT_PIPELINE, parent, 1, &item)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_driven_fan_out_runs_only_the_children_that_did_not_succeed() -> anyhow::Result<()> {
+    // The slow row holds its first run past the fan-out's deadline (4 s).
+    let steps = CountedPayments::new(&[SLOW_LINE], true);
+    let (_local, _runner, api, id) = batch_of_four("fanout", &steps, 4).await?;
 
     // The slow row keeps the fan-out past its deadline: the batch fails with AWAIT_TIMEOUT.
     let failed = wait_for(&api, id, Duration::from_secs(90), |r| {
@@ -112,14 +146,8 @@ async fn a_re_driven_fan_out_runs_only_the_children_that_did_not_succeed() -> an
 
     // The slow row finishes; every child ends: three paid, one declined.
     steps.release.store(true, Ordering::SeqCst);
-    let children: Vec<Uuid> = (0..4)
-        .map(|i| {
-            let item = format!("item-{i}");
-            fan_out_child_id("finance", csv_payments::PAYMENT_PIPELINE, id, 1, &item)
-        })
-        .collect();
     let mut ended = Vec::new();
-    for child in &children {
+    for child in &children_of(id) {
         ended.push(
             wait_for(&api, *child, Duration::from_secs(60), |r| {
                 r.status.is_terminal()
@@ -192,4 +220,51 @@ async fn wait_for(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_fan_out_cancels_its_children_still_running() -> anyhow::Result<()> {
+    // Every row holds its first run: all four children are running when the batch is cancelled.
+    let steps = CountedPayments::new(&[2, 3, 4, 5], false);
+    let (local, _runner, api, id) = batch_of_four("fanout-cancel", &steps, 600).await?;
+    wait_until(Duration::from_secs(60), || {
+        let steps = steps.clone();
+        async move { Ok(steps.runs.lock().unwrap().len() == 4) }
+    })
+    .await?;
+
+    let cancelled = handlers::cancel(
+        &api,
+        stepline::handlers::CancelRequest {
+            execution_id: id,
+            reason: "wrong file".into(),
+        },
+    )
+    .await?;
+    assert_eq!(cancelled.status, Status::Cancelled);
+    for child in children_of(id) {
+        let record = wait_for(&api, child, Duration::from_secs(60), |r| {
+            r.status.is_terminal()
+        })
+        .await?;
+        assert_eq!(record.status, Status::Cancelled, "{record:#?}");
+    }
+
+    // The steps finish now: their replies change nothing, and the children's notices to the
+    // cancelled parent are acknowledged without a write (no incident, nothing dead-lettered).
+    steps.release.store(true, Ordering::SeqCst);
+    wait_until(Duration::from_secs(60), || {
+        let local = &local;
+        async move { Ok(local.queue_depth("ReplyQueue").await? == 0) }
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let parent = api.get(id).await?;
+    assert_eq!(parent.status, Status::Cancelled);
+    assert!(parent.incidents.is_empty(), "{:?}", parent.incidents);
+    assert_eq!(local.queue_depth("ReplyDeadLetterQueue").await?, 0);
+    for child in children_of(id) {
+        assert_eq!(api.get(child).await?.status, Status::Cancelled);
+    }
+    Ok(())
 }

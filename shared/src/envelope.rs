@@ -17,6 +17,8 @@ pub const CANCEL_KIND: &str = "stepline.cancel.v1";
 pub const DEAD_LETTER_KIND: &str = "stepline.dead-letter.v1";
 pub const AWAIT_NOTICE_KIND: &str = "stepline.await.v1";
 pub const INTERACTION_KIND: &str = "stepline.interaction.v1";
+/// A cancelled fan-out's message to one of its children (on the launch queue).
+pub const CANCEL_CHILD_KIND: &str = "stepline.cancel-child.v1";
 /// Message attributes of a message a handler dead-lettered itself.
 pub const REASON_ATTRIBUTE: &str = "stepline.reason";
 pub const DETAIL_ATTRIBUTE: &str = "stepline.detail";
@@ -148,6 +150,17 @@ pub struct LaunchWork {
     pub execution_id: Uuid,
     pub generation: u64,
     pub token: Uuid,
+}
+
+/// A cancelled parent's message to a fan-out child still running: cancel it. `token` is the parent's
+/// resume token for the child, which the child's record holds: nobody else can name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildCancel {
+    pub kind: String,
+    pub execution_id: Uuid,
+    pub token: String,
+    pub reason: String,
 }
 
 /// What the execution DLQ holds for an execution that failed for good: everything needed to re-drive it.

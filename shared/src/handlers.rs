@@ -17,8 +17,8 @@ pub use crate::coordinator::{
 };
 use crate::domain::{Event, Outcome, Sender};
 use crate::envelope::{
-    fingerprint, InteractionMessage, LaunchWork, ReplyEnvelope, ReplyOutcome, StartEvent,
-    INTERACTION_KIND, REPLY_KIND,
+    fingerprint, ChildCancel, InteractionMessage, LaunchWork, ReplyEnvelope, ReplyOutcome,
+    StartEvent, CANCEL_CHILD_KIND, INTERACTION_KIND, REPLY_KIND,
 };
 pub use crate::envelope::{StartDetail, START_DETAIL_TYPE};
 use crate::ports::DeadLetterQueue;
@@ -74,6 +74,18 @@ pub async fn launch(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchRespo
     batch(coordinator, Inbox::Launch, event, |text| {
         if let Ok(start) = serde_json::from_str::<StartEvent>(text) {
             return start_command(start);
+        }
+        if serde_json::from_str::<KindOnly>(text).is_ok_and(|k| k.kind == CANCEL_CHILD_KIND) {
+            let cancel: ChildCancel = decode(text)?;
+            return Ok(Command::Apply {
+                execution: cancel.execution_id,
+                event: Event::CancelFromParent {
+                    token: cancel.token,
+                    reason: cancel.reason,
+                },
+                role: "fan-out",
+                hot: false,
+            });
         }
         let work: LaunchWork = decode(text)?;
         Ok(Command::Apply {

@@ -12,9 +12,10 @@ use crate::domain::{
     self, Action, AwaitUnit, Event, Execution, ParentLink, PipelineDef, StepDef, StepKind,
 };
 use crate::envelope::{
-    AwaitNotice, DeadLetterEnvelope, Identity, InteractionMessage, LaunchWork, NoticeInteraction,
-    RequestEnvelope, RequestHeader, StartDetail, StartEvent, AWAIT_NOTICE_KIND, CANCEL_KIND,
-    DEAD_LETTER_KIND, REQUEST_KIND, START_DETAIL_TYPE, START_SOURCE,
+    AwaitNotice, ChildCancel, DeadLetterEnvelope, Identity, InteractionMessage, LaunchWork,
+    NoticeInteraction, RequestEnvelope, RequestHeader, StartDetail, StartEvent, AWAIT_NOTICE_KIND,
+    CANCEL_CHILD_KIND, CANCEL_KIND, DEAD_LETTER_KIND, REQUEST_KIND, START_DETAIL_TYPE,
+    START_SOURCE,
 };
 use crate::ports::{BusEvent, OutMessage, SendError};
 
@@ -142,6 +143,9 @@ impl Coordinator {
                         json(&notice),
                         Some((record.id, Event::AwaitNoticeSent { unit: *unit })),
                     );
+                }
+                Action::CancelChildren { unit } => {
+                    self.stage_child_cancels(outbox, record, definition, *unit, source);
                 }
                 Action::NotifyParent => {
                     let Some(parent) = &record.parent else {
@@ -273,6 +277,48 @@ impl Coordinator {
             outbox.push(start_queue, source, json(&event), then);
         }
         tracing::info!(execution_id = %record.id, step = %step_def.id, children = count, "fan-out started");
+    }
+
+    /// A cancelled fan-out's children that have not answered: a cancel message for each on the launch
+    /// queue (the launch function applies it to the child).
+    fn stage_child_cancels(
+        &self,
+        outbox: &mut Outbox,
+        record: &Execution,
+        definition: &PipelineDef,
+        unit: Uuid,
+        source: usize,
+    ) {
+        let (Some(await_unit), Some(child)) = (
+            record.await_unit.as_ref().filter(|u| u.id == unit),
+            definition
+                .step(record.step)
+                .and_then(|s| s.child_pipeline.as_ref()),
+        ) else {
+            return;
+        };
+        let mut cancelled = 0;
+        for interaction in await_unit
+            .interactions
+            .iter()
+            .filter(|i| i.completion.is_none())
+        {
+            let message = ChildCancel {
+                kind: CANCEL_CHILD_KIND.to_string(),
+                execution_id: crate::domain::fan_out_child_id(
+                    &record.tenant,
+                    child,
+                    record.id,
+                    await_unit.step,
+                    &interaction.id,
+                ),
+                token: interaction.token.clone(),
+                reason: format!("the parent {} was cancelled", record.id),
+            };
+            outbox.push(&self.settings.launch_queue, source, json(&message), None);
+            cancelled += 1;
+        }
+        tracing::info!(execution_id = %record.id, children = cancelled, "fan-out cancelled");
     }
 
     fn request_header(

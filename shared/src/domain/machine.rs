@@ -26,7 +26,8 @@
 //! | RUNNING/WAIT_RETRY/QUEUED | Reply               | ok of an unanswered attempt of the step   | adopted: applied like the current one              |
 //! | RUNNING                   | Heartbeat           | current launch, extends the deadline      | deadline extended (≤ 12 step timeouts)             |
 //! | FAILED/DLQ                | Redrive             | expected version                          | QUEUED, new budget, lease · EnqueueLaunch          |
-//! | not terminal              | Cancel              |                                           | CANCELLED · NotifyCancel if RUNNING                |
+//! | not terminal              | Cancel              |                                           | CANCELLED · NotifyCancel / CancelChildren          |
+//! | not terminal              | CancelFromParent    | the parent's token                        | CANCELLED · NotifyCancel if RUNNING                |
 //! | FAILED/DLQ                | DeadLetterSent      | same dead-letter id, unsent               | marked sent, leaves the due index                  |
 //! | WAITING_EXTERNAL          | AwaitNoticeSent     | same unit, notice unsent                  | notice marked sent, due at the deadline            |
 //! | WAITING_EXTERNAL          | CompleteInteraction | right token, approved, others pending     | completion noted, still waiting                    |
@@ -55,10 +56,10 @@
 //!
 //! `decide` adds to the commit of any row:
 //!
-//! | status       | event                                       | guard                                      | effect added                             |
-//! |--------------|---------------------------------------------|--------------------------------------------|------------------------------------------|
-//! | not terminal | Reply/LaunchWork/CompleteInteraction/Cancel | ends a fan-out child (parent set)          | + NotifyParent, due until ParentNotified |
-//! | any          | any                                         | lifecycle events on, the change makes some | + events in the outbox · PublishEvents   |
+//! | status       | event                                                        | guard                                      | effect added                             |
+//! |--------------|--------------------------------------------------------------|--------------------------------------------|------------------------------------------|
+//! | not terminal | Reply/LaunchWork/CompleteInteraction/Cancel/CancelFromParent | ends a fan-out child (parent set)          | + NotifyParent, due until ParentNotified |
+//! | any          | any                                                          | lifecycle events on, the change makes some | + events in the outbox · PublishEvents   |
 //!
 //! The rows are `TRANSITIONS` and `APPENDED`, each naming the tests that cover it; the state-machine
 //! tests check that these tables are complete and that every test they name exists.
@@ -133,6 +134,12 @@ pub enum Event {
         reason: String,
     },
     Cancel {
+        reason: String,
+    },
+    /// A fan-out child's parent was cancelled: the child is cancelled too. `token` is the parent's
+    /// resume token for this child (only the parent's coordinator can derive it).
+    CancelFromParent {
+        token: String,
         reason: String,
     },
     /// A running worker's sign of life: extends the attempt's deadline.
@@ -232,6 +239,9 @@ pub enum Action {
     PublishEvents,
     /// Tell the parent (of a fan-out child) that this execution ended, completing its interaction.
     NotifyParent,
+    /// Cancel the children of fan-out `unit` that have not answered (a message to each, proving the
+    /// parent's token for it).
+    CancelChildren { unit: Uuid },
 }
 
 /// Why a decision writes nothing. None of these is an error: the message is acknowledged.
@@ -557,7 +567,19 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             expected_version,
             reason,
         } => redrive(record, ctx, *expected_version, reason),
-        Event::Cancel { reason } => cancel(record, ctx, reason),
+        Event::Cancel { reason } => cancel(record, def, ctx, reason),
+        Event::CancelFromParent { token, reason } => {
+            let Some(parent) = &record.parent else {
+                return Decision::Reject(Rejection::InvalidToken);
+            };
+            if !constant_time_eq(parent.token.as_bytes(), token.as_bytes()) {
+                return Decision::Reject(Rejection::InvalidToken);
+            }
+            if record.status.is_terminal() {
+                return Decision::Skip(Skip::Terminal);
+            }
+            cancel(record, def, ctx, reason)
+        }
         Event::Heartbeat {
             launch_id,
             step,
@@ -1013,8 +1035,10 @@ fn complete_interaction(
         return Decision::Reject(Rejection::InvalidToken);
     }
     // A fan-out child's notice for an earlier attempt of the step (sent before a later attempt
-    // started it again): that attempt is over, and the child answers the current one.
-    if named_unit.is_some_and(|named| named != unit.id) {
+    // started it again), or for an attempt that is over (the parent moved on, failed or was
+    // cancelled): nothing waits for it, and nothing is written.
+    let over = unit.resolved || record.status != Status::WaitingExternal;
+    if named_unit.is_some_and(|named| named != unit.id || over && found.completion.is_none()) {
         return Decision::Skip(Skip::Stale);
     }
     if let Some(done) = &found.completion {
@@ -1166,7 +1190,7 @@ fn rejoin(record: &Execution, ctx: &Context, token: &str, unit: Option<Uuid>) ->
     }
 }
 
-fn cancel(record: &Execution, ctx: &Context, reason: &str) -> Decision {
+fn cancel(record: &Execution, def: &PipelineDef, ctx: &Context, reason: &str) -> Decision {
     if record.status.is_terminal() {
         return Decision::Reject(Rejection::AlreadyTerminal(record.status));
     }
@@ -1176,11 +1200,18 @@ fn cancel(record: &Execution, ctx: &Context, reason: &str) -> Decision {
     next.wake_at = None;
     next.launch_id = None;
     next.error = Some(StepError::new(Code::Cancelled.as_str(), reason, false));
-    let actions = match (record.status, record.launch_id) {
-        (Status::Running, Some(launch_id)) => vec![Action::NotifyCancel {
+    let fanned_out = def
+        .step(record.step)
+        .is_some_and(|s| s.kind == StepKind::FanOut);
+    let actions = match (record.status, record.launch_id, &record.await_unit) {
+        (Status::Running, Some(launch_id), _) => vec![Action::NotifyCancel {
             step: record.step,
             launch_id,
         }],
+        // The children still running are cancelled too (each by a message naming its token).
+        (Status::WaitingExternal, _, Some(unit)) if fanned_out && !unit.resolved => {
+            vec![Action::CancelChildren { unit: unit.id }]
+        }
         _ => Vec::new(),
     };
     commit(next, actions)

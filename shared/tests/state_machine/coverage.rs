@@ -210,6 +210,12 @@ fn events_for(r: &Execution) -> Vec<Event> {
             token: "forged".into(),
             unit: Some(Uuid::from_u128(99)),
         });
+        for token in [parent.token.clone(), "forged".into()] {
+            events.push(Event::CancelFromParent {
+                token,
+                reason: "coverage".into(),
+            });
+        }
     }
     if let Some(unit) = &r.await_unit {
         events.push(Event::AwaitNoticeSent { unit: unit.id });

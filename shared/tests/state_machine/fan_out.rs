@@ -330,3 +330,71 @@ fn a_fan_out_step_run_again_gives_its_children_the_same_tokens() {
         .completion
         .is_some());
 }
+
+#[test]
+fn a_cancelled_fan_out_cancels_the_children_still_running() {
+    let m = Machine::of(fan_out_pipeline());
+    let (waiting, _) = fanned_out(&m, json!([{"row": 1}, {"row": 2}]));
+    let unit = waiting.await_unit.clone().unwrap();
+    let (cancelled, actions) = m.commit(&waiting, PARKED_AT + 10, 30, &cancel("stop the batch"));
+    assert_eq!(cancelled.status, Status::Cancelled);
+    assert_eq!(actions, vec![Action::CancelChildren { unit: unit.id }]);
+    // A child's notice that arrives after it: nothing waits for it, nothing is written.
+    let token = unit.interactions[0].token.clone();
+    let late = match complete(
+        "item-0",
+        &token,
+        Verdict::Approved,
+        json!({"status": "CANCELLED"}),
+    ) {
+        Event::CompleteInteraction {
+            interaction,
+            token,
+            verdict,
+            payload,
+            fingerprint,
+            ..
+        } => Event::CompleteInteraction {
+            interaction,
+            token,
+            verdict,
+            payload,
+            fingerprint,
+            unit: Some(unit.id),
+        },
+        _ => unreachable!(),
+    };
+    assert_eq!(
+        m.skipped(&cancelled, PARKED_AT + 11, 31, &late),
+        Skip::Stale
+    );
+
+    // The child's side: the parent's token cancels it (and it tells the parent), another does not.
+    let m = Machine::of(child_pipeline());
+    let running = m.running_child();
+    let forged = Event::CancelFromParent {
+        token: "guessed".into(),
+        reason: "no".into(),
+    };
+    assert_eq!(
+        m.rejected(&running, LAUNCHED_AT + 1, 3, &forged),
+        stepline::domain::Rejection::InvalidToken
+    );
+    let from_parent = Event::CancelFromParent {
+        token: "t0".into(),
+        reason: "the parent was cancelled".into(),
+    };
+    let (child, actions) = m.commit(&running, LAUNCHED_AT + 1, 3, &from_parent);
+    assert_eq!(child.status, Status::Cancelled);
+    assert!(actions.contains(&Action::NotifyParent), "{actions:?}");
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::NotifyCancel { .. })),
+        "its worker is told"
+    );
+    assert_eq!(
+        m.skipped(&child, LAUNCHED_AT + 2, 4, &from_parent),
+        Skip::Terminal
+    );
+}

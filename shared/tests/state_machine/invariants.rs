@@ -398,6 +398,9 @@ fn walk(seed: u64, seen: &mut Seen) {
                         Action::NotifyParent => {
                             panic!("this execution has no parent: {event:?}")
                         }
+                        Action::CancelChildren { .. } => {
+                            panic!("this pipeline has no fan-out: {event:?}")
+                        }
                     }
                 }
                 if next.status == Status::WaitRetry && next.lease.is_none() {

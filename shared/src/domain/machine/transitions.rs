@@ -24,6 +24,7 @@ pub enum EventKind {
     ParentNotified,
     CompleteInteraction,
     Rejoin,
+    CancelFromParent,
 }
 
 impl EventKind {
@@ -41,6 +42,7 @@ impl EventKind {
         EventKind::ParentNotified,
         EventKind::CompleteInteraction,
         EventKind::Rejoin,
+        EventKind::CancelFromParent,
     ];
 }
 
@@ -60,6 +62,7 @@ impl Event {
             Event::EventsPublished { .. } => EventKind::EventsPublished,
             Event::ParentNotified => EventKind::ParentNotified,
             Event::Rejoin { .. } => EventKind::Rejoin,
+            Event::CancelFromParent { .. } => EventKind::CancelFromParent,
             Event::FromWorker { event, .. } => event.kind(),
             Event::CompleteInteraction { .. } => EventKind::CompleteInteraction,
         }
@@ -326,13 +329,21 @@ pub const TRANSITIONS: &[Transition] = &[
         LIVE,
         &[E::Cancel],
         "",
-        "CANCELLED · NotifyCancel if RUNNING",
+        "CANCELLED · NotifyCancel / CancelChildren",
         &[
             "cancel_of_running_execution_cancels_it_and_clears_due_time",
             "cancel_of_waiting_retry_drops_its_lease_and_its_pending_launch_work_is_skipped",
             "cancel_of_queued_execution_notifies_no_worker",
             "a_cancelled_execution_takes_no_completion",
+            "a_cancelled_fan_out_cancels_the_children_still_running",
         ],
+    ),
+    row(
+        LIVE,
+        &[E::CancelFromParent],
+        "the parent's token",
+        "CANCELLED · NotifyCancel if RUNNING",
+        &["a_cancelled_fan_out_cancels_the_children_still_running"],
     ),
     row(
         FAILED,
@@ -426,7 +437,13 @@ pub const TRANSITIONS: &[Transition] = &[
 pub const APPENDED: &[Transition] = &[
     row(
         LIVE,
-        &[E::Reply, E::LaunchWork, E::CompleteInteraction, E::Cancel],
+        &[
+            E::Reply,
+            E::LaunchWork,
+            E::CompleteInteraction,
+            E::Cancel,
+            E::CancelFromParent,
+        ],
         "ends a fan-out child (parent set)",
         "+ NotifyParent, due until ParentNotified",
         &[
