@@ -233,6 +233,18 @@ async fn cancelling_a_fan_out_cancels_its_children_still_running() -> anyhow::Re
     })
     .await?;
 
+    // Its progress, as `stepline status` and `watch` show it: four children, none answered.
+    let waiting = wait_for(&api, id, Duration::from_secs(30), |r| {
+        r.status == Status::WaitingExternal
+    })
+    .await?;
+    let progress = waiting
+        .await_unit
+        .as_ref()
+        .expect("a fan-out unit")
+        .progress();
+    assert_eq!((progress.interactions, progress.open), (4, 4));
+
     let cancelled = handlers::cancel(
         &api,
         stepline::handlers::CancelRequest {

@@ -222,6 +222,9 @@ async fn main() -> Result<()> {
             // The reply secret stays in the coordinator (with it, anyone could forge replies).
             if let Some(fields) = shown.as_object_mut() {
                 fields.remove("secret");
+                if let Some(unit) = &record.await_unit {
+                    fields.insert("progress".into(), serde_json::to_value(unit.progress())?);
+                }
             }
             out.show(&shown, || summary(&record));
         }
@@ -349,19 +352,39 @@ fn summary(record: &Execution) -> String {
     );
     if let Some(unit) = &record.await_unit {
         if record.status == Status::WaitingExternal {
-            let pending: Vec<&str> = unit
-                .interactions
-                .iter()
-                .filter(|i| i.completion.is_none())
-                .map(|i| i.id.as_str())
-                .collect();
-            line.push_str(&format!(" waiting on {}", pending.join(", ")));
+            line.push_str(&format!(" {}", waiting_on(unit)));
         }
     }
     if let Some(error) = &record.error {
         line.push_str(&format!(" error {}: {}", error.code, error.message));
     }
     line
+}
+
+/// What an await unit waits on: its open interactions by name, or, for many (a fan-out's children),
+/// the counts: `3/10 answered (SUCCEEDED 2, FAILED 1)`.
+fn waiting_on(unit: &stepline::domain::AwaitUnit) -> String {
+    let progress = unit.progress();
+    if progress.interactions <= 3 {
+        let pending: Vec<&str> = unit
+            .interactions
+            .iter()
+            .filter(|i| i.completion.is_none())
+            .map(|i| i.id.as_str())
+            .collect();
+        return format!("waiting on {}", pending.join(", "));
+    }
+    let answered: Vec<String> = progress
+        .answered
+        .iter()
+        .map(|(outcome, n)| format!("{outcome} {n}"))
+        .collect();
+    format!(
+        "{}/{} answered ({})",
+        progress.interactions - progress.open,
+        progress.interactions,
+        answered.join(", ")
+    )
 }
 
 async fn watch(api: &Coordinator, id: Uuid, timeout: Duration, out: &Output) -> Result<()> {
@@ -398,16 +421,23 @@ async fn watch(api: &Coordinator, id: Uuid, timeout: Duration, out: &Output) -> 
             shown += 1;
         }
         let step = step_id(record.step);
-        let line = format!(
+        let mut line = format!(
             "{} step {} ({}) attempt {}",
             record.status,
             record.step + 1,
             step,
             record.attempt
         );
+        let waiting = record
+            .await_unit
+            .as_ref()
+            .filter(|_| record.status == Status::WaitingExternal);
+        if let Some(unit) = waiting {
+            line.push_str(&format!(": {}", waiting_on(unit)));
+        }
         if line != last {
             out.show(
-                &json!({"executionId": id, "status": record.status, "step": record.step, "stepId": step, "attempt": record.attempt, "version": record.version}),
+                &json!({"executionId": id, "status": record.status, "step": record.step, "stepId": step, "attempt": record.attempt, "version": record.version, "progress": waiting.map(|u| u.progress())}),
                 || line.clone(),
             );
             last = line;

@@ -247,6 +247,37 @@ pub struct AwaitUnit {
     pub resolved: bool,
 }
 
+/// How far an await unit is: its interactions, those still open, and the answers by outcome (a
+/// fan-out child's end status, `SUCCEEDED`, `FAILED`, `CANCELLED`, ...; else the verdict).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitProgress {
+    pub interactions: usize,
+    pub open: usize,
+    pub answered: std::collections::BTreeMap<String, usize>,
+}
+
+impl AwaitUnit {
+    pub fn progress(&self) -> UnitProgress {
+        let mut progress = UnitProgress {
+            interactions: self.interactions.len(),
+            ..UnitProgress::default()
+        };
+        for interaction in &self.interactions {
+            let Some(done) = &interaction.completion else {
+                progress.open += 1;
+                continue;
+            };
+            let outcome = match done.payload.value().get("status").and_then(|s| s.as_str()) {
+                Some(status) => status.to_string(),
+                None => format!("{:?}", done.verdict).to_uppercase(),
+            };
+            *progress.answered.entry(outcome).or_default() += 1;
+        }
+        progress
+    }
+}
+
 /// What happened to an execution, for subscribers (published to the event bus).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LifecycleKind {
@@ -503,6 +534,59 @@ mod tests {
             earlier_receipts: Vec::new(),
             error: None,
         }
+    }
+
+    #[test]
+    fn a_units_progress_counts_open_interactions_and_answers_by_outcome() {
+        let interaction = |id: &str, answer: Option<(Verdict, serde_json::Value)>| Interaction {
+            id: id.into(),
+            idempotency_key: id.into(),
+            token: "t".into(),
+            completion: answer.map(|(verdict, payload)| InteractionCompletion {
+                verdict,
+                payload: Payload::new(payload),
+                fingerprint: "f".into(),
+                at: 0,
+            }),
+        };
+        let unit = AwaitUnit {
+            id: Uuid::from_u128(1),
+            step: 1,
+            deadline: 0,
+            interactions: vec![
+                interaction(
+                    "item-0",
+                    Some((Verdict::Approved, json!({"status": "SUCCEEDED"}))),
+                ),
+                interaction(
+                    "item-1",
+                    Some((Verdict::Approved, json!({"status": "FAILED"}))),
+                ),
+                interaction(
+                    "item-2",
+                    Some((Verdict::Approved, json!({"status": "SUCCEEDED"}))),
+                ),
+                interaction("item-3", None),
+                interaction(
+                    "manager",
+                    Some((Verdict::Rejected, json!({"reason": "no"}))),
+                ),
+            ],
+            notice_sent: true,
+            resolved: false,
+        };
+        let progress = unit.progress();
+        assert_eq!((progress.interactions, progress.open), (5, 1));
+        assert_eq!(
+            progress.answered,
+            [
+                ("FAILED".to_string(), 1),
+                ("REJECTED".to_string(), 1),
+                ("SUCCEEDED".to_string(), 2)
+            ]
+            .into_iter()
+            .collect()
+        );
     }
 
     #[test]

@@ -15,8 +15,8 @@ pub use codes::Code;
 pub use execution::{
     AwaitUnit, DeadLetterMark, Execution, Incident, Interaction, InteractionCompletion, Lease,
     LifecycleEvent, LifecycleKind, ParentLink, Receipt, RedriveNote, Status, StepError,
-    StepProgress, StepStatus, Verdict, MAX_EARLIER_RECEIPTS, MAX_INCIDENTS, MAX_INCIDENT_DETAIL,
-    MAX_REDRIVE_NOTES,
+    StepProgress, StepStatus, UnitProgress, Verdict, MAX_EARLIER_RECEIPTS, MAX_INCIDENTS,
+    MAX_INCIDENT_DETAIL, MAX_REDRIVE_NOTES,
 };
 pub use ids::{
     fan_out_child_id, fan_out_event_id, idempotent_id, launch_id, new_secret, reply_token,
