@@ -14,6 +14,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use crate::cache::json_size;
 use crate::domain::payload::PayloadRef;
 use crate::domain::{Code, StepError};
 use crate::ports::{PayloadStore, StoreError};
@@ -67,16 +68,17 @@ impl From<StoreError> for ClaimError {
     }
 }
 
-/// Without a payload bucket: `value` if it can travel inline, else `TooLarge`.
-pub fn inline_only(value: Value) -> Result<Value, ClaimError> {
-    let bytes = serde_json::to_vec(&value).map_or(0, |text| text.len());
+/// Without a payload bucket: whether `value` can travel inline (`TooLarge` if not). Measured without
+/// writing the text out.
+pub fn check_inline(value: &Value) -> Result<(), ClaimError> {
+    let bytes = json_size(value);
     if bytes > MAX_INLINE_BYTES {
         return Err(ClaimError::TooLarge {
             bytes,
             limit: MAX_INLINE_BYTES,
         });
     }
-    Ok(value)
+    Ok(())
 }
 
 /// Offloads and resolves payloads against one bucket.
@@ -112,13 +114,11 @@ impl ClaimCheck {
     /// `value` itself if its JSON text is within the threshold (or it is a reference already), else
     /// stored and replaced by its reference.
     pub async fn offload(&self, execution: Uuid, value: Value) -> Result<Value, ClaimError> {
-        if PayloadRef::of(&value).is_some() {
+        // Measured first: the text is written out only for a payload that goes to the bucket.
+        if PayloadRef::of(&value).is_some() || json_size(&value) <= self.threshold {
             return Ok(value);
         }
         let text = serde_json::to_vec(&value).expect("a JSON value serializes");
-        if text.len() <= self.threshold {
-            return Ok(value);
-        }
         Ok(self.store_bytes(execution, text).await?.to_value())
     }
 

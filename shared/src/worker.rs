@@ -627,10 +627,12 @@ impl Core {
         let Some(claims) = &self.claims else {
             // No payload bucket: what cannot travel inline fails the attempt for good (an output) or
             // is cut (an error message keeps the worker's code).
-            return match result.map(crate::claims::inline_only) {
-                Ok(Ok(output)) => ReplyOutcome::Succeeded { output },
-                Ok(Err(too_large)) => ReplyOutcome::Failed {
-                    error: too_large.step_error(),
+            return match result {
+                Ok(output) => match crate::claims::check_inline(&output) {
+                    Ok(()) => ReplyOutcome::Succeeded { output },
+                    Err(too_large) => ReplyOutcome::Failed {
+                        error: too_large.step_error(),
+                    },
                 },
                 Err(mut error) => {
                     error.message =

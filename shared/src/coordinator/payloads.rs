@@ -6,7 +6,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Coordinator, CoordinatorError};
-use crate::claims::{inline_only, ClaimCheck, ClaimError};
+use crate::cache::json_size;
+use crate::claims::{check_inline, ClaimCheck, ClaimError};
 use crate::domain::{Event, Outcome};
 
 impl Coordinator {
@@ -30,7 +31,10 @@ impl Coordinator {
     ) -> Result<Value, CoordinatorError> {
         match &self.claims {
             Some(claims) => Ok(claims.offload(execution, value).await?),
-            None => Ok(inline_only(value)?),
+            None => {
+                check_inline(&value)?;
+                Ok(value)
+            }
         }
     }
 
@@ -43,9 +47,7 @@ impl Coordinator {
         let Some(claims) = &self.claims else {
             return inline_only_event(event);
         };
-        let over = |value: &Value| {
-            serde_json::to_vec(value).map_or(0, |text| text.len()) > claims.threshold()
-        };
+        let over = |value: &Value| json_size(value) > claims.threshold();
         Ok(match event {
             Event::CompleteInteraction { payload, .. } if over(payload) => {
                 let mut event = event.clone();
@@ -90,7 +92,7 @@ impl Coordinator {
 fn inline_only_event(event: &Event) -> Result<Option<Event>, CoordinatorError> {
     match event {
         Event::CompleteInteraction { payload, .. } => {
-            inline_only(payload.clone())?;
+            check_inline(payload)?;
             Ok(None)
         }
         Event::FromWorker {
@@ -104,7 +106,7 @@ fn inline_only_event(event: &Event) -> Result<Option<Event>, CoordinatorError> {
             else {
                 return Ok(None);
             };
-            let Err(too_large) = inline_only(output.clone()) else {
+            let Err(too_large) = check_inline(output) else {
                 return Ok(None);
             };
             let mut reply = inner.as_ref().clone();
