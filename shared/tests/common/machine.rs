@@ -258,13 +258,28 @@ pub fn genuine(record: &Execution, step: u32, attempt: u32, event: Event) -> Eve
 
 /// An approver's (or a child's) completion of `interaction`.
 pub fn complete(interaction: &str, token: &str, verdict: Verdict, payload: Value) -> Event {
+    answer_for(None, interaction, token, verdict, payload)
+}
+
+/// A fan-out child's notice: the approval of `interaction` naming the await unit it answers.
+pub fn child_notice(unit: Uuid, interaction: &str, token: &str, payload: Value) -> Event {
+    answer_for(Some(unit), interaction, token, Verdict::Approved, payload)
+}
+
+fn answer_for(
+    unit: Option<Uuid>,
+    interaction: &str,
+    token: &str,
+    verdict: Verdict,
+    payload: Value,
+) -> Event {
     Event::CompleteInteraction {
         interaction: interaction.into(),
         token: token.into(),
         fingerprint: stepline::envelope::InteractionMessage::answer_fingerprint(verdict, &payload),
         verdict,
         payload,
-        unit: None,
+        unit,
     }
 }
 

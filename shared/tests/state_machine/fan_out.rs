@@ -298,34 +298,12 @@ fn a_fan_out_step_run_again_gives_its_children_the_same_tokens() {
 
     // A child's notice for the first attempt (sent before the re-drive) is stale: nothing changes.
     let old_unit = waiting.await_unit.as_ref().unwrap().id;
-    let notice = |unit| match complete(
-        "item-0",
-        &first[0],
-        Verdict::Approved,
-        json!({"status": "FAILED"}),
-    ) {
-        Event::CompleteInteraction {
-            interaction,
-            token,
-            verdict,
-            payload,
-            fingerprint,
-            ..
-        } => Event::CompleteInteraction {
-            interaction,
-            token,
-            verdict,
-            payload,
-            fingerprint,
-            unit,
-        },
-        _ => unreachable!(),
-    };
+    let notice = |unit| child_notice(unit, "item-0", &first[0], json!({"status": "FAILED"}));
     assert_eq!(
-        m.skipped(&again, deadline + 4, 24, &notice(Some(old_unit))),
+        m.skipped(&again, deadline + 4, 24, &notice(old_unit)),
         Skip::Stale
     );
-    let (answered, _) = m.commit(&again, deadline + 4, 24, &notice(Some(unit.id)));
+    let (answered, _) = m.commit(&again, deadline + 4, 24, &notice(unit.id));
     assert!(answered.await_unit.as_ref().unwrap().interactions[0]
         .completion
         .is_some());
@@ -341,29 +319,7 @@ fn a_cancelled_fan_out_cancels_the_children_still_running() {
     assert_eq!(actions, vec![Action::CancelChildren { unit: unit.id }]);
     // A child's notice that arrives after it: nothing waits for it, nothing is written.
     let token = unit.interactions[0].token.clone();
-    let late = match complete(
-        "item-0",
-        &token,
-        Verdict::Approved,
-        json!({"status": "CANCELLED"}),
-    ) {
-        Event::CompleteInteraction {
-            interaction,
-            token,
-            verdict,
-            payload,
-            fingerprint,
-            ..
-        } => Event::CompleteInteraction {
-            interaction,
-            token,
-            verdict,
-            payload,
-            fingerprint,
-            unit: Some(unit.id),
-        },
-        _ => unreachable!(),
-    };
+    let late = child_notice(unit.id, "item-0", &token, json!({"status": "CANCELLED"}));
     assert_eq!(
         m.skipped(&cancelled, PARKED_AT + 11, 31, &late),
         Skip::Stale
