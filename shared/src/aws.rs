@@ -108,15 +108,13 @@ pub fn coordinator_on(
     clock: Arc<dyn Clock>,
 ) -> Coordinator {
     let dynamodb = clients.dynamodb.clone();
-    let mut coordinator = Coordinator::new(
-        Arc::new(
-            DynamoDbExecutionStore::new(
-                dynamodb.clone(),
-                &config.execution_table,
-                config.due_shards,
-            )
+    // The fan-out ledger lives in the execution table.
+    let store = Arc::new(
+        DynamoDbExecutionStore::new(dynamodb.clone(), &config.execution_table, config.due_shards)
             .with_due_granularity(i64::from(config.due_granularity_seconds) * 1000),
-        ),
+    );
+    let mut coordinator = Coordinator::new(
+        store.clone(),
         Arc::new(DynamoDbReleaseRegistry::new(
             dynamodb,
             &config.release_table,
@@ -124,7 +122,8 @@ pub fn coordinator_on(
         Arc::new(SqsSender::new(clients.sqs.clone())),
         clock,
         Settings::from_config(config),
-    );
+    )
+    .with_ledger(store);
     if let Some(claims) = clients.claims(&config.payloads) {
         coordinator = coordinator.with_claim_check(claims);
     }

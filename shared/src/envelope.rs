@@ -7,7 +7,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::domain::{ParentLink, StepError};
+use crate::domain::{ChildEnd, ParentLink, StepError};
 
 pub const REQUEST_KIND: &str = "stepline.request.v1";
 pub const REPLY_KIND: &str = "stepline.reply.v1";
@@ -19,6 +19,8 @@ pub const AWAIT_NOTICE_KIND: &str = "stepline.await.v1";
 pub const INTERACTION_KIND: &str = "stepline.interaction.v1";
 /// A cancelled fan-out's message to one of its children (on the launch queue).
 pub const CANCEL_CHILD_KIND: &str = "stepline.cancel-child.v1";
+/// A fan-out child's end, to its parent's coordinator.
+pub const CHILD_ENDED_KIND: &str = "stepline.child-ended.v1";
 /// Message attributes of a message a handler dead-lettered itself.
 pub const REASON_ATTRIBUTE: &str = "stepline.reason";
 pub const DETAIL_ATTRIBUTE: &str = "stepline.detail";
@@ -252,6 +254,35 @@ impl InteractionMessage {
                 .expect("answer serializes")
                 .as_bytes(),
         )
+    }
+}
+
+/// A fan-out child's end, sent to its parent's coordinator (the queue its link names) and counted in
+/// the parent's fan-out ledger. `token` proves the parent started this child for this item and step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildEnded {
+    pub kind: String,
+    /// The parent execution.
+    pub parent: Uuid,
+    /// The parent's fan-out attempt (await unit) the child answers.
+    pub unit: Uuid,
+    pub step: u32,
+    pub token: String,
+    pub end: ChildEnd,
+}
+
+impl ChildEnded {
+    /// The notice of the child `link` starts, ended as `end`.
+    pub fn of(link: &ParentLink, end: ChildEnd) -> Self {
+        Self {
+            kind: CHILD_ENDED_KIND.to_string(),
+            parent: link.execution_id,
+            unit: link.unit.unwrap_or_default(),
+            step: link.step,
+            token: link.token.clone(),
+            end,
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use crate::domain::release::{Activation, Release};
-use crate::domain::Execution;
+use crate::domain::{ChildEnd, Execution, Tally};
 use std::collections::HashMap;
 
 /// Store failures the handlers must tell apart.
@@ -53,6 +53,33 @@ pub trait ExecutionStore: Send + Sync {
     async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError>;
     /// Number of due-index shards entries are written to now.
     fn shards(&self) -> u32;
+}
+
+/// The fan-out ledger: where a fan-out's children are counted, outside the parent's record (see
+/// `domain::fan_out`, and `coordinator::count_child` for how the three writes of a count combine). A
+/// unit is named by its id (the fan-out attempt's launch id). Every write is idempotent: a crash
+/// between two of them is recovered by making them all again.
+#[async_trait]
+pub trait FanOutLedger: Send + Sync {
+    /// Keeps a child's end under its own key (the same end again changes nothing).
+    async fn keep(&self, unit: Uuid, end: &ChildEnd) -> Result<(), StoreError>;
+    /// Adds `item` to its block's set of succeeded or failed children; returns how many children
+    /// the block holds after.
+    async fn add_to_block(&self, unit: Uuid, item: u32, succeeded: bool)
+        -> Result<u32, StoreError>;
+    /// Adds a completed block and/or a failed item to the unit's head; returns how many blocks are
+    /// complete and how many children failed, after.
+    async fn add_to_head(
+        &self,
+        unit: Uuid,
+        block: Option<u32>,
+        failed: Option<u32>,
+    ) -> Result<(u32, u32), StoreError>;
+    /// The children of a unit of `items` counted so far (strongly consistent).
+    async fn tally(&self, unit: Uuid, items: u32) -> Result<Tally, StoreError>;
+    /// The kept ends of items `from..to`, in item order (`None` for one not kept).
+    async fn ends(&self, unit: Uuid, from: u32, to: u32)
+        -> Result<Vec<Option<ChildEnd>>, StoreError>;
 }
 
 /// A page of the due index to read: at most `limit` executions due at `now` in `shard`, after `after`.

@@ -366,6 +366,172 @@ impl ExecutionStore for DynamoDbExecutionStore {
     }
 }
 
+/// The fan-out ledger, in the execution table: `pk = "fanout#<unit>#<item>"` keeps a child's end
+/// (`end`, its JSON), `"fanout#<unit>#b<block>"` the block's number sets `ok` and `failed`,
+/// `"fanout#<unit>"` the head's number sets `blocks` (complete ones) and `failed`. Adding to a number
+/// set is idempotent, and each write touches one small item: a child costs two writes of about
+/// 1 KB, three when it fails or completes its block.
+fn ledger_key(unit: Uuid, suffix: Option<String>) -> AttributeValue {
+    match suffix {
+        Some(suffix) => s(format!("fanout#{unit}#{suffix}")),
+        None => s(format!("fanout#{unit}")),
+    }
+}
+
+fn set_len(item: Option<&Item>, name: &str) -> u32 {
+    match item.and_then(|i| i.get(name)) {
+        Some(AttributeValue::Ns(values)) => values.len() as u32,
+        _ => 0,
+    }
+}
+
+impl DynamoDbExecutionStore {
+    /// Strongly consistent reads of `keys` (any number: read 100 at a time, unprocessed keys again),
+    /// by key.
+    async fn read_many(&self, keys: Vec<AttributeValue>) -> Result<HashMap<String, Item>, StoreError> {
+        let mut found = HashMap::new();
+        for chunk in keys.chunks(100) {
+            let mut pending: Vec<Item> = chunk
+                .iter()
+                .map(|k| Item::from([(PK.to_string(), k.clone())]))
+                .collect();
+            while !pending.is_empty() {
+                let request = aws_sdk_dynamodb::types::KeysAndAttributes::builder()
+                    .set_keys(Some(std::mem::take(&mut pending)))
+                    .consistent_read(true)
+                    .build()
+                    .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+                let out = self
+                    .client
+                    .batch_get_item()
+                    .request_items(&self.table, request)
+                    .send()
+                    .await
+                    .map_err(classify)?;
+                for item in out.responses.unwrap_or_default().remove(&self.table).unwrap_or_default() {
+                    if let Some(AttributeValue::S(key)) = item.get(PK) {
+                        found.insert(key.clone(), item);
+                    }
+                }
+                if let Some(mut left) = out.unprocessed_keys {
+                    if let Some(keys) = left.remove(&self.table) {
+                        pending = keys.keys;
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// ADDs numbers to number sets of one ledger item; returns the item after.
+    async fn add_to_sets(
+        &self,
+        key: AttributeValue,
+        adds: &[(&str, u32)],
+    ) -> Result<Item, StoreError> {
+        let mut update = self.client.update_item().table_name(&self.table).key(PK, key);
+        let mut clauses = Vec::new();
+        for (i, (set, value)) in adds.iter().enumerate() {
+            clauses.push(format!("#s{i} :v{i}"));
+            update = update
+                .expression_attribute_names(format!("#s{i}"), *set)
+                .expression_attribute_values(format!(":v{i}"), AttributeValue::Ns(vec![value.to_string()]));
+        }
+        let out = update
+            .update_expression(format!("ADD {}", clauses.join(", ")))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew)
+            .send()
+            .await
+            .map_err(classify)?;
+        Ok(out.attributes.unwrap_or_default())
+    }
+}
+
+#[async_trait]
+impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
+    async fn keep(&self, unit: Uuid, end: &crate::domain::ChildEnd) -> Result<(), StoreError> {
+        let body = serde_json::to_string(end).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .item(PK, ledger_key(unit, Some(end.item.to_string())))
+            .item("end", s(body))
+            .send()
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    async fn add_to_block(&self, unit: Uuid, item: u32, succeeded: bool) -> Result<u32, StoreError> {
+        let block = crate::domain::fan_out::block_of(item);
+        let set = if succeeded { "ok" } else { "failed" };
+        let after = self
+            .add_to_sets(ledger_key(unit, Some(format!("b{block}"))), &[(set, item)])
+            .await?;
+        Ok(set_len(Some(&after), "ok") + set_len(Some(&after), "failed"))
+    }
+
+    async fn add_to_head(
+        &self,
+        unit: Uuid,
+        block: Option<u32>,
+        failed: Option<u32>,
+    ) -> Result<(u32, u32), StoreError> {
+        let adds: Vec<(&str, u32)> = block
+            .map(|b| ("blocks", b))
+            .into_iter()
+            .chain(failed.map(|f| ("failed", f)))
+            .collect();
+        let head = if adds.is_empty() {
+            self.read_many(vec![ledger_key(unit, None)])
+                .await?
+                .into_values()
+                .next()
+                .unwrap_or_default()
+        } else {
+            self.add_to_sets(ledger_key(unit, None), &adds).await?
+        };
+        Ok((set_len(Some(&head), "blocks"), set_len(Some(&head), "failed")))
+    }
+
+    async fn tally(&self, unit: Uuid, items: u32) -> Result<crate::domain::Tally, StoreError> {
+        let blocks = items.div_ceil(crate::domain::fan_out::BLOCK);
+        let keys = (0..blocks)
+            .map(|b| ledger_key(unit, Some(format!("b{b}"))))
+            .collect();
+        let found = self.read_many(keys).await?;
+        let mut tally = crate::domain::Tally::default();
+        for item in found.values() {
+            tally.succeeded += set_len(Some(item), "ok");
+            tally.failed += set_len(Some(item), "failed");
+        }
+        Ok(tally)
+    }
+
+    async fn ends(
+        &self,
+        unit: Uuid,
+        from: u32,
+        to: u32,
+    ) -> Result<Vec<Option<crate::domain::ChildEnd>>, StoreError> {
+        let key = |i: u32| ledger_key(unit, Some(i.to_string()));
+        let mut found = self.read_many((from..to).map(key).collect()).await?;
+        (from..to)
+            .map(|i| {
+                let AttributeValue::S(k) = key(i) else {
+                    unreachable!("ledger keys are strings")
+                };
+                match found.remove(&k).and_then(|mut item| item.remove("end")) {
+                    Some(AttributeValue::S(body)) => serde_json::from_str(&body)
+                        .map(Some)
+                        .map_err(|e| StoreError::Corrupt(format!("{k}: {e}"))),
+                    _ => Ok(None),
+                }
+            })
+            .collect()
+    }
+}
+
 /// Release registry: under `pk = "pipeline#<id>"`, `sk = "release#<version>"` holds an immutable
 /// release descriptor and `sk = "activation#<sequence, zero-padded>"` the append-only activations (each
 /// written once, conditionally); the highest sequence is the active release.

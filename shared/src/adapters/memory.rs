@@ -1,7 +1,7 @@
 //! In-memory stand-ins of the ports for unit and simulation tests. They follow the same conditional
 //! semantics as the DynamoDB adapters: `create` fails on an existing id, `replace` on a changed version.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -10,9 +10,11 @@ use uuid::Uuid;
 
 use crate::adapters::dynamodb::due_shard;
 use crate::domain::release::{Activation, Release};
-use crate::domain::Execution;
+use crate::domain::fan_out::{block_len, block_of};
+use crate::domain::{ChildEnd, Execution, Tally};
 use crate::ports::{
-    ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, MessageSender,
+    ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, FanOutLedger,
+    MessageSender,
     OutMessage, PayloadStore, Registration, ReleaseRegistry, SendError, StoreError,
 };
 
@@ -191,6 +193,99 @@ impl ExecutionStore for InMemoryExecutionStore {
 
     fn shards(&self) -> u32 {
         self.shards
+    }
+}
+
+/// The fan-out ledger as the DynamoDB adapter keeps it: an end per child, two sets per block, two
+/// per unit head; every write counted (tests compare the calls a fan-out costs).
+#[derive(Default)]
+pub struct InMemoryFanOutLedger {
+    units: Mutex<HashMap<Uuid, LedgerUnit>>,
+    writes: AtomicUsize,
+}
+
+#[derive(Default)]
+struct LedgerUnit {
+    ends: HashMap<u32, ChildEnd>,
+    /// Per block: succeeded and failed items.
+    blocks: HashMap<u32, (BTreeSet<u32>, BTreeSet<u32>)>,
+    complete_blocks: BTreeSet<u32>,
+    failed: BTreeSet<u32>,
+}
+
+impl InMemoryFanOutLedger {
+    pub fn writes(&self) -> usize {
+        self.writes.load(Ordering::SeqCst)
+    }
+
+    fn with_unit<T>(&self, unit: Uuid, f: impl FnOnce(&mut LedgerUnit) -> T) -> T {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        f(self.units.lock().expect("ledger").entry(unit).or_default())
+    }
+}
+
+#[async_trait]
+impl FanOutLedger for InMemoryFanOutLedger {
+    async fn keep(&self, unit: Uuid, end: &ChildEnd) -> Result<(), StoreError> {
+        self.with_unit(unit, |u| u.ends.insert(end.item, end.clone()));
+        Ok(())
+    }
+
+    async fn add_to_block(
+        &self,
+        unit: Uuid,
+        item: u32,
+        succeeded: bool,
+    ) -> Result<u32, StoreError> {
+        Ok(self.with_unit(unit, |u| {
+            let (ok, failed) = u.blocks.entry(block_of(item)).or_default();
+            if succeeded {
+                ok.insert(item);
+            } else {
+                failed.insert(item);
+            }
+            (ok.len() + failed.len()) as u32
+        }))
+    }
+
+    async fn add_to_head(
+        &self,
+        unit: Uuid,
+        block: Option<u32>,
+        failed: Option<u32>,
+    ) -> Result<(u32, u32), StoreError> {
+        Ok(self.with_unit(unit, |u| {
+            u.complete_blocks.extend(block);
+            u.failed.extend(failed);
+            (u.complete_blocks.len() as u32, u.failed.len() as u32)
+        }))
+    }
+
+    async fn tally(&self, unit: Uuid, items: u32) -> Result<Tally, StoreError> {
+        let units = self.units.lock().expect("ledger");
+        let mut tally = Tally::default();
+        if let Some(u) = units.get(&unit) {
+            for (block, (ok, failed)) in &u.blocks {
+                if block_len(*block, items) > 0 {
+                    tally.succeeded += ok.len() as u32;
+                    tally.failed += failed.len() as u32;
+                }
+            }
+        }
+        Ok(tally)
+    }
+
+    async fn ends(
+        &self,
+        unit: Uuid,
+        from: u32,
+        to: u32,
+    ) -> Result<Vec<Option<ChildEnd>>, StoreError> {
+        let units = self.units.lock().expect("ledger");
+        let u = units.get(&unit);
+        Ok((from..to)
+            .map(|i| u.and_then(|u| u.ends.get(&i).cloned()))
+            .collect())
     }
 }
 

@@ -10,7 +10,8 @@ pub mod sqs;
 pub use dynamodb::{DynamoDbExecutionStore, DynamoDbReleaseRegistry};
 pub use eventbridge::EventBridgePublisher;
 pub use memory::{
-    InMemoryExecutionStore, InMemoryPayloadStore, InMemoryReleaseRegistry, RecordingSender,
+    InMemoryExecutionStore, InMemoryFanOutLedger, InMemoryPayloadStore, InMemoryReleaseRegistry,
+    RecordingSender,
 };
 pub use s3::S3PayloadStore;
 pub use sqs::{SqsDeadLetterQueue, SqsSender};

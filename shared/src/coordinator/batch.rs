@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::{Coordinator, CoordinatorError, Outbox, SubmitRequest};
 use crate::domain::{Code, Event, Skip};
-use crate::envelope::{DETAIL_ATTRIBUTE, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE};
+use crate::envelope::{ChildEnded, DETAIL_ATTRIBUTE, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE};
 use crate::ports::OutMessage;
 
 /// The queue a batch came from: its poison goes to that queue's DLQ, reported under its name.
@@ -42,6 +42,8 @@ pub enum Command {
         role: &'static str,
         hot: bool,
     },
+    /// Count a fan-out child's end in its parent's fan-out (settling the parent when it was the last).
+    ChildEnded(ChildEnded),
     /// Start an execution asked for by event `event` (idempotent on the request's key).
     Start {
         event: String,
@@ -203,6 +205,17 @@ impl Coordinator {
                 let record = &applied.record;
                 tracing::info!(execution_id = %record.id, tenant = %record.tenant, role, status = %record.status, version = record.version, skipped = ?applied.skipped, "event applied");
                 Ok(match applied.skipped {
+                    None => Handled::Committed,
+                    Some(skip) => Handled::Skipped(skip),
+                })
+            }
+            Command::ChildEnded(notice) => {
+                let execution = notice.parent;
+                let skipped = self
+                    .child_ended(outbox, index, &notice)
+                    .await
+                    .map_err(|error| MessageError::Coordinator { execution, error })?;
+                Ok(match skipped {
                     None => Handled::Committed,
                     Some(skip) => Handled::Skipped(skip),
                 })

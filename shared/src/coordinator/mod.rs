@@ -14,6 +14,7 @@
 
 mod batch;
 mod dead_letters;
+mod fan_out;
 mod outbox;
 mod payloads;
 mod releases;
@@ -22,6 +23,7 @@ mod sweep;
 
 pub use batch::{BatchReport, Command, Inbound, Inbox, MessageError};
 pub use dead_letters::{ReplayFilter, ReplayReport, ReplayRequest};
+pub use fan_out::count_child;
 use outbox::Outbox;
 pub(crate) use requests::interaction_event;
 pub use requests::{CancelRequest, RedriveRequest, RedriveResponse};
@@ -42,7 +44,8 @@ use crate::domain::{
     Rejection, Skip,
 };
 use crate::ports::{
-    Clock, EventPublisher, ExecutionStore, MessageSender, ReleaseRegistry, StoreError,
+    Clock, EventPublisher, ExecutionStore, FanOutLedger, MessageSender, ReleaseRegistry,
+    StoreError,
 };
 
 /// How often a decision is re-made after losing a conditional write before giving up (the message is
@@ -231,6 +234,8 @@ pub struct Coordinator {
     recent: Mutex<RecentRecords>,
     /// Where payloads above the threshold go (none: kept inline).
     claims: Option<ClaimCheck>,
+    /// Where fan-out children are counted (none: a child's end cannot be counted).
+    ledger: Option<Arc<dyn FanOutLedger>>,
 }
 
 /// Records a process committed, oldest evicted first, bounded by count and by bytes (a share of the
@@ -274,6 +279,7 @@ impl Coordinator {
             publisher: None,
             recent: Mutex::new(RecentRecords::default()),
             claims: None,
+            ledger: None,
         }
     }
 

@@ -8,11 +8,14 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::Coordinator;
+use crate::domain::fan_out::item_name;
+use crate::domain::ids::fan_out_token;
 use crate::domain::{
-    self, Action, AwaitUnit, Event, Execution, ParentLink, PipelineDef, StepDef, StepKind,
+    self, Action, AwaitUnit, ChildEnd, Event, Execution, ParentLink, PipelineDef, StepDef,
+    StepKind,
 };
 use crate::envelope::{
-    AwaitNotice, ChildCancel, DeadLetterEnvelope, Identity, InteractionMessage, LaunchWork,
+    AwaitNotice, ChildCancel, ChildEnded, DeadLetterEnvelope, Identity, LaunchWork,
     NoticeInteraction, RequestEnvelope, RequestHeader, StartDetail, StartEvent, AWAIT_NOTICE_KIND,
     CANCEL_CHILD_KIND, CANCEL_KIND, DEAD_LETTER_KIND, REQUEST_KIND, START_DETAIL_TYPE,
     START_SOURCE,
@@ -151,18 +154,23 @@ impl Coordinator {
                     let Some(parent) = &record.parent else {
                         continue;
                     };
-                    // A child's end completes its interaction of the parent's fan-out.
-                    let result = serde_json::json!({
-                        "executionId": record.id,
-                        "status": record.status,
-                        "result": record.result.as_ref().map(|r| r.value().clone()),
-                        "error": record.error,
-                    });
-                    let message = InteractionMessage::approving(parent, result);
+                    let Some(item) = crate::domain::fan_out::item_number(&parent.interaction)
+                    else {
+                        tracing::error!(execution_id = %record.id, interaction = %parent.interaction, "a fan-out child's link names no item");
+                        continue;
+                    };
+                    // A child's end is counted in the parent's fan-out.
+                    let end = ChildEnd {
+                        item,
+                        execution_id: record.id,
+                        status: record.status,
+                        result: record.result.as_ref().map(|r| r.value().clone()),
+                        error: record.error.clone(),
+                    };
                     outbox.push(
                         &parent.complete_to,
                         source,
-                        json(&message),
+                        json(&ChildEnded::of(parent, end)),
                         Some((record.id, Event::ParentNotified)),
                     );
                 }
@@ -247,10 +255,11 @@ impl Coordinator {
             .step_input(record.step)
             .and_then(|p| p.value().get("items").and_then(Value::as_array).cloned())
             .unwrap_or_default();
-        let count = await_unit.interactions.len();
-        for (i, (item, interaction)) in items.iter().zip(&await_unit.interactions).enumerate() {
+        let count = items.len();
+        for (i, item) in items.iter().enumerate() {
+            let name = item_name(i as u32);
             let event = StartEvent {
-                id: crate::domain::fan_out_event_id(record.id, record.step, &interaction.id),
+                id: crate::domain::fan_out_event_id(record.id, record.step, &name),
                 detail_type: START_DETAIL_TYPE.to_string(),
                 source: START_SOURCE.to_string(),
                 detail: StartDetail {
@@ -260,10 +269,11 @@ impl Coordinator {
                     release_version: None,
                     parent: Some(ParentLink {
                         execution_id: record.id,
-                        interaction: interaction.id.clone(),
-                        token: interaction.token.clone(),
+                        token: fan_out_token(&record.secret, record.id, record.step, &name),
+                        interaction: name,
                         complete_to: self.settings.await_queue.clone(),
                         unit: Some(await_unit.id),
+                        step: record.step,
                     }),
                 },
             };
@@ -297,12 +307,11 @@ impl Coordinator {
         ) else {
             return;
         };
-        let mut cancelled = 0;
-        for interaction in await_unit
-            .interactions
-            .iter()
-            .filter(|i| i.completion.is_none())
-        {
+        // The ledger is not read here: a child that has ended ignores its cancel.
+        let items = await_unit.fan_out.map_or(0, |f| f.items);
+        let cancelled = items;
+        for item in 0..items {
+            let name = item_name(item);
             let message = ChildCancel {
                 kind: CANCEL_CHILD_KIND.to_string(),
                 execution_id: crate::domain::fan_out_child_id(
@@ -310,13 +319,12 @@ impl Coordinator {
                     child,
                     record.id,
                     await_unit.step,
-                    &interaction.id,
+                    &name,
                 ),
-                token: interaction.token.clone(),
+                token: fan_out_token(&record.secret, record.id, await_unit.step, &name),
                 reason: format!("the parent {} was cancelled", record.id),
             };
             outbox.push(&self.settings.launch_queue, source, json(&message), None);
-            cancelled += 1;
         }
         tracing::info!(execution_id = %record.id, children = cancelled, "fan-out cancelled");
     }

@@ -111,6 +111,8 @@ catalogue! {
     AwaitTimeout = "AWAIT_TIMEOUT" => 500,
     /// An interaction was answered with a rejection.
     Rejected = "REJECTED" => 500,
+    /// More of a fan-out's children failed than its step tolerates.
+    FanOutFailed = "FAN_OUT_FAILED" => 500,
     /// The execution was cancelled (the reason is the message).
     Cancelled = "CANCELLED" => 500,
     /// The worker could not decode a step's input.

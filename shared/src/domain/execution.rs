@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::payload::Payload;
+use super::fan_out::{FanOutUnit, Tally};
 
 /// Lifecycle of an execution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -241,10 +242,16 @@ pub struct AwaitUnit {
     pub step: u32,
     /// Epoch milliseconds; past it the step fails with `AWAIT_TIMEOUT`.
     pub deadline: i64,
+    /// An await step's interactions (none for a fan-out: its children are counted in the ledger).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interactions: Vec<Interaction>,
-    /// Whether the announcement reached the step's queue (until then the sweeper re-sends it).
+    /// Whether the announcement reached the step's queue (until then the sweeper re-sends it). A
+    /// fan-out's: whether every child's start was sent.
     pub notice_sent: bool,
     pub resolved: bool,
+    /// A fan-out's children, counted outside the record (see `fan_out`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fan_out: Option<FanOutUnit>,
 }
 
 /// How far an await unit is: its interactions, those still open, and the answers by outcome (a
@@ -258,6 +265,23 @@ pub struct UnitProgress {
 }
 
 impl AwaitUnit {
+    /// A fan-out's progress from its ledger's tally: its children, those not yet counted, and those
+    /// counted by outcome.
+    pub fn fan_out_progress(&self, tally: &Tally) -> UnitProgress {
+        let items = self.fan_out.map_or(0, |f| f.items) as usize;
+        let mut answered = std::collections::BTreeMap::new();
+        for (outcome, n) in [("SUCCEEDED", tally.succeeded), ("FAILED", tally.failed)] {
+            if n > 0 {
+                answered.insert(outcome.to_string(), n as usize);
+            }
+        }
+        UnitProgress {
+            interactions: items,
+            open: items.saturating_sub(tally.counted() as usize),
+            answered,
+        }
+    }
+
     pub fn progress(&self) -> UnitProgress {
         let mut progress = UnitProgress {
             interactions: self.interactions.len(),
@@ -304,7 +328,7 @@ pub struct LifecycleEvent {
     pub code: Option<String>,
 }
 
-/// The fan-out interaction a child execution completes when it ends.
+/// The fan-out a child execution is counted in when it ends: its parent, item and token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ParentLink {
@@ -318,6 +342,9 @@ pub struct ParentLink {
     /// stale and changes nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit: Option<Uuid>,
+    /// The parent's fan-out step (its token is the parent's for this step and item).
+    #[serde(default)]
+    pub step: u32,
 }
 
 /// Incidents kept on the record (oldest dropped first): the DLQ holds the messages themselves.

@@ -2,52 +2,55 @@
 //! and the effects to carry out, or why nothing is written. No I/O: handlers load, decide, commit
 //! conditionally on the version read, then perform the actions.
 //!
-//! | status                    | event               | guard                                     | next status / effect                               |
-//! |---------------------------|---------------------|-------------------------------------------|----------------------------------------------------|
-//! | not terminal              | Claim               | due, lease absent or expired              | lease (gen+1) · EnqueueLaunch                      |
-//! | terminal                  | Claim               | due: dead letter/parent notice unsent     | SendDeadLetter/NotifyParent again                  |
-//! | any                       | Claim               | only the outbox due, tries left           | PublishEvents again, next check backed off         |
-//! | any                       | Claim               | only the outbox due, none left/events off | outbox dropped, EVENTS_DROPPED incident            |
-//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease generation+token match, task        | RUNNING, step `launching` · SendRequest            |
-//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, await step                   | WAITING_EXTERNAL, await unit · SendAwaitNotice     |
-//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out over n > 0 items     | WAITING_EXTERNAL, n interactions · SendAwaitNotice |
-//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out over no items        | step done: next step launched, or SUCCEEDED        |
-//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out, claim-checked input | step failed: PAYLOAD_UNRESOLVABLE, FAILED          |
-//! | RUNNING                   | LaunchWork          | lease match, deadline passed, no resend   | same launch re-sent · SendRequest                  |
-//! | RUNNING                   | LaunchWork          | lease match, deadline passed, resent      | attempt failed: STEP_TIMEOUT, retryable            |
-//! | RUNNING/WAITING_EXTERNAL  | LaunchWork          | lease match, nothing due under it         | lease released                                     |
-//! | WAITING_EXTERNAL          | LaunchWork          | lease match, due, before the deadline     | SendAwaitNotice again, checked a lease later       |
-//! | WAITING_EXTERNAL          | LaunchWork          | lease match, await deadline passed        | step failed: AWAIT_TIMEOUT, FAILED                 |
-//! | RUNNING                   | Reply               | current launch, ok, steps left            | output kept, next step launched (as above)         |
-//! | RUNNING                   | Reply               | current launch, ok, last step             | SUCCEEDED with result, off the due index           |
-//! | RUNNING                   | Reply               | current launch, error, retry in ≤ 900 s   | WAIT_RETRY, lease · EnqueueLaunch(delay)           |
-//! | RUNNING                   | Reply               | current launch, error, retry in > 900 s   | WAIT_RETRY, no lease, due at the retry time        |
-//! | RUNNING                   | Reply               | current launch, error, no retry           | FAILED, dead letter marked · SendDeadLetter        |
-//! | RUNNING/WAIT_RETRY/QUEUED | Reply               | ok of an unanswered attempt of the step   | adopted: applied like the current one              |
-//! | RUNNING                   | Heartbeat           | current launch, extends the deadline      | deadline extended (≤ 12 step timeouts)             |
-//! | FAILED/DLQ                | Redrive             | expected version                          | QUEUED, new budget, lease · EnqueueLaunch          |
-//! | not terminal              | Cancel              |                                           | CANCELLED · NotifyCancel / CancelChildren          |
-//! | not terminal              | CancelFromParent    | the parent's token                        | CANCELLED · NotifyCancel if RUNNING                |
-//! | FAILED/DLQ                | DeadLetterSent      | same dead-letter id, unsent               | marked sent, leaves the due index                  |
-//! | WAITING_EXTERNAL          | AwaitNoticeSent     | same unit, notice unsent                  | notice marked sent, due at the deadline            |
-//! | WAITING_EXTERNAL          | CompleteInteraction | right token, approved, others pending     | completion noted, still waiting                    |
-//! | WAITING_EXTERNAL          | CompleteInteraction | right token, approved, the last one       | succeeds, output = input + answers (as ok)         |
-//! | WAITING_EXTERNAL          | CompleteInteraction | right token, rejected                     | step failed: REJECTED, FAILED                      |
-//! | any                       | Incident            |                                           | noted on the record (latest ones kept)             |
-//! | any                       | EventsPublished     | outbox holds events up to `through`       | those events leave the outbox                      |
-//! | terminal                  | ParentNotified      | has a parent, not yet told                | parent told, leaves the due index                  |
-//! | FAILED/DLQ                | Rejoin              | parent's token, another attempt           | QUEUED, new budget, lease · EnqueueLaunch          |
-//! | SUCCEEDED/CANCELLED       | Rejoin              | parent's token, another attempt           | parent told again · NotifyParent                   |
-//! | not terminal              | Rejoin              | parent's token, another attempt           | answers that attempt when it ends                  |
+//! | status                    | event               | guard                                         | next status / effect                                  |
+//! |---------------------------|---------------------|-----------------------------------------------|-------------------------------------------------------|
+//! | not terminal              | Claim               | due, lease absent or expired                  | lease (gen+1) · EnqueueLaunch                         |
+//! | terminal                  | Claim               | due: dead letter/parent notice unsent         | SendDeadLetter/NotifyParent again                     |
+//! | any                       | Claim               | only the outbox due, tries left               | PublishEvents again, next check backed off            |
+//! | any                       | Claim               | only the outbox due, none left/events off     | outbox dropped, EVENTS_DROPPED incident               |
+//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease generation+token match, task            | RUNNING, step `launching` · SendRequest               |
+//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, await step                       | WAITING_EXTERNAL, await unit · SendAwaitNotice        |
+//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out over n > 0 items         | WAITING_EXTERNAL, fan-out unit of n · SendAwaitNotice |
+//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out over no items            | step done: next step launched, or SUCCEEDED           |
+//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out, claim-checked input     | step failed: PAYLOAD_UNRESOLVABLE, FAILED             |
+//! | RUNNING                   | LaunchWork          | lease match, deadline passed, no resend       | same launch re-sent · SendRequest                     |
+//! | RUNNING                   | LaunchWork          | lease match, deadline passed, resent          | attempt failed: STEP_TIMEOUT, retryable               |
+//! | RUNNING/WAITING_EXTERNAL  | LaunchWork          | lease match, nothing due under it             | lease released                                        |
+//! | WAITING_EXTERNAL          | LaunchWork          | lease match, due, before the deadline         | SendAwaitNotice again, checked a lease later          |
+//! | WAITING_EXTERNAL          | LaunchWork          | lease match, await deadline passed            | step failed: AWAIT_TIMEOUT, FAILED                    |
+//! | RUNNING                   | Reply               | current launch, ok, steps left                | output kept, next step launched (as above)            |
+//! | RUNNING                   | Reply               | current launch, ok, last step                 | SUCCEEDED with result, off the due index              |
+//! | RUNNING                   | Reply               | current launch, error, retry in ≤ 900 s       | WAIT_RETRY, lease · EnqueueLaunch(delay)              |
+//! | RUNNING                   | Reply               | current launch, error, retry in > 900 s       | WAIT_RETRY, no lease, due at the retry time           |
+//! | RUNNING                   | Reply               | current launch, error, no retry               | FAILED, dead letter marked · SendDeadLetter           |
+//! | RUNNING/WAIT_RETRY/QUEUED | Reply               | ok of an unanswered attempt of the step       | adopted: applied like the current one                 |
+//! | RUNNING                   | Heartbeat           | current launch, extends the deadline          | deadline extended (≤ 12 step timeouts)                |
+//! | FAILED/DLQ                | Redrive             | expected version                              | QUEUED, new budget, lease · EnqueueLaunch             |
+//! | not terminal              | Cancel              |                                               | CANCELLED · NotifyCancel / CancelChildren             |
+//! | not terminal              | CancelFromParent    | the parent's token                            | CANCELLED · NotifyCancel if RUNNING                   |
+//! | FAILED/DLQ                | DeadLetterSent      | same dead-letter id, unsent                   | marked sent, leaves the due index                     |
+//! | WAITING_EXTERNAL          | AwaitNoticeSent     | same unit, notice unsent                      | notice marked sent, due at the deadline               |
+//! | WAITING_EXTERNAL          | CompleteInteraction | right token, approved, others pending         | completion noted, still waiting                       |
+//! | WAITING_EXTERNAL          | CompleteInteraction | right token, approved, the last one           | succeeds, output = input + answers (as ok)            |
+//! | WAITING_EXTERNAL          | CompleteInteraction | right token, rejected                         | step failed: REJECTED, FAILED                         |
+//! | WAITING_EXTERNAL          | FanOutSettled       | current unit, all counted, failures tolerated | succeeds, output = input + results (as ok)            |
+//! | WAITING_EXTERNAL          | FanOutSettled       | current unit, failures beyond tolerance       | step failed: FAN_OUT_FAILED · CancelChildren          |
+//! | any                       | Incident            |                                               | noted on the record (latest ones kept)                |
+//! | any                       | EventsPublished     | outbox holds events up to `through`           | those events leave the outbox                         |
+//! | terminal                  | ParentNotified      | has a parent, not yet told                    | parent told, leaves the due index                     |
+//! | FAILED/DLQ                | Rejoin              | parent's token, another attempt               | QUEUED, new budget, lease · EnqueueLaunch             |
+//! | SUCCEEDED/CANCELLED       | Rejoin              | parent's token, another attempt               | parent told again · NotifyParent                      |
+//! | not terminal              | Rejoin              | parent's token, another attempt               | answers that attempt when it ends                     |
 //!
 //! "lease match": the launch work's generation and token are the record's lease's. "current launch":
 //! the reply names the RUNNING record's step, attempt and launch id. "no retry": the attempt budget is
 //! used up, or the error is not retryable (by the worker's word or the step's policy); such a failure
 //! marks a dead-letter envelope in the same commit, sent after (`SendDeadLetter`) and marked sent by
-//! `DeadLetterSent`. AWAIT_TIMEOUT and REJECTED are never retried. A step is launched by kind: a task
-//! as a request, an await step as an await unit announced on its queue, a fan-out as an await unit of
-//! one interaction per item whose `SendAwaitNotice` is carried out as one child start per item on the
-//! start queue (no notice), each child's end completing its interaction.
+//! `DeadLetterSent`. AWAIT_TIMEOUT, REJECTED and FAN_OUT_FAILED are never retried. A step is launched
+//! by kind: a task as a request, an await step as an await unit announced on its queue, a fan-out as
+//! an await unit of n children whose `SendAwaitNotice` is carried out as one child start per item on
+//! the start queue (no notice). A child's end is counted in the fan-out ledger, outside the record
+//! (`fan_out`); the count that settles the step is applied as `FanOutSettled`.
 //!
 //! A reply whose launch id already has a receipt is a duplicate (same bytes) or a conflict (other
 //! bytes); a worker's message (`FromWorker`) is applied as the event it wraps once its reply token and
@@ -74,6 +77,7 @@ use super::execution::{
     StepStatus, Verdict, MAX_EARLIER_RECEIPTS, MAX_INCIDENTS, MAX_INCIDENT_DETAIL,
     MAX_REDRIVE_NOTES,
 };
+use super::fan_out::{item_name, FanOutUnit, Tally};
 use super::ids::{fan_out_token, launch_id, new_secret, reply_token};
 use super::payload::{Payload, REF_FIELD};
 use super::pipeline::{PipelineDef, StepKind};
@@ -182,6 +186,14 @@ pub enum Event {
         sender: Sender,
         event: Box<Event>,
     },
+    /// The fan-out ledger counted enough of fan-out `unit`'s children to settle the step: all of them,
+    /// or more failed ones than it tolerates. `results`: every child's end in item order (as the
+    /// coordinator read them from the ledger, possibly claim-checked), when all were counted.
+    FanOutSettled {
+        unit: Uuid,
+        tally: Tally,
+        results: Value,
+    },
     /// Someone completed an interaction of the current await unit.
     CompleteInteraction {
         interaction: String,
@@ -237,10 +249,11 @@ pub enum Action {
     SendAwaitNotice { unit: Uuid },
     /// Publish the record's outbox of lifecycle events.
     PublishEvents,
-    /// Tell the parent (of a fan-out child) that this execution ended, completing its interaction.
+    /// Tell the parent (of a fan-out child) that this execution ended (its end is counted in the
+    /// parent's fan-out ledger).
     NotifyParent,
-    /// Cancel the children of fan-out `unit` that have not answered (a message to each, proving the
-    /// parent's token for it).
+    /// Cancel the children of fan-out `unit` (a message to each, proving the parent's token for it; a
+    /// child that has ended ignores it).
     CancelChildren { unit: Uuid },
 }
 
@@ -632,6 +645,11 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             payload,
             fingerprint,
         ),
+        Event::FanOutSettled {
+            unit,
+            tally,
+            results,
+        } => settle_fan_out(record, def, ctx, *unit, tally, results),
         Event::Incident { code, detail } => {
             let mut next = bump(record, ctx);
             note_incident(&mut next, ctx, code, detail);
@@ -1256,55 +1274,19 @@ fn launch_attempt(
             deadline,
         }];
     };
-    // A fan-out waits for one child per item (each child's end completes one interaction).
-    let names = match step_def.kind {
-        StepKind::FanOut
-            if next
-                .step_input(step)
-                .is_some_and(|i| i.reference().is_some()) =>
-        {
-            // The coordinator reads the items to start the children; it does not fetch payloads.
-            let error = StepError::new(
-                Code::PayloadUnresolvable.as_str(),
-                "a fan-out step's input must travel inline: its items are above the claim-check threshold",
-                false,
-            );
-            return fail_attempt(next, def, ctx, error);
-        }
-        StepKind::FanOut => {
-            let items = fan_out_items(next, step);
-            if items == 0 {
-                // Nothing to wait for: the step is done at once.
-                let receipt = Receipt {
-                    launch_id: id,
-                    fingerprint: "no-items".into(),
-                };
-                let output = with_answers(next, step, serde_json::Map::new());
-                return apply_outcome(next, def, ctx, receipt, Outcome::Succeeded(output));
-            }
-            (0..items).map(|i| format!("item-{i}")).collect()
-        }
-        _ => step_def.interaction_names(),
-    };
+    if step_def.kind == StepKind::FanOut {
+        return launch_fan_out(next, def, ctx, id, deadline);
+    }
     // An await step parks the execution on an await unit; its tokens derive from this decision's
-    // random token, so they cannot be guessed from anything stored elsewhere. A fan-out's derive from
-    // the execution's secret and the item, the same for every attempt of the step: a child started by
-    // an earlier attempt is the same child, and completes this attempt's interaction.
-    let fan_out = step_def.kind == StepKind::FanOut && !next.secret.is_empty();
-    let token_of = |name: &str| {
-        if fan_out {
-            fan_out_token(&next.secret, next.id, step, name)
-        } else {
-            Uuid::new_v5(&ctx.token, name.as_bytes())
-                .simple()
-                .to_string()
-        }
-    };
-    let interactions = names
+    // random token, so they cannot be guessed from anything stored elsewhere.
+    let interactions = step_def
+        .interaction_names()
         .into_iter()
         .map(|name| Interaction {
             idempotency_key: format!("{id}/{name}"),
-            token: token_of(&name),
+            token: Uuid::new_v5(&ctx.token, name.as_bytes())
+                .simple()
+                .to_string(),
             id: name,
             completion: None,
         })
@@ -1317,9 +1299,162 @@ fn launch_attempt(
         interactions,
         notice_sent: false,
         resolved: false,
+        fan_out: None,
     });
     next.wake_at = Some(notice_check(next, ctx));
     vec![Action::SendAwaitNotice { unit: id }]
+}
+
+/// Launches a fan-out step (attempt launch id `id`): an await unit of one child per item, started
+/// after the commit (`SendAwaitNotice`, carried out as the children's starts) and counted in the
+/// ledger, not in the record. Each child's resume token derives from the execution's secret, the step
+/// and the item, the same for every attempt of the step: a child started by an earlier attempt is the
+/// same child, and answers this attempt (see `Event::Rejoin`).
+fn launch_fan_out(
+    next: &mut Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    id: Uuid,
+    deadline: i64,
+) -> Vec<Action> {
+    let step = next.step;
+    if next
+        .step_input(step)
+        .is_some_and(|i| i.reference().is_some())
+    {
+        // The coordinator reads the items to start the children; it does not fetch payloads.
+        let error = StepError::new(
+            Code::PayloadUnresolvable.as_str(),
+            "a fan-out step's input must travel inline: its items are above the claim-check threshold",
+            false,
+        );
+        return fail_attempt(next, def, ctx, error);
+    }
+    let items = fan_out_items(next, step) as u32;
+    if items == 0 {
+        // Nothing to wait for: the step is done at once.
+        let receipt = Receipt {
+            launch_id: id,
+            fingerprint: "no-items".into(),
+        };
+        let output = with_results(next, step, &Tally::default(), Value::Array(Vec::new()));
+        return apply_outcome(next, def, ctx, receipt, Outcome::Succeeded(output));
+    }
+    let tolerated = def.step(step).map_or(0, |s| s.tolerated(items));
+    next.status = Status::WaitingExternal;
+    next.await_unit = Some(AwaitUnit {
+        id,
+        step,
+        deadline,
+        interactions: Vec::new(),
+        notice_sent: false,
+        resolved: false,
+        fan_out: Some(FanOutUnit { items, tolerated }),
+    });
+    next.wake_at = Some(notice_check(next, ctx));
+    vec![Action::SendAwaitNotice { unit: id }]
+}
+
+/// What a fan-out child's notice `(unit, step, item, token)` is to `record`, its parent: the fan-out
+/// to count it in, or the decision that nothing is counted (a stale notice: the attempt it answers is
+/// over; a refused one: the token is not the parent's for that child).
+pub fn child_notice(
+    record: &Execution,
+    (unit, step, item): (Uuid, u32, u32),
+    token: &str,
+) -> Result<FanOutUnit, Decision> {
+    if record.secret.is_empty() {
+        return Err(Decision::Reject(Rejection::InvalidToken));
+    }
+    let expected = fan_out_token(&record.secret, record.id, step, &item_name(item));
+    if !constant_time_eq(expected.as_bytes(), token.as_bytes()) {
+        return Err(Decision::Reject(Rejection::InvalidToken));
+    }
+    let current = record
+        .await_unit
+        .as_ref()
+        .filter(|u| u.id == unit && u.step == step);
+    match current.and_then(|u| Some((u, u.fan_out?))) {
+        Some((u, _)) if u.resolved || record.status != Status::WaitingExternal => {
+            Err(Decision::Skip(Skip::Stale))
+        }
+        Some((_, fan_out)) if item < fan_out.items => Ok(fan_out),
+        Some(_) => Err(Decision::Reject(Rejection::UnknownInteraction(item_name(
+            item,
+        )))),
+        None => Err(Decision::Skip(Skip::Stale)),
+    }
+}
+
+/// Settles fan-out `unit` on the ledger's `tally`: the step succeeds with every child's end in
+/// `results`, or fails with `FAN_OUT_FAILED` when more children failed than it tolerates (the
+/// children still running are then cancelled).
+fn settle_fan_out(
+    record: &Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    unit: Uuid,
+    tally: &Tally,
+    results: &Value,
+) -> Decision {
+    let Some((current, fan_out)) = record
+        .await_unit
+        .as_ref()
+        .filter(|u| u.id == unit)
+        .and_then(|u| Some((u, u.fan_out?)))
+    else {
+        return Decision::Skip(Skip::Stale);
+    };
+    if current.resolved {
+        return Decision::Skip(Skip::Duplicate);
+    }
+    if record.status != Status::WaitingExternal {
+        return Decision::Skip(Skip::Stale);
+    }
+    if !fan_out.settled_by(tally) {
+        return Decision::Skip(Skip::NotDue);
+    }
+    let mut next = bump(record, ctx);
+    if let Some(u) = next.await_unit.as_mut() {
+        u.resolved = true;
+    }
+    let receipt = Receipt {
+        launch_id: unit,
+        fingerprint: format!("fan-out/{}/{}", tally.succeeded, tally.failed),
+    };
+    if tally.failed > fan_out.tolerated {
+        let error = StepError::new(
+            Code::FanOutFailed.as_str(),
+            format!(
+                "{} of {} children failed, {} tolerated",
+                tally.failed, fan_out.items, fan_out.tolerated
+            ),
+            false,
+        );
+        let mut actions = apply_outcome(&mut next, def, ctx, receipt, Outcome::Failed(error));
+        if tally.counted() < fan_out.items {
+            actions.push(Action::CancelChildren { unit });
+        }
+        return commit(next, actions);
+    }
+    let step = record.step;
+    let output = with_results(record, step, tally, results.clone());
+    let actions = apply_outcome(&mut next, def, ctx, receipt, Outcome::Succeeded(output));
+    commit(next, actions)
+}
+
+/// The output of a fan-out step: its input, with the children's ends beside it (`results`, in item
+/// order) and their counts (`fanOut`).
+fn with_results(record: &Execution, step: u32, tally: &Tally, results: Value) -> Value {
+    let counts = json!({"items": tally.counted(), "succeeded": tally.succeeded, "failed": tally.failed});
+    match record.step_input(step).map(|p| p.value().clone()) {
+        Some(Value::Object(mut fields)) if !fields.contains_key(REF_FIELD) => {
+            fields.insert("results".into(), results);
+            fields.insert("fanOut".into(), counts);
+            Value::Object(fields)
+        }
+        other => json!({"input": other, "results": results, "fanOut": counts}),
+    }
 }
 
 /// The number of items a fan-out step's input holds (`items`: an array).

@@ -5,6 +5,7 @@
 pub mod codes;
 pub mod contract;
 pub mod execution;
+pub mod fan_out;
 pub mod ids;
 pub mod machine;
 pub mod payload;
@@ -23,8 +24,10 @@ pub use ids::{
     start_event_key,
 };
 pub use machine::{
-    creation_actions, decide, oversized_reply, start, start_launched, Action, Context, Decision,
+    child_notice, creation_actions, decide, oversized_reply, start, start_launched, Action, Context,
+    Decision,
     Event, EventKind, NewExecution, Outcome, Rejection, Sender, Skip, Transition, TRANSITIONS,
 };
+pub use fan_out::{ChildEnd, Counted, FanOutUnit, Tally};
 pub use payload::Payload;
 pub use pipeline::{PipelineDef, RetryPolicy, StepDef, StepKind};

@@ -23,8 +23,9 @@ pub enum StepKind {
     /// are announced on the step's queue and completed through the API or the await-completion queue.
     Await,
     /// Fans out: starts one child execution of `childPipeline` per element of the step input's
-    /// `items` array, waits for all of them (each child's end completes one interaction), and resumes
-    /// with every child's outcome. A failed child is reported, not fatal to the others.
+    /// `items` array, counts each child's end outside the execution's record, and resumes once every
+    /// child is counted, with every child's outcome in item order. Children that fail beyond the
+    /// step's tolerance fail the step (the children still running are cancelled).
     FanOut,
 }
 
@@ -54,6 +55,13 @@ pub struct StepDef {
     /// Fan-out steps: the pipeline each item runs as a child execution.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child_pipeline: Option<String>,
+    /// Fan-out steps: how many children may fail (FAILED, CANCELLED, ...) without failing the step.
+    /// With a percentage too, the stricter of the two holds; with neither, none may fail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerated_failures: Option<u32>,
+    /// Fan-out steps: the share of the children (0 to 100) that may fail without failing the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerated_failure_percent: Option<f64>,
 }
 
 impl StepDef {
@@ -70,6 +78,8 @@ impl StepDef {
             retry: RetryPolicy::default(),
             interactions: Vec::new(),
             child_pipeline: None,
+            tolerated_failures: None,
+            tolerated_failure_percent: None,
         }
     }
 
@@ -125,6 +135,25 @@ impl StepDef {
     pub fn interactions<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
         self.interactions = names.into_iter().map(Into::into).collect();
         self
+    }
+
+    /// A fan-out step's tolerance: at most `count` children, and at most `percent` of them, may fail.
+    pub fn tolerating(mut self, count: Option<u32>, percent: Option<f64>) -> Self {
+        self.tolerated_failures = count;
+        self.tolerated_failure_percent = percent;
+        self
+    }
+
+    /// How many of a fan-out's `items` children may fail without failing the step.
+    pub fn tolerated(&self, items: u32) -> u32 {
+        let by_percent = self
+            .tolerated_failure_percent
+            .map(|p| ((p.clamp(0.0, 100.0) / 100.0) * f64::from(items)).floor() as u32);
+        match (self.tolerated_failures, by_percent) {
+            (Some(count), Some(share)) => count.min(share),
+            (Some(limit), None) | (None, Some(limit)) => limit,
+            (None, None) => 0,
+        }
     }
 
     /// Names of an await step's interactions.
@@ -237,6 +266,15 @@ impl PipelineDef {
             } else if step.queue.is_empty() {
                 return Err(format!("step {:?} has no queue", step.id));
             }
+            if step
+                .tolerated_failure_percent
+                .is_some_and(|p| !(0.0..=100.0).contains(&p))
+            {
+                return Err(format!(
+                    "step {:?}: toleratedFailurePercent must be between 0 and 100",
+                    step.id
+                ));
+            }
             if step.retry.max_attempts == 0 {
                 return Err(format!(
                     "step {:?}: maxAttempts must be at least 1",
@@ -257,6 +295,22 @@ impl PipelineDef {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fan_out_tolerates_the_stricter_of_its_count_and_share() {
+        let step = |count, percent| StepDef::fan_out("f", "c").tolerating(count, percent);
+        assert_eq!(step(None, None).tolerated(1000), 0);
+        assert_eq!(step(Some(3), None).tolerated(1000), 3);
+        assert_eq!(step(None, Some(10.0)).tolerated(1000), 100);
+        assert_eq!(step(None, Some(10.0)).tolerated(9), 0, "rounded down");
+        assert_eq!(step(Some(3), Some(10.0)).tolerated(1000), 3);
+        assert_eq!(step(Some(300), Some(10.0)).tolerated(1000), 100);
+        assert_eq!(step(None, Some(100.0)).tolerated(7), 7);
+        let def = |percent| PipelineDef::new("p", "1", [step(None, Some(percent))]);
+        assert!(def(100.5).validate().is_err());
+        assert!(def(-1.0).validate().is_err());
+        assert_eq!(def(50.0).validate(), Ok(()));
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {

@@ -284,6 +284,21 @@ fn answer_for(
 }
 
 /// The resume token of `interaction` in the record's await unit.
+/// The parent's resume token for the child of item `item` of its current fan-out.
+pub fn child_token(record: &Execution, item: u32) -> String {
+    let unit = record.await_unit.as_ref().expect("an await unit");
+    stepline::domain::ids::fan_out_token(&record.secret, record.id, unit.step, &format!("item-{item}"))
+}
+
+/// The ledger's word that fan-out `unit` counted `succeeded` and `failed` children.
+pub fn settled(unit: Uuid, succeeded: u32, failed: u32, results: Value) -> Event {
+    Event::FanOutSettled {
+        unit,
+        tally: stepline::domain::Tally { succeeded, failed },
+        results,
+    }
+}
+
 pub fn token_of(record: &Execution, interaction: &str) -> String {
     let unit = record.await_unit.as_ref().expect("an await unit");
     let found = unit.interactions.iter().find(|i| i.id == interaction);
@@ -765,6 +780,7 @@ impl Machine {
             token: "t0".into(),
             complete_to: "replies".into(),
             unit: Some(PARENT_UNIT),
+            step: 1,
         });
         self.launch(&record, LAUNCHED_AT, 2, &actions).0
     }

@@ -50,6 +50,7 @@ pub async fn coordinator_of(
     };
     registry.activate(activation).await.unwrap();
     Coordinator::new(store, registry, sender, Arc::new(SystemClock), settings())
+        .with_ledger(Arc::new(stepline::adapters::InMemoryFanOutLedger::default()))
 }
 
 /// A coordinator over `store` and a recording sender with one execution of `def` submitted (its

@@ -142,6 +142,7 @@ fn with_parent(record: &Execution) -> Execution {
         token: "t0".into(),
         complete_to: "replies".into(),
         unit: Some(Uuid::from_u128(78)),
+        step: 1,
     });
     if record.status.is_terminal() && record.wake_at.is_none() {
         record.wake_at = Some(record.updated_at + LEASE_MS);
@@ -219,6 +220,20 @@ fn events_for(r: &Execution) -> Vec<Event> {
     }
     if let Some(unit) = &r.await_unit {
         events.push(Event::AwaitNoticeSent { unit: unit.id });
+        if let Some(fan_out) = unit.fan_out {
+            // Settled: all succeeded, all failed, and one short of all.
+            for (succeeded, failed) in [
+                (fan_out.items, 0),
+                (0, fan_out.items),
+                (fan_out.items - 1, 0),
+            ] {
+                events.push(Event::FanOutSettled {
+                    unit: unit.id,
+                    tally: stepline::domain::Tally { succeeded, failed },
+                    results: json!([]),
+                });
+            }
+        }
         for interaction in &unit.interactions {
             for verdict in [Verdict::Approved, Verdict::Rejected] {
                 let payload = json!({"reason": "coverage"});

@@ -1,5 +1,5 @@
-//! Fan-out steps: one child execution per item, each child's end completing one interaction of the
-//! parent's await unit, and a child telling its parent of its end until the parent confirms.
+//! Fan-out steps: one child execution per item, each child's end counted outside the parent (the
+//! ledger) and the parent settled once, and a child telling its parent of its end until confirmed.
 
 use serde_json::{json, Value};
 use stepline::domain::{launch_id, Action, Event, Execution, Skip, Status, Verdict};
@@ -12,39 +12,112 @@ fn fanned_out(m: &Machine, items: Value) -> (Execution, Vec<Action>) {
 }
 
 #[track_caller]
-fn assert_waits_on_items(record: &Execution, actions: &[Action], items: &[&str]) {
+fn assert_waits_on_items(record: &Execution, actions: &[Action], items: u32) {
     assert_eq!(record.status, Status::WaitingExternal);
     let unit = record.await_unit.as_ref().unwrap();
-    let ids: Vec<&str> = unit.interactions.iter().map(|i| i.id.as_str()).collect();
-    assert_eq!(ids, items);
+    assert!(unit.interactions.is_empty(), "children are counted outside");
+    assert_eq!(unit.fan_out.map(|f| f.items), Some(items));
     assert_eq!(actions, vec![Action::SendAwaitNotice { unit: unit.id }]);
 }
 
+/// A child's end as the ledger keeps it.
+fn end(item: u32, status: &str) -> Value {
+    json!({"item": item, "executionId": uuid::Uuid::from_u128(u128::from(item)), "status": status})
+}
+
 #[test]
-fn a_fan_out_waits_on_one_interaction_per_item() {
+fn a_fan_out_resumes_once_when_its_last_child_is_counted() {
     let m = Machine::of(fan_out_pipeline());
     let (record, actions) = fanned_out(&m, json!([{"row": 1}, {"row": 2}, {"row": 3}]));
-    assert_waits_on_items(&record, &actions, &["item-0", "item-1", "item-2"]);
+    assert_waits_on_items(&record, &actions, 3);
+    let unit = record.await_unit.as_ref().unwrap().id;
 
-    // Each child's end (success or failure) completes its item; the last resumes the batch.
-    let mut current = record.clone();
-    for (n, outcome) in [
-        json!({"status": "SUCCEEDED"}),
-        json!({"status": "FAILED"}),
-        json!({"status": "SUCCEEDED"}),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let name = format!("item-{n}");
-        let event = complete(&name, &token_of(&record, &name), Verdict::Approved, outcome);
-        let at = PARKED_AT + 10 + n as i64;
-        current = m.commit(&current, at, 10 + n as u128, &event).0;
-    }
-    assert_eq!(current.step, 2, "a failed child is reported, not fatal");
-    let output = current.input.value();
-    assert_eq!(output["interactions"]["item-1"]["status"], "FAILED");
+    // A child's notice is counted only with the parent's token for that child and item.
+    let place = |item| (unit, 1, item);
+    assert_eq!(
+        child_notice_check(&record, place(1), &child_token(&record, 1)),
+        Ok(3)
+    );
+    assert_eq!(
+        child_notice_check(&record, place(1), &child_token(&record, 2)),
+        Err("INVALID_TOKEN".into())
+    );
+    assert_eq!(
+        child_notice_check(&record, place(3), &child_token(&record, 3)),
+        Err("UNKNOWN_INTERACTION".into())
+    );
+    let elsewhere = (uuid::Uuid::from_u128(9), 1, 1);
+    assert_eq!(
+        child_notice_check(&record, elsewhere, &child_token(&record, 1)),
+        Err("skip Stale".into())
+    );
+
+    // Two of three counted: nothing to settle.
+    let results = json!([end(0, "SUCCEEDED"), end(1, "SUCCEEDED"), end(2, "SUCCEEDED")]);
+    assert_eq!(
+        m.skipped(&record, PARKED_AT + 10, 10, &settled(unit, 2, 0, json!([]))),
+        Skip::NotDue
+    );
+    let (resumed, actions) = m.commit(&record, PARKED_AT + 11, 11, &settled(unit, 3, 0, results.clone()));
+    assert_eq!(resumed.step, 2);
+    assert!(matches!(actions[..], [Action::SendRequest { step: 2, .. }]));
+    assert_eq!(resumed.version, record.version + 1, "one write settles it");
+    let output = resumed.input.value();
+    assert_eq!(output["results"], results);
+    assert_eq!(output["fanOut"], json!({"items": 3, "succeeded": 3, "failed": 0}));
     assert_eq!(output["badRows"], json!([]), "the step input flows on");
+    // Another settler that counted the last child too: nothing more.
+    assert!(matches!(
+        m.skipped(&resumed, PARKED_AT + 12, 12, &settled(unit, 3, 0, results)),
+        Skip::Duplicate | Skip::Stale
+    ));
+}
+
+#[test]
+fn a_fan_out_fails_when_more_children_fail_than_it_tolerates() {
+    let mut def = fan_out_pipeline();
+    def.steps[1] = def.steps[1].clone().tolerating(Some(1), None);
+    let m = Machine::of(def);
+    let (record, _) = fanned_out(&m, json!([{"row": 1}, {"row": 2}, {"row": 3}, {"row": 4}]));
+    let unit = record.await_unit.as_ref().unwrap().id;
+    assert_eq!(
+        record.await_unit.as_ref().unwrap().fan_out.map(|f| f.tolerated),
+        Some(1)
+    );
+    // One failure is tolerated: not settled until all are counted.
+    assert_eq!(
+        m.skipped(&record, PARKED_AT + 10, 10, &settled(unit, 1, 1, json!([]))),
+        Skip::NotDue
+    );
+    // A second fails the step at once; the two children still running are cancelled.
+    let (failed, actions) = m.commit(&record, PARKED_AT + 11, 11, &settled(unit, 0, 2, json!([])));
+    assert_eq!(failed.status, Status::Failed);
+    let error = failed.error.as_ref().unwrap();
+    assert_eq!((error.code.as_str(), error.retryable), ("FAN_OUT_FAILED", false));
+    assert_eq!(error.message, "2 of 4 children failed, 1 tolerated");
+    assert!(actions.contains(&Action::CancelChildren { unit }), "{actions:?}");
+    assert!(actions.iter().any(|a| matches!(a, Action::SendDeadLetter { .. })));
+
+    // All counted with one failure: the step succeeds, the failed child's end among the results.
+    let results = json!([end(0, "SUCCEEDED"), end(1, "FAILED"), end(2, "SUCCEEDED"), end(3, "SUCCEEDED")]);
+    let (resumed, actions) = m.commit(&record, PARKED_AT + 11, 12, &settled(unit, 3, 1, results));
+    assert_eq!(resumed.step, 2);
+    assert!(!actions.iter().any(|a| matches!(a, Action::CancelChildren { .. })));
+    assert_eq!(resumed.input.value()["results"][1]["status"], "FAILED");
+}
+
+/// `child_notice` as a comparable value: the unit's items, or why the notice is not counted.
+fn child_notice_check(
+    record: &Execution,
+    place: (uuid::Uuid, u32, u32),
+    token: &str,
+) -> Result<u32, String> {
+    match stepline::domain::child_notice(record, place, token) {
+        Ok(fan_out) => Ok(fan_out.items),
+        Err(stepline::domain::Decision::Reject(r)) => Err(r.code().to_string()),
+        Err(stepline::domain::Decision::Skip(s)) => Err(format!("skip {s:?}")),
+        Err(other) => panic!("{other:?}"),
+    }
 }
 
 #[test]
@@ -61,7 +134,7 @@ fn launch_work_of_a_fan_out_step_waits_on_one_child_per_item() {
     let m = Machine::of(fan_out_first_pipeline());
     let (record, actions) = m.start_with(json!({"items": [{"row": 1}, {"row": 2}]}));
     let (waiting, actions) = m.launch(&record, LAUNCHED_AT, 2, &actions);
-    assert_waits_on_items(&waiting, &actions, &["item-0", "item-1"]);
+    assert_waits_on_items(&waiting, &actions, 2);
     assert_eq!(
         waiting.await_unit.as_ref().unwrap().id,
         launch_id(EXEC, 0, 1)
@@ -272,14 +345,7 @@ fn an_ended_child_started_again_by_its_parent_tells_it_again_without_running() {
 fn a_fan_out_step_run_again_gives_its_children_the_same_tokens() {
     let m = Machine::of(fan_out_pipeline());
     let (waiting, _) = fanned_out(&m, json!([{"row": 1}, {"row": 2}]));
-    let first: Vec<String> = waiting
-        .await_unit
-        .as_ref()
-        .unwrap()
-        .interactions
-        .iter()
-        .map(|i| i.token.clone())
-        .collect();
+    let first: Vec<String> = (0..2).map(|i| child_token(&waiting, i)).collect();
     // The unit's deadline passes: the step fails (AWAIT_TIMEOUT); a re-drive runs it again.
     let deadline = waiting.await_unit.as_ref().unwrap().deadline;
     let (claimed, actions) = m.commit(&waiting, deadline, 20, &Event::Claim);
@@ -288,25 +354,17 @@ fn a_fan_out_step_run_again_gives_its_children_the_same_tokens() {
     let (queued, actions) = m.commit(&failed, deadline + 2, 22, &redrive(failed.version, "again"));
     let (again, _) = m.launch(&queued, deadline + 3, 23, &actions);
     let unit = again.await_unit.as_ref().unwrap();
-    assert_ne!(
-        unit.id,
-        waiting.await_unit.as_ref().unwrap().id,
-        "a new attempt"
-    );
-    let second: Vec<String> = unit.interactions.iter().map(|i| i.token.clone()).collect();
-    assert_eq!(first, second, "the same children complete the new attempt");
-
-    // A child's notice for the first attempt (sent before the re-drive) is stale: nothing changes.
     let old_unit = waiting.await_unit.as_ref().unwrap().id;
-    let notice = |unit| child_notice(unit, "item-0", &first[0], json!({"status": "FAILED"}));
+    assert_ne!(unit.id, old_unit, "a new attempt");
+    let second: Vec<String> = (0..2).map(|i| child_token(&again, i)).collect();
+    assert_eq!(first, second, "the same children answer the new attempt");
+
+    // A child's notice for the first attempt (sent before the re-drive) is stale: nothing counted.
     assert_eq!(
-        m.skipped(&again, deadline + 4, 24, &notice(old_unit)),
-        Skip::Stale
+        child_notice_check(&again, (old_unit, 1, 0), &first[0]),
+        Err("skip Stale".into())
     );
-    let (answered, _) = m.commit(&again, deadline + 4, 24, &notice(unit.id));
-    assert!(answered.await_unit.as_ref().unwrap().interactions[0]
-        .completion
-        .is_some());
+    assert_eq!(child_notice_check(&again, (unit.id, 1, 0), &first[0]), Ok(2));
 }
 
 #[test]
@@ -317,12 +375,11 @@ fn a_cancelled_fan_out_cancels_the_children_still_running() {
     let (cancelled, actions) = m.commit(&waiting, PARKED_AT + 10, 30, &cancel("stop the batch"));
     assert_eq!(cancelled.status, Status::Cancelled);
     assert_eq!(actions, vec![Action::CancelChildren { unit: unit.id }]);
-    // A child's notice that arrives after it: nothing waits for it, nothing is written.
-    let token = unit.interactions[0].token.clone();
-    let late = child_notice(unit.id, "item-0", &token, json!({"status": "CANCELLED"}));
+    // A child's notice that arrives after it: nothing waits for it, nothing is counted.
+    let token = child_token(&waiting, 0);
     assert_eq!(
-        m.skipped(&cancelled, PARKED_AT + 11, 31, &late),
-        Skip::Stale
+        child_notice_check(&cancelled, (unit.id, 1, 0), &token),
+        Err("skip Stale".into())
     );
 
     // The child's side: the parent's token cancels it (and it tells the parent), another does not.

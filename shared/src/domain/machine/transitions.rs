@@ -25,6 +25,7 @@ pub enum EventKind {
     CompleteInteraction,
     Rejoin,
     CancelFromParent,
+    FanOutSettled,
 }
 
 impl EventKind {
@@ -43,6 +44,7 @@ impl EventKind {
         EventKind::CompleteInteraction,
         EventKind::Rejoin,
         EventKind::CancelFromParent,
+        EventKind::FanOutSettled,
     ];
 }
 
@@ -65,6 +67,7 @@ impl Event {
             Event::CancelFromParent { .. } => EventKind::CancelFromParent,
             Event::FromWorker { event, .. } => event.kind(),
             Event::CompleteInteraction { .. } => EventKind::CompleteInteraction,
+            Event::FanOutSettled { .. } => EventKind::FanOutSettled,
         }
     }
 }
@@ -191,7 +194,7 @@ pub const TRANSITIONS: &[Transition] = &[
         QUEUED_OR_RETRY,
         &[E::LaunchWork],
         "lease match, fan-out over n > 0 items",
-        "WAITING_EXTERNAL, n interactions · SendAwaitNotice",
+        "WAITING_EXTERNAL, fan-out unit of n · SendAwaitNotice",
         &["launch_work_of_a_fan_out_step_waits_on_one_child_per_item"],
     ),
     row(
@@ -254,7 +257,7 @@ pub const TRANSITIONS: &[Transition] = &[
         &[
             "successful_reply_on_middle_step_records_output_and_launches_next_step",
             "an_await_step_parks_the_execution_with_unguessable_distinct_tokens",
-            "a_fan_out_waits_on_one_interaction_per_item",
+            "a_fan_out_resumes_once_when_its_last_child_is_counted",
             "a_fan_out_over_no_items_is_done_at_once",
         ],
     ),
@@ -374,10 +377,7 @@ pub const TRANSITIONS: &[Transition] = &[
         &[E::CompleteInteraction],
         "right token, approved, the last one",
         "succeeds, output = input + answers (as ok)",
-        &[
-            "approving_resumes_at_the_next_step_with_the_completion_payload",
-            "a_fan_out_waits_on_one_interaction_per_item",
-        ],
+        &["approving_resumes_at_the_next_step_with_the_completion_payload"],
     ),
     row(
         WAITING,
@@ -385,6 +385,20 @@ pub const TRANSITIONS: &[Transition] = &[
         "right token, rejected",
         "step failed: REJECTED, FAILED",
         &["rejecting_fails_the_execution_with_the_reason"],
+    ),
+    row(
+        WAITING,
+        &[E::FanOutSettled],
+        "current unit, all counted, failures tolerated",
+        "succeeds, output = input + results (as ok)",
+        &["a_fan_out_resumes_once_when_its_last_child_is_counted"],
+    ),
+    row(
+        WAITING,
+        &[E::FanOutSettled],
+        "current unit, failures beyond tolerance",
+        "step failed: FAN_OUT_FAILED · CancelChildren",
+        &["a_fan_out_fails_when_more_children_fail_than_it_tolerates"],
     ),
     row(
         ANY_STATUS,

@@ -1,0 +1,147 @@
+//! A fan-out child's end: checked against its parent (read, never written), counted in the fan-out
+//! ledger, and, when that count settles the step, the parent resumed with one `FanOutSettled`. The
+//! parent's item is written a constant number of times whatever the number of children: launched,
+//! children started, settled (see `domain::fan_out`).
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{Coordinator, CoordinatorError, Outbox};
+use crate::domain::fan_out::{block_len, block_of};
+use crate::domain::{
+    self, ChildEnd, Counted, Decision, Event, Execution, FanOutUnit, Skip, UnitProgress,
+};
+use crate::envelope::ChildEnded;
+use crate::ports::{FanOutLedger, StoreError};
+
+/// Child ends read from the ledger per request batch when a fan-out settles.
+const ENDS_PAGE: u32 = 1000;
+
+/// Counts a child's end in fan-out `unit` of `items` children: its end kept, its item added to its
+/// block, and the block's completion or the child's failure added to the head. Each write is
+/// idempotent; a crash between them is recovered by counting the same end again.
+pub async fn count_child(
+    ledger: &dyn FanOutLedger,
+    unit: Uuid,
+    items: u32,
+    end: &ChildEnd,
+) -> Result<Counted, StoreError> {
+    ledger.keep(unit, end).await?;
+    let succeeded = end.succeeded();
+    let block = block_of(end.item);
+    let in_block = ledger.add_to_block(unit, end.item, succeeded).await?;
+    let block_done = in_block >= block_len(block, items);
+    if succeeded && !block_done {
+        return Ok(Counted::default());
+    }
+    let (blocks, failed) = ledger
+        .add_to_head(
+            unit,
+            block_done.then_some(block),
+            (!succeeded).then_some(end.item),
+        )
+        .await?;
+    Ok(Counted {
+        complete: blocks >= items.div_ceil(domain::fan_out::BLOCK),
+        failed: Some(failed),
+    })
+}
+
+impl Coordinator {
+    /// Where fan-out children are counted.
+    pub fn with_ledger(mut self, ledger: Arc<dyn FanOutLedger>) -> Self {
+        self.ledger = Some(ledger);
+        self
+    }
+
+    fn ledger(&self) -> Result<&dyn FanOutLedger, CoordinatorError> {
+        self.ledger.as_deref().ok_or_else(|| {
+            CoordinatorError::Invalid("this coordinator has no fan-out ledger".into())
+        })
+    }
+
+    /// A child's end: counted in its parent's fan-out if its token is the parent's for that child and
+    /// the attempt it answers still waits; the parent settled if that count settles it. `Ok(Some)`:
+    /// why nothing was counted.
+    pub(super) async fn child_ended(
+        &self,
+        outbox: &mut Outbox,
+        source: usize,
+        notice: &ChildEnded,
+    ) -> Result<Option<Skip>, CoordinatorError> {
+        let ledger = self.ledger()?;
+        let parent = self.get(notice.parent).await?;
+        let place = (notice.unit, notice.step, notice.end.item);
+        let fan_out = match domain::child_notice(&parent, place, &notice.token) {
+            Ok(fan_out) => fan_out,
+            Err(Decision::Skip(skip)) => return Ok(Some(skip)),
+            Err(Decision::Reject(rejection)) => return Err(rejection.into()),
+            Err(Decision::Commit { .. }) => unreachable!("a notice check never commits"),
+        };
+        let counted = count_child(ledger, notice.unit, fan_out.items, &notice.end).await?;
+        tracing::info!(execution_id = %parent.id, child = %notice.end.execution_id, item = notice.end.item, status = %notice.end.status, ?counted, "fan-out child counted");
+        if fan_out.settles(&counted) {
+            self.settle_fan_out(outbox, source, &parent, notice.unit, fan_out)
+                .await?;
+        }
+        Ok(None)
+    }
+
+    /// Resumes `parent` from fan-out `unit`: the tally read back, and, when every child succeeded or
+    /// failed within tolerance, every child's end in item order (claim-checked when large).
+    async fn settle_fan_out(
+        &self,
+        outbox: &mut Outbox,
+        source: usize,
+        parent: &Execution,
+        unit: Uuid,
+        fan_out: FanOutUnit,
+    ) -> Result<(), CoordinatorError> {
+        let ledger = self.ledger()?;
+        let tally = ledger.tally(unit, fan_out.items).await?;
+        if !fan_out.settled_by(&tally) {
+            return Ok(());
+        }
+        let mut results = Vec::new();
+        if tally.failed <= fan_out.tolerated {
+            results.reserve(fan_out.items as usize);
+            for from in (0..fan_out.items).step_by(ENDS_PAGE as usize) {
+                let to = (from + ENDS_PAGE).min(fan_out.items);
+                for end in ledger.ends(unit, from, to).await? {
+                    results.push(serde_json::to_value(end).unwrap_or(Value::Null));
+                }
+            }
+        }
+        let results = self.claim_checked(parent.id, Value::Array(results)).await?;
+        let event = Event::FanOutSettled {
+            unit,
+            tally,
+            results,
+        };
+        let applied = self
+            .decide_into(outbox, source, parent.id, &event, "fan-out", false)
+            .await?;
+        tracing::info!(execution_id = %parent.id, succeeded = tally.succeeded, failed = tally.failed, skipped = ?applied.skipped, "fan-out settled");
+        Ok(())
+    }
+
+    /// How far an execution's await unit is (a fan-out's from its ledger); `None` when it waits on
+    /// nothing.
+    pub async fn unit_progress(
+        &self,
+        record: &Execution,
+    ) -> Result<Option<UnitProgress>, CoordinatorError> {
+        let Some(unit) = record.await_unit.as_ref() else {
+            return Ok(None);
+        };
+        Ok(Some(match unit.fan_out {
+            Some(fan_out) => {
+                let tally = self.ledger()?.tally(unit.id, fan_out.items).await?;
+                unit.fan_out_progress(&tally)
+            }
+            None => unit.progress(),
+        }))
+    }
+}
