@@ -238,11 +238,7 @@ async fn cancelling_a_fan_out_cancels_its_children_still_running() -> anyhow::Re
         r.status == Status::WaitingExternal
     })
     .await?;
-    let progress = waiting
-        .await_unit
-        .as_ref()
-        .expect("a fan-out unit")
-        .progress();
+    let progress = api.unit_progress(&waiting).await?.expect("a fan-out unit");
     assert_eq!((progress.interactions, progress.open), (4, 4));
 
     let cancelled = handlers::cancel(

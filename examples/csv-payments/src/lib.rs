@@ -23,7 +23,8 @@ fn typed(step: StepDef, input: &str, output: &str) -> StepDef {
         .non_retryable(["DECLINED", "INVALID_CSV"])
 }
 
-/// parse (task) -> payments (fan-out over `items`, children of `csv-payment`) -> summary (task).
+/// parse (task) -> payments (fan-out over `items`, children of `csv-payment`; a failed payment fails
+/// its row, not the batch) -> summary (task).
 pub fn batch_pipeline(queue: &str) -> PipelineDef {
     PipelineDef::new(
         BATCH_PIPELINE,
@@ -31,7 +32,7 @@ pub fn batch_pipeline(queue: &str) -> PipelineDef {
         [
             typed(StepDef::task("parse", queue), "csv.Text/1", "csv.Rows/1"),
             typed(
-                StepDef::fan_out("payments", PAYMENT_PIPELINE),
+                StepDef::fan_out("payments", PAYMENT_PIPELINE).tolerating(None, Some(100.0)),
                 "csv.Rows/1",
                 "csv.PaidRows/1",
             ),
@@ -140,13 +141,11 @@ fn pay(row: &Value, request: &RequestHeader) -> Result<Value, StepError> {
 }
 
 fn summary(input: &Value) -> Value {
-    let outcomes = input["interactions"]
-        .as_object()
-        .cloned()
-        .unwrap_or_default();
+    // The fan-out's children's ends, in row order.
+    let outcomes = input["results"].as_array().cloned().unwrap_or_default();
     let mut paid = Vec::new();
     let mut failed = Vec::new();
-    for outcome in outcomes.values() {
+    for outcome in &outcomes {
         match outcome["status"].as_str() {
             Some("SUCCEEDED") => paid.push(outcome["result"].clone()),
             _ => failed.push(json!({

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 use stepline::adapters::SqsDeadLetterQueue;
-use stepline::domain::{Execution, Status, StepStatus, Verdict};
+use stepline::domain::{Execution, Status, StepStatus, UnitProgress, Verdict};
 use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
 use stepline::handlers::{
     self, CancelRequest, DeadLetterQueues, MoveRequest, MoveSource, OperatorRequest, RedriveRequest,
@@ -218,15 +218,16 @@ async fn main() -> Result<()> {
         }
         Command::Status { execution } => {
             let record = api.get(execution).await?;
+            let progress = api.unit_progress(&record).await?;
             let mut shown = serde_json::to_value(&record)?;
             // The reply secret stays in the coordinator (with it, anyone could forge replies).
             if let Some(fields) = shown.as_object_mut() {
                 fields.remove("secret");
-                if let Some(unit) = &record.await_unit {
-                    fields.insert("progress".into(), serde_json::to_value(unit.progress())?);
+                if let Some(progress) = &progress {
+                    fields.insert("progress".into(), serde_json::to_value(progress)?);
                 }
             }
-            out.show(&shown, || summary(&record));
+            out.show(&shown, || summary(&record, progress.as_ref()));
         }
         Command::Watch {
             execution,
@@ -339,7 +340,7 @@ impl Output {
     }
 }
 
-fn summary(record: &Execution) -> String {
+fn summary(record: &Execution, progress: Option<&UnitProgress>) -> String {
     let mut line = format!(
         "{} {} pipeline {} release {} step {} attempt {} version {}",
         record.id,
@@ -350,9 +351,9 @@ fn summary(record: &Execution) -> String {
         record.attempt,
         record.version
     );
-    if let Some(unit) = &record.await_unit {
+    if let (Some(unit), Some(progress)) = (&record.await_unit, progress) {
         if record.status == Status::WaitingExternal {
-            line.push_str(&format!(" {}", waiting_on(unit)));
+            line.push_str(&format!(" {}", waiting_on(unit, progress)));
         }
     }
     if let Some(error) = &record.error {
@@ -363,9 +364,8 @@ fn summary(record: &Execution) -> String {
 
 /// What an await unit waits on: its open interactions by name, or, for many (a fan-out's children),
 /// the counts: `3/10 answered (SUCCEEDED 2, FAILED 1)`.
-fn waiting_on(unit: &stepline::domain::AwaitUnit) -> String {
-    let progress = unit.progress();
-    if progress.interactions <= 3 {
+fn waiting_on(unit: &stepline::domain::AwaitUnit, progress: &UnitProgress) -> String {
+    if unit.fan_out.is_none() && progress.interactions <= 3 {
         let pending: Vec<&str> = unit
             .interactions
             .iter()
@@ -432,12 +432,16 @@ async fn watch(api: &Coordinator, id: Uuid, timeout: Duration, out: &Output) -> 
             .await_unit
             .as_ref()
             .filter(|_| record.status == Status::WaitingExternal);
-        if let Some(unit) = waiting {
-            line.push_str(&format!(": {}", waiting_on(unit)));
+        let progress = match waiting {
+            Some(_) => api.unit_progress(&record).await?,
+            None => None,
+        };
+        if let (Some(unit), Some(progress)) = (waiting, &progress) {
+            line.push_str(&format!(": {}", waiting_on(unit, progress)));
         }
         if line != last {
             out.show(
-                &json!({"executionId": id, "status": record.status, "step": record.step, "stepId": step, "attempt": record.attempt, "version": record.version, "progress": waiting.map(|u| u.progress())}),
+                &json!({"executionId": id, "status": record.status, "step": record.step, "stepId": step, "attempt": record.attempt, "version": record.version, "progress": progress}),
                 || line.clone(),
             );
             last = line;

@@ -601,6 +601,7 @@ mod tests {
             ],
             notice_sent: true,
             resolved: false,
+            fan_out: None,
         };
         let progress = unit.progress();
         assert_eq!((progress.interactions, progress.open), (5, 1));
@@ -613,6 +614,27 @@ mod tests {
             ]
             .into_iter()
             .collect()
+        );
+        // A fan-out's, from its ledger's tally.
+        let fan_out = AwaitUnit {
+            interactions: Vec::new(),
+            fan_out: Some(FanOutUnit {
+                items: 1000,
+                tolerated: 0,
+            }),
+            ..unit
+        };
+        let tally = Tally {
+            succeeded: 600,
+            failed: 3,
+        };
+        let progress = fan_out.fan_out_progress(&tally);
+        assert_eq!((progress.interactions, progress.open), (1000, 397));
+        assert_eq!(
+            progress.answered,
+            [("FAILED".to_string(), 3), ("SUCCEEDED".to_string(), 600)]
+                .into_iter()
+                .collect()
         );
     }
 

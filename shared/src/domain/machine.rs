@@ -12,7 +12,7 @@
 //! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, await step                       | WAITING_EXTERNAL, await unit · SendAwaitNotice        |
 //! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out over n > 0 items         | WAITING_EXTERNAL, fan-out unit of n · SendAwaitNotice |
 //! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out over no items            | step done: next step launched, or SUCCEEDED           |
-//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out, claim-checked input     | step failed: PAYLOAD_UNRESOLVABLE, FAILED             |
+//! | QUEUED/WAIT_RETRY         | LaunchWork          | lease match, fan-out, items in an object      | WAITING_EXTERNAL, unit to size · SendAwaitNotice      |
 //! | RUNNING                   | LaunchWork          | lease match, deadline passed, no resend       | same launch re-sent · SendRequest                     |
 //! | RUNNING                   | LaunchWork          | lease match, deadline passed, resent          | attempt failed: STEP_TIMEOUT, retryable               |
 //! | RUNNING/WAITING_EXTERNAL  | LaunchWork          | lease match, nothing due under it             | lease released                                        |
@@ -33,6 +33,9 @@
 //! | WAITING_EXTERNAL          | CompleteInteraction | right token, approved, others pending         | completion noted, still waiting                       |
 //! | WAITING_EXTERNAL          | CompleteInteraction | right token, approved, the last one           | succeeds, output = input + answers (as ok)            |
 //! | WAITING_EXTERNAL          | CompleteInteraction | right token, rejected                         | step failed: REJECTED, FAILED                         |
+//! | WAITING_EXTERNAL          | FanOutSized         | current unit to size, n > 0 items             | unit sized: n children, its tolerance                 |
+//! | WAITING_EXTERNAL          | FanOutSized         | current unit to size, no items                | step done: next step launched, or SUCCEEDED           |
+//! | WAITING_EXTERNAL          | FanOutSized         | current unit to size, items unreadable        | step failed with the reading's error                  |
 //! | WAITING_EXTERNAL          | FanOutSettled       | current unit, all counted, failures tolerated | succeeds, output = input + results (as ok)            |
 //! | WAITING_EXTERNAL          | FanOutSettled       | current unit, failures beyond tolerance       | step failed: FAN_OUT_FAILED · CancelChildren          |
 //! | any                       | Incident            |                                               | noted on the record (latest ones kept)                |
@@ -185,6 +188,12 @@ pub enum Event {
     FromWorker {
         sender: Sender,
         event: Box<Event>,
+    },
+    /// The items of fan-out `unit`, held in an object (a claim-checked input, `itemsFrom`), were
+    /// counted before any child starts: `items`, or why they cannot be read (the step fails).
+    FanOutSized {
+        unit: Uuid,
+        items: Result<u32, StepError>,
     },
     /// The fan-out ledger counted enough of fan-out `unit`'s children to settle the step: all of them,
     /// or more failed ones than it tolerates. `results`: every child's end in item order (as the
@@ -650,6 +659,7 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             tally,
             results,
         } => settle_fan_out(record, def, ctx, *unit, tally, results),
+        Event::FanOutSized { unit, items } => size_fan_out(record, def, ctx, *unit, items),
         Event::Incident { code, detail } => {
             let mut next = bump(record, ctx);
             note_incident(&mut next, ctx, code, detail);
@@ -1318,29 +1328,24 @@ fn launch_fan_out(
     deadline: i64,
 ) -> Vec<Action> {
     let step = next.step;
-    if next
-        .step_input(step)
-        .is_some_and(|i| i.reference().is_some())
-    {
-        // The coordinator reads the items to start the children; it does not fetch payloads.
-        let error = StepError::new(
-            Code::PayloadUnresolvable.as_str(),
-            "a fan-out step's input must travel inline: its items are above the claim-check threshold",
-            false,
-        );
-        return fail_attempt(next, def, ctx, error);
-    }
-    let items = fan_out_items(next, step) as u32;
-    if items == 0 {
-        // Nothing to wait for: the step is done at once.
-        let receipt = Receipt {
-            launch_id: id,
-            fingerprint: "no-items".into(),
-        };
-        let output = with_results(next, step, &Tally::default(), Value::Array(Vec::new()));
-        return apply_outcome(next, def, ctx, receipt, Outcome::Succeeded(output));
-    }
-    let tolerated = def.step(step).map_or(0, |s| s.tolerated(items));
+    // Items held in an object are counted by the coordinator before any child starts (`FanOutSized`).
+    let fan_out = match next.step_input(step).is_some_and(items_in_an_object) {
+        true => None,
+        false => {
+            let items = fan_out_items(next, step) as u32;
+            if items == 0 {
+                // Nothing to wait for: the step is done at once.
+                let receipt = Receipt {
+                    launch_id: id,
+                    fingerprint: "no-items".into(),
+                };
+                let output = with_results(next, step, &Tally::default(), Value::Array(Vec::new()));
+                return apply_outcome(next, def, ctx, receipt, Outcome::Succeeded(output));
+            }
+            let tolerated = def.step(step).map_or(0, |s| s.tolerated(items));
+            Some(FanOutUnit { items, tolerated })
+        }
+    };
     next.status = Status::WaitingExternal;
     next.await_unit = Some(AwaitUnit {
         id,
@@ -1349,10 +1354,71 @@ fn launch_fan_out(
         interactions: Vec::new(),
         notice_sent: false,
         resolved: false,
-        fan_out: Some(FanOutUnit { items, tolerated }),
+        fan_out,
     });
     next.wake_at = Some(notice_check(next, ctx));
     vec![Action::SendAwaitNotice { unit: id }]
+}
+
+/// Whether a fan-out step's input holds its items in an object: claim-checked, or `itemsFrom`.
+pub fn items_in_an_object(input: &Payload) -> bool {
+    input.reference().is_some() || input.value().get("itemsFrom").is_some()
+}
+
+/// Sizes fan-out `unit` whose items are held in an object: `items` children (none: the step is done
+/// at once), or the step fails when they cannot be read.
+fn size_fan_out(
+    record: &Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    unit: Uuid,
+    items: &Result<u32, StepError>,
+) -> Decision {
+    let is_fan_out = def
+        .step(record.step)
+        .is_some_and(|s| s.kind == StepKind::FanOut);
+    let Some(current) = record
+        .await_unit
+        .as_ref()
+        .filter(|u| u.id == unit && is_fan_out)
+    else {
+        return Decision::Skip(Skip::Stale);
+    };
+    if current.resolved || record.status != Status::WaitingExternal {
+        return Decision::Skip(Skip::Stale);
+    }
+    if current.fan_out.is_some() {
+        return Decision::Skip(Skip::Duplicate);
+    }
+    let mut next = bump(record, ctx);
+    let step = record.step;
+    let items = match items {
+        Ok(items) => *items,
+        Err(error) => {
+            if let Some(u) = next.await_unit.as_mut() {
+                u.resolved = true;
+            }
+            let actions = fail_attempt(&mut next, def, ctx, error.clone());
+            return commit(next, actions);
+        }
+    };
+    if items == 0 {
+        if let Some(u) = next.await_unit.as_mut() {
+            u.resolved = true;
+        }
+        let receipt = Receipt {
+            launch_id: unit,
+            fingerprint: "no-items".into(),
+        };
+        let output = with_results(record, step, &Tally::default(), Value::Array(Vec::new()));
+        let actions = apply_outcome(&mut next, def, ctx, receipt, Outcome::Succeeded(output));
+        return commit(next, actions);
+    }
+    let tolerated = def.step(step).map_or(0, |s| s.tolerated(items));
+    if let Some(u) = next.await_unit.as_mut() {
+        u.fan_out = Some(FanOutUnit { items, tolerated });
+    }
+    commit(next, Vec::new())
 }
 
 /// What a fan-out child's notice `(unit, step, item, token)` is to `record`, its parent: the fan-out

@@ -261,11 +261,6 @@ pub fn complete(interaction: &str, token: &str, verdict: Verdict, payload: Value
     answer_for(None, interaction, token, verdict, payload)
 }
 
-/// A fan-out child's notice: the approval of `interaction` naming the await unit it answers.
-pub fn child_notice(unit: Uuid, interaction: &str, token: &str, payload: Value) -> Event {
-    answer_for(Some(unit), interaction, token, Verdict::Approved, payload)
-}
-
 fn answer_for(
     unit: Option<Uuid>,
     interaction: &str,

@@ -98,6 +98,8 @@ fn representatives() -> Vec<Representative> {
     found.push(("fan-out queued", &fan_out_first, queued));
     let (queued, _) = fan_out_first.start_with(json!({"items": []}));
     found.push(("empty fan-out queued", &fan_out_first, queued));
+    let (sourced, _) = fan_out.past_first_step(json!({"itemsFrom": {"bucket": "b", "key": "k"}}));
+    found.push(("fanned out over an object", &fan_out, sourced));
     let (queued, _) = await_first.started();
     found.push(("await queued", &await_first, queued));
     found.push(("child", &child, child.running_child()));
@@ -220,6 +222,12 @@ fn events_for(r: &Execution) -> Vec<Event> {
     }
     if let Some(unit) = &r.await_unit {
         events.push(Event::AwaitNoticeSent { unit: unit.id });
+        for items in [Ok(2), Ok(0), Err(fatal())] {
+            events.push(Event::FanOutSized {
+                unit: unit.id,
+                items,
+            });
+        }
         if let Some(fan_out) = unit.fan_out {
             // Settled: all succeeded, all failed, and one short of all.
             for (succeeded, failed) in [

@@ -208,17 +208,48 @@ fn reference() -> Value {
 }
 
 #[test]
-fn a_fan_out_over_a_claim_checked_input_fails_at_once() {
+fn a_fan_out_over_items_in_an_object_is_sized_before_its_children_start() {
     let m = Machine::of(fan_out_first_pipeline());
-    let (record, actions) = m.start_with(reference());
-    let (next, actions) = m.launch(&record, LAUNCHED_AT, 2, &actions);
-    assert_eq!(next.status, Status::Failed);
-    let error = next.error.as_ref().expect("an error");
-    assert_eq!(
-        (error.code.as_str(), error.retryable),
-        ("PAYLOAD_UNRESOLVABLE", false)
-    );
-    assert!(matches!(actions[..], [Action::SendDeadLetter { .. }]));
+    for input in [
+        reference(),
+        json!({"itemsFrom": {"bucket": "payloads", "key": "payloads/rows.jsonl", "format": "jsonl"}}),
+    ] {
+        let (record, actions) = m.start_with(input);
+        let (waiting, actions) = m.launch(&record, LAUNCHED_AT, 2, &actions);
+        assert_eq!(waiting.status, Status::WaitingExternal);
+        let unit = waiting.await_unit.clone().unwrap();
+        assert_eq!(unit.fan_out, None, "not sized yet");
+        assert_eq!(actions, vec![Action::SendAwaitNotice { unit: unit.id }]);
+        // No child can be counted before the unit is sized (none has started).
+        let token = child_token(&waiting, 0);
+        assert_eq!(
+            child_notice_check(&waiting, (unit.id, 0, 0), &token),
+            Err("skip Stale".into())
+        );
+
+        // Sized: its children may start.
+        let sized = |items| Event::FanOutSized { unit: unit.id, items };
+        let (ready, actions) = m.commit(&waiting, LAUNCHED_AT + 1, 3, &sized(Ok(1000)));
+        assert!(actions.is_empty());
+        assert_eq!(
+            ready.await_unit.as_ref().unwrap().fan_out,
+            Some(stepline::domain::FanOutUnit { items: 1000, tolerated: 0 })
+        );
+        assert_eq!(m.skipped(&ready, LAUNCHED_AT + 2, 4, &sized(Ok(1000))), Skip::Duplicate);
+
+        // No items: the step is done at once.
+        let (done, actions) = m.commit(&waiting, LAUNCHED_AT + 1, 5, &sized(Ok(0)));
+        assert_eq!((done.status, done.step), (Status::Running, 1));
+        assert!(matches!(actions[..], [Action::SendRequest { step: 1, .. }]));
+        assert_eq!(done.input.value()["results"], json!([]));
+
+        // Unreadable items fail the step with the reading's error.
+        let unreadable = stepline::domain::StepError::new("PAYLOAD_UNRESOLVABLE", "no such object", false);
+        let (failed, actions) = m.commit(&waiting, LAUNCHED_AT + 1, 6, &sized(Err(unreadable)));
+        assert_eq!(failed.status, Status::Failed);
+        assert_eq!(failed.error.as_ref().unwrap().code, "PAYLOAD_UNRESOLVABLE");
+        assert!(matches!(actions[..], [Action::SendDeadLetter { .. }]));
+    }
 }
 
 #[test]

@@ -25,6 +25,7 @@ pub enum EventKind {
     CompleteInteraction,
     Rejoin,
     CancelFromParent,
+    FanOutSized,
     FanOutSettled,
 }
 
@@ -44,6 +45,7 @@ impl EventKind {
         EventKind::CompleteInteraction,
         EventKind::Rejoin,
         EventKind::CancelFromParent,
+        EventKind::FanOutSized,
         EventKind::FanOutSettled,
     ];
 }
@@ -67,6 +69,7 @@ impl Event {
             Event::CancelFromParent { .. } => EventKind::CancelFromParent,
             Event::FromWorker { event, .. } => event.kind(),
             Event::CompleteInteraction { .. } => EventKind::CompleteInteraction,
+            Event::FanOutSized { .. } => EventKind::FanOutSized,
             Event::FanOutSettled { .. } => EventKind::FanOutSettled,
         }
     }
@@ -207,9 +210,9 @@ pub const TRANSITIONS: &[Transition] = &[
     row(
         QUEUED_OR_RETRY,
         &[E::LaunchWork],
-        "lease match, fan-out, claim-checked input",
-        "step failed: PAYLOAD_UNRESOLVABLE, FAILED",
-        &["a_fan_out_over_a_claim_checked_input_fails_at_once"],
+        "lease match, fan-out, items in an object",
+        "WAITING_EXTERNAL, unit to size · SendAwaitNotice",
+        &["a_fan_out_over_items_in_an_object_is_sized_before_its_children_start"],
     ),
     row(
         RUNNING,
@@ -385,6 +388,27 @@ pub const TRANSITIONS: &[Transition] = &[
         "right token, rejected",
         "step failed: REJECTED, FAILED",
         &["rejecting_fails_the_execution_with_the_reason"],
+    ),
+    row(
+        WAITING,
+        &[E::FanOutSized],
+        "current unit to size, n > 0 items",
+        "unit sized: n children, its tolerance",
+        &["a_fan_out_over_items_in_an_object_is_sized_before_its_children_start"],
+    ),
+    row(
+        WAITING,
+        &[E::FanOutSized],
+        "current unit to size, no items",
+        "step done: next step launched, or SUCCEEDED",
+        &["a_fan_out_over_items_in_an_object_is_sized_before_its_children_start"],
+    ),
+    row(
+        WAITING,
+        &[E::FanOutSized],
+        "current unit to size, items unreadable",
+        "step failed with the reading's error",
+        &["a_fan_out_over_items_in_an_object_is_sized_before_its_children_start"],
     ),
     row(
         WAITING,
