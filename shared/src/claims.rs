@@ -181,6 +181,24 @@ impl ClaimCheck {
         Ok(bytes)
     }
 
+    /// At most `len` bytes of object `key` of the payload bucket from byte `start` on: a page of a
+    /// fan-out's items. Only this stack's bucket is read, under the payload prefix.
+    pub async fn fetch_range(
+        &self,
+        bucket: &str,
+        key: &str,
+        start: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, ClaimError> {
+        if bucket != self.bucket || !key.starts_with(PAYLOAD_PREFIX) {
+            return Err(ClaimError::Unresolvable(format!(
+                "s3://{bucket}/{key} is not under {PAYLOAD_PREFIX} in the payload bucket {}",
+                self.bucket
+            )));
+        }
+        Ok(self.store.get_range(bucket, key, start, len).await?)
+    }
+
     /// `value` with every reference in it (at any depth) replaced by the payload it names.
     pub async fn resolve(&self, mut value: Value) -> Result<Value, ClaimError> {
         if PayloadRef::any_in(&value) {

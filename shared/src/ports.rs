@@ -78,8 +78,12 @@ pub trait FanOutLedger: Send + Sync {
     /// The children of a unit of `items` counted so far (strongly consistent).
     async fn tally(&self, unit: Uuid, items: u32) -> Result<Tally, StoreError>;
     /// The kept ends of items `from..to`, in item order (`None` for one not kept).
-    async fn ends(&self, unit: Uuid, from: u32, to: u32)
-        -> Result<Vec<Option<ChildEnd>>, StoreError>;
+    async fn ends(
+        &self,
+        unit: Uuid,
+        from: u32,
+        to: u32,
+    ) -> Result<Vec<Option<ChildEnd>>, StoreError>;
 }
 
 /// A page of the due index to read: at most `limit` executions due at `now` in `shard`, after `after`.
@@ -293,4 +297,13 @@ pub trait PayloadStore: Send + Sync {
     async fn put(&self, bucket: &str, key: &str, bytes: Vec<u8>) -> Result<(), StoreError>;
     /// The bytes under `key` (`Missing` if there are none).
     async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError>;
+    /// At most `len` bytes under `key` from byte `start` on (none past its end): one page of a
+    /// large object, read without holding the whole of it.
+    async fn get_range(
+        &self,
+        bucket: &str,
+        key: &str,
+        start: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, StoreError>;
 }

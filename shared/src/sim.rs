@@ -16,6 +16,8 @@
 //! nothing is lost (every garbage message sits in a DLQ; every failed execution has its envelope in the
 //! execution DLQ). A run is a pure function of its seed.
 
+pub mod fan_out;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;

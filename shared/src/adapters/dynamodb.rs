@@ -388,7 +388,10 @@ fn set_len(item: Option<&Item>, name: &str) -> u32 {
 impl DynamoDbExecutionStore {
     /// Strongly consistent reads of `keys` (any number: read 100 at a time, unprocessed keys again),
     /// by key.
-    async fn read_many(&self, keys: Vec<AttributeValue>) -> Result<HashMap<String, Item>, StoreError> {
+    async fn read_many(
+        &self,
+        keys: Vec<AttributeValue>,
+    ) -> Result<HashMap<String, Item>, StoreError> {
         let mut found = HashMap::new();
         for chunk in keys.chunks(100) {
             let mut pending: Vec<Item> = chunk
@@ -408,7 +411,12 @@ impl DynamoDbExecutionStore {
                     .send()
                     .await
                     .map_err(classify)?;
-                for item in out.responses.unwrap_or_default().remove(&self.table).unwrap_or_default() {
+                for item in out
+                    .responses
+                    .unwrap_or_default()
+                    .remove(&self.table)
+                    .unwrap_or_default()
+                {
                     if let Some(AttributeValue::S(key)) = item.get(PK) {
                         found.insert(key.clone(), item);
                     }
@@ -429,13 +437,20 @@ impl DynamoDbExecutionStore {
         key: AttributeValue,
         adds: &[(&str, u32)],
     ) -> Result<Item, StoreError> {
-        let mut update = self.client.update_item().table_name(&self.table).key(PK, key);
+        let mut update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(PK, key);
         let mut clauses = Vec::new();
         for (i, (set, value)) in adds.iter().enumerate() {
             clauses.push(format!("#s{i} :v{i}"));
             update = update
                 .expression_attribute_names(format!("#s{i}"), *set)
-                .expression_attribute_values(format!(":v{i}"), AttributeValue::Ns(vec![value.to_string()]));
+                .expression_attribute_values(
+                    format!(":v{i}"),
+                    AttributeValue::Ns(vec![value.to_string()]),
+                );
         }
         let out = update
             .update_expression(format!("ADD {}", clauses.join(", ")))
@@ -462,7 +477,12 @@ impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
         Ok(())
     }
 
-    async fn add_to_block(&self, unit: Uuid, item: u32, succeeded: bool) -> Result<u32, StoreError> {
+    async fn add_to_block(
+        &self,
+        unit: Uuid,
+        item: u32,
+        succeeded: bool,
+    ) -> Result<u32, StoreError> {
         let block = crate::domain::fan_out::block_of(item);
         let set = if succeeded { "ok" } else { "failed" };
         let after = self
@@ -491,7 +511,10 @@ impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
         } else {
             self.add_to_sets(ledger_key(unit, None), &adds).await?
         };
-        Ok((set_len(Some(&head), "blocks"), set_len(Some(&head), "failed")))
+        Ok((
+            set_len(Some(&head), "blocks"),
+            set_len(Some(&head), "failed"),
+        ))
     }
 
     async fn tally(&self, unit: Uuid, items: u32) -> Result<crate::domain::Tally, StoreError> {

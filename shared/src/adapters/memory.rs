@@ -9,13 +9,12 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use crate::adapters::dynamodb::due_shard;
-use crate::domain::release::{Activation, Release};
 use crate::domain::fan_out::{block_len, block_of};
+use crate::domain::release::{Activation, Release};
 use crate::domain::{ChildEnd, Execution, Tally};
 use crate::ports::{
     ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, FanOutLedger,
-    MessageSender,
-    OutMessage, PayloadStore, Registration, ReleaseRegistry, SendError, StoreError,
+    MessageSender, OutMessage, PayloadStore, Registration, ReleaseRegistry, SendError, StoreError,
 };
 
 #[derive(Default)]
@@ -429,5 +428,18 @@ impl PayloadStore for InMemoryPayloadStore {
             .get(&(bucket.to_string(), key.to_string()))
             .cloned()
             .ok_or_else(|| StoreError::Missing(format!("{bucket}/{key}")))
+    }
+
+    async fn get_range(
+        &self,
+        bucket: &str,
+        key: &str,
+        start: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        let bytes = self.get(bucket, key).await?;
+        let start = (start as usize).min(bytes.len());
+        let end = start.saturating_add(len as usize).min(bytes.len());
+        Ok(bytes[start..end].to_vec())
     }
 }

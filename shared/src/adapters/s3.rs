@@ -1,5 +1,6 @@
 //! The payload store on S3: one object per claim-checked payload, written whole with one `PutObject`
-//! (up to 5 GB) and read with one `GetObject`. Encryption and expiry are the bucket's (template.yaml).
+//! (up to 5 GB) and read with one `GetObject`; a fan-out's items are read in pages (ranged
+//! `GetObject`s). Encryption and expiry are the bucket's (template.yaml).
 
 use async_trait::async_trait;
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata};
@@ -53,6 +54,38 @@ impl PayloadStore for S3PayloadStore {
             .send()
             .await
             .map_err(unavailable)?;
+        let bytes =
+            object.body.collect().await.map_err(|e| {
+                StoreError::Unavailable(format!("reading s3://{bucket}/{key}: {e}"))
+            })?;
+        Ok(bytes.into_bytes().to_vec())
+    }
+
+    async fn get_range(
+        &self,
+        bucket: &str,
+        key: &str,
+        start: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let range = format!("bytes={start}-{}", start + len - 1);
+        let object = match self
+            .client
+            .get_object()
+            .bucket(bucket)
+            .key(key)
+            .range(range)
+            .send()
+            .await
+        {
+            Ok(object) => object,
+            // A range that starts past the end: nothing more to read.
+            Err(e) if e.code() == Some("InvalidRange") => return Ok(Vec::new()),
+            Err(e) => return Err(unavailable(e)),
+        };
         let bytes =
             object.body.collect().await.map_err(|e| {
                 StoreError::Unavailable(format!("reading s3://{bucket}/{key}: {e}"))

@@ -8,13 +8,16 @@ use std::sync::Arc;
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::items::{ItemReader, ItemSource, ItemsError};
 use super::{Coordinator, CoordinatorError, Outbox};
+use crate::claims::ClaimError;
 use crate::domain::fan_out::{block_len, block_of};
 use crate::domain::{
-    self, ChildEnd, Counted, Decision, Event, Execution, FanOutUnit, Skip, UnitProgress,
+    self, ChildEnd, Counted, Decision, Event, Execution, FanOutUnit, Skip, Status, StepDef,
+    UnitProgress,
 };
 use crate::envelope::ChildEnded;
-use crate::ports::{FanOutLedger, StoreError};
+use crate::ports::{FanOutLedger, OutMessage, StoreError};
 
 /// Child ends read from the ledger per request batch when a fan-out settles.
 const ENDS_PAGE: u32 = 1000;
@@ -127,6 +130,98 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Starts the children of a fan-out whose items are held in an object: the items counted and the
+    /// unit sized (`FanOutSized`, unless it was), then read again page by page, each page's children
+    /// started with one batch of sends, then the unit's starts marked sent. Run again from the start
+    /// after a crash (by the sweeper: the starts are not marked sent), it starts no child twice.
+    pub(super) async fn start_from_object(
+        &self,
+        record: &Execution,
+        step: &StepDef,
+    ) -> Result<(), CoordinatorError> {
+        let Some(unit) = record.await_unit.as_ref() else {
+            return Ok(());
+        };
+        let unit_id = unit.id;
+        let Some(start_queue) = self.settings.start_queue.clone() else {
+            return Err(CoordinatorError::Invalid(
+                "no start queue to start children on".into(),
+            ));
+        };
+        let input = record.step_input(record.step).cloned().unwrap_or_default();
+        let read = match (&self.claims, ItemSource::of(&input)) {
+            (_, Ok(None)) => return Ok(()),
+            (Some(claims), Ok(Some(source))) => Ok((claims, source)),
+            (None, _) => Err(ItemsError::Claim(ClaimError::Unresolvable(
+                "no payload bucket is configured to read a fan-out's items from".into(),
+            ))),
+            (_, Err(e)) => Err(e),
+        };
+        let mut current = record.clone();
+        let items = match unit.fan_out {
+            Some(fan_out) => fan_out.items,
+            None => {
+                let counted = match &read {
+                    Ok((claims, source)) => ItemReader::new(claims, source.clone()).count().await,
+                    Err(e) => Err(e.clone()),
+                };
+                let items = match counted {
+                    Err(e) if e.is_retryable() => return Err(items_error(e)),
+                    other => other.map_err(|e| e.step_error()),
+                };
+                let sized = Event::FanOutSized {
+                    unit: unit_id,
+                    items,
+                };
+                let mut outbox = Outbox::default();
+                let applied = self
+                    .decide_into(&mut outbox, 0, record.id, &sized, "fan-out", false)
+                    .await?;
+                Box::pin(self.flush(outbox)).await;
+                current = applied.record;
+                let still = current
+                    .await_unit
+                    .as_ref()
+                    .filter(|u| u.id == unit_id && !u.resolved)
+                    .filter(|_| current.status == Status::WaitingExternal)
+                    .and_then(|u| u.fan_out);
+                match still {
+                    Some(fan_out) => fan_out.items,
+                    // No items, unreadable ones (the step failed), or the execution moved on.
+                    None => return Ok(()),
+                }
+            }
+        };
+        let (claims, source) = read.map_err(items_error)?;
+        let mut reader = ItemReader::new(claims, source);
+        let mut item = 0u32;
+        while item < items {
+            let Some(page) = reader.next_page().await.map_err(items_error)? else {
+                break;
+            };
+            let mut messages: Vec<OutMessage> = Vec::with_capacity(page.len());
+            for input in page.into_iter().take((items - item) as usize) {
+                messages.extend(self.child_start(&current, step, unit_id, item, input));
+                item += 1;
+            }
+            for result in self.sender.send(&start_queue, &messages).await {
+                result.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            }
+        }
+        if item < items {
+            tracing::error!(execution_id = %record.id, counted = items, read = item, "the items' object holds fewer items than were counted: it changed");
+        }
+        tracing::info!(execution_id = %record.id, step = %step.id, children = item, "fan-out started from an object");
+        self.commit_event(
+            record.id,
+            &Event::AwaitNoticeSent { unit: unit_id },
+            "outbox",
+            false,
+        )
+        .await?;
+        Ok(())
+    }
+
     /// How far an execution's await unit is (a fan-out's from its ledger); `None` when it waits on
     /// nothing.
     pub async fn unit_progress(
@@ -143,5 +238,12 @@ impl Coordinator {
             }
             None => unit.progress(),
         }))
+    }
+}
+
+fn items_error(e: ItemsError) -> CoordinatorError {
+    match e {
+        ItemsError::Claim(e) => CoordinatorError::Payload(e),
+        ItemsError::Invalid(message) => CoordinatorError::Invalid(message),
     }
 }

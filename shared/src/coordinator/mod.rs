@@ -15,6 +15,7 @@
 mod batch;
 mod dead_letters;
 mod fan_out;
+pub mod items;
 mod outbox;
 mod payloads;
 mod releases;
@@ -44,8 +45,7 @@ use crate::domain::{
     Rejection, Skip,
 };
 use crate::ports::{
-    Clock, EventPublisher, ExecutionStore, FanOutLedger, MessageSender, ReleaseRegistry,
-    StoreError,
+    Clock, EventPublisher, ExecutionStore, FanOutLedger, MessageSender, ReleaseRegistry, StoreError,
 };
 
 /// How often a decision is re-made after losing a conditional write before giving up (the message is

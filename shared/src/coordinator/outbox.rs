@@ -11,8 +11,7 @@ use super::Coordinator;
 use crate::domain::fan_out::item_name;
 use crate::domain::ids::fan_out_token;
 use crate::domain::{
-    self, Action, AwaitUnit, ChildEnd, Event, Execution, ParentLink, PipelineDef, StepDef,
-    StepKind,
+    self, Action, AwaitUnit, ChildEnd, Event, Execution, ParentLink, PipelineDef, StepDef, StepKind,
 };
 use crate::envelope::{
     AwaitNotice, ChildCancel, ChildEnded, DeadLetterEnvelope, Identity, LaunchWork,
@@ -245,37 +244,31 @@ impl Coordinator {
         await_unit: &AwaitUnit,
         source: usize,
     ) {
-        let (Some(start_queue), Some(child)) =
-            (&self.settings.start_queue, &step_def.child_pipeline)
-        else {
-            tracing::error!(execution_id = %record.id, step = %step_def.id, "fan-out without a start queue or child pipeline");
+        let Some(start_queue) = &self.settings.start_queue else {
+            tracing::error!(execution_id = %record.id, step = %step_def.id, "fan-out without a start queue");
             return;
         };
+        if record
+            .step_input(record.step)
+            .is_some_and(domain::machine::items_in_an_object)
+        {
+            // Read in pages after the commits (`start_from_object`).
+            outbox.fan_outs.push(FanOutJob {
+                source,
+                record: record.clone(),
+                step: step_def.clone(),
+            });
+            return;
+        }
         let items = record
             .step_input(record.step)
             .and_then(|p| p.value().get("items").and_then(Value::as_array).cloned())
             .unwrap_or_default();
         let count = items.len();
-        for (i, item) in items.iter().enumerate() {
-            let name = item_name(i as u32);
-            let event = StartEvent {
-                id: crate::domain::fan_out_event_id(record.id, record.step, &name),
-                detail_type: START_DETAIL_TYPE.to_string(),
-                source: START_SOURCE.to_string(),
-                detail: StartDetail {
-                    pipeline_id: child.clone(),
-                    tenant: record.tenant.clone(),
-                    input: item.clone(),
-                    release_version: None,
-                    parent: Some(ParentLink {
-                        execution_id: record.id,
-                        token: fan_out_token(&record.secret, record.id, record.step, &name),
-                        interaction: name,
-                        complete_to: self.settings.await_queue.clone(),
-                        unit: Some(await_unit.id),
-                        step: record.step,
-                    }),
-                },
+        for (i, item) in items.into_iter().enumerate() {
+            let Some(start) = self.child_start(record, step_def, await_unit.id, i as u32, item)
+            else {
+                return;
             };
             // Marked sent once the last one went out and none of this execution's sends failed.
             let then = (i + 1 == count).then_some((
@@ -284,9 +277,46 @@ impl Coordinator {
                     unit: await_unit.id,
                 },
             ));
-            outbox.push(start_queue, source, json(&event), then);
+            outbox.push(start_queue, source, start, then);
         }
         tracing::info!(execution_id = %record.id, step = %step_def.id, children = count, "fan-out started");
+    }
+
+    /// The start of the child of item `item` (its input `input`) of fan-out `unit`: a StartExecution
+    /// event whose id names parent, step and item (not the attempt), with the parent's link.
+    pub(super) fn child_start(
+        &self,
+        record: &Execution,
+        step_def: &StepDef,
+        unit: Uuid,
+        item: u32,
+        input: Value,
+    ) -> Option<OutMessage> {
+        let Some(child) = &step_def.child_pipeline else {
+            tracing::error!(execution_id = %record.id, step = %step_def.id, "fan-out without a child pipeline");
+            return None;
+        };
+        let name = item_name(item);
+        let event = StartEvent {
+            id: crate::domain::fan_out_event_id(record.id, record.step, &name),
+            detail_type: START_DETAIL_TYPE.to_string(),
+            source: START_SOURCE.to_string(),
+            detail: StartDetail {
+                pipeline_id: child.clone(),
+                tenant: record.tenant.clone(),
+                input,
+                release_version: None,
+                parent: Some(ParentLink {
+                    execution_id: record.id,
+                    token: fan_out_token(&record.secret, record.id, record.step, &name),
+                    interaction: name,
+                    complete_to: self.settings.await_queue.clone(),
+                    unit: Some(unit),
+                    step: record.step,
+                }),
+            },
+        };
+        Some(json(&event))
     }
 
     /// A cancelled fan-out's children that have not answered: a cancel message for each on the launch
@@ -412,6 +442,19 @@ impl Coordinator {
                 tracing::warn!(execution_id = %id, code = %e.code(), error = %e, "follow-up not recorded; the sweeper will repeat it");
             }
         }
+        for job in outbox.fan_outs {
+            let id = job.record.id;
+            if let Err(e) = self.start_from_object(&job.record, &job.step).await {
+                tracing::warn!(execution_id = %id, code = %e.code(), error = %e, "fan-out not started; the sweeper will start it again");
+                failures.push((
+                    job.source,
+                    SendError {
+                        queue: "start".into(),
+                        reason: e.to_string(),
+                    },
+                ));
+            }
+        }
         failures
     }
 }
@@ -427,6 +470,16 @@ pub(super) struct Outbox {
     by_queue: BTreeMap<String, Vec<Staged>>,
     /// Lifecycle events to publish: (execution, last sequence, events).
     events: Vec<(Uuid, u64, Vec<BusEvent>)>,
+    /// Fan-outs whose items are read from an object, to start after the sends.
+    pub(super) fan_outs: Vec<FanOutJob>,
+}
+
+/// A fan-out to start from an object: the committed record and its step.
+#[derive(Debug)]
+pub(super) struct FanOutJob {
+    pub source: usize,
+    pub record: Execution,
+    pub step: StepDef,
 }
 
 #[derive(Debug)]
@@ -445,6 +498,7 @@ impl Outbox {
             self.by_queue.entry(queue).or_default().extend(entries);
         }
         self.events.extend(other.events);
+        self.fan_outs.extend(other.fan_outs);
     }
 
     fn push(

@@ -82,6 +82,10 @@ catalogue! {
     /// stack's, or does not match the reference's size and digest. As a step error code: final.
     PayloadUnresolvable = "PAYLOAD_UNRESOLVABLE" => 422,
 
+    /// A fan-out's items cannot be read: not an array, a line that is not JSON, a CSV row with
+    /// another number of fields than its header. As a step error code: final.
+    InvalidItems = "INVALID_ITEMS" => 422,
+
     // Events the state machine refuses.
     UnknownCorrelation = "UNKNOWN_CORRELATION" => 409,
     ReceiptConflict = "RECEIPT_CONFLICT" => 409,

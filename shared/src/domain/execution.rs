@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::payload::Payload;
 use super::fan_out::{FanOutUnit, Tally};
+use super::payload::Payload;
 
 /// Lifecycle of an execution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

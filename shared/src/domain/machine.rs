@@ -1512,7 +1512,8 @@ fn settle_fan_out(
 /// The output of a fan-out step: its input, with the children's ends beside it (`results`, in item
 /// order) and their counts (`fanOut`).
 fn with_results(record: &Execution, step: u32, tally: &Tally, results: Value) -> Value {
-    let counts = json!({"items": tally.counted(), "succeeded": tally.succeeded, "failed": tally.failed});
+    let counts =
+        json!({"items": tally.counted(), "succeeded": tally.succeeded, "failed": tally.failed});
     match record.step_input(step).map(|p| p.value().clone()) {
         Some(Value::Object(mut fields)) if !fields.contains_key(REF_FIELD) => {
             fields.insert("results".into(), results);

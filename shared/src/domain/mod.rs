@@ -19,15 +19,15 @@ pub use execution::{
     StepProgress, StepStatus, UnitProgress, Verdict, MAX_EARLIER_RECEIPTS, MAX_INCIDENTS,
     MAX_INCIDENT_DETAIL, MAX_REDRIVE_NOTES,
 };
+pub use fan_out::{ChildEnd, Counted, FanOutUnit, Tally};
 pub use ids::{
     fan_out_child_id, fan_out_event_id, idempotent_id, launch_id, new_secret, reply_token,
     start_event_key,
 };
 pub use machine::{
-    child_notice, creation_actions, decide, oversized_reply, start, start_launched, Action, Context,
-    Decision,
-    Event, EventKind, NewExecution, Outcome, Rejection, Sender, Skip, Transition, TRANSITIONS,
+    child_notice, creation_actions, decide, oversized_reply, start, start_launched, Action,
+    Context, Decision, Event, EventKind, NewExecution, Outcome, Rejection, Sender, Skip,
+    Transition, TRANSITIONS,
 };
-pub use fan_out::{ChildEnd, Counted, FanOutUnit, Tally};
 pub use payload::Payload;
 pub use pipeline::{PipelineDef, RetryPolicy, StepDef, StepKind};

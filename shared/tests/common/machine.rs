@@ -282,7 +282,12 @@ fn answer_for(
 /// The parent's resume token for the child of item `item` of its current fan-out.
 pub fn child_token(record: &Execution, item: u32) -> String {
     let unit = record.await_unit.as_ref().expect("an await unit");
-    stepline::domain::ids::fan_out_token(&record.secret, record.id, unit.step, &format!("item-{item}"))
+    stepline::domain::ids::fan_out_token(
+        &record.secret,
+        record.id,
+        unit.step,
+        &format!("item-{item}"),
+    )
 }
 
 /// The ledger's word that fan-out `unit` counted `succeeded` and `failed` children.

@@ -53,18 +53,30 @@ fn a_fan_out_resumes_once_when_its_last_child_is_counted() {
     );
 
     // Two of three counted: nothing to settle.
-    let results = json!([end(0, "SUCCEEDED"), end(1, "SUCCEEDED"), end(2, "SUCCEEDED")]);
+    let results = json!([
+        end(0, "SUCCEEDED"),
+        end(1, "SUCCEEDED"),
+        end(2, "SUCCEEDED")
+    ]);
     assert_eq!(
         m.skipped(&record, PARKED_AT + 10, 10, &settled(unit, 2, 0, json!([]))),
         Skip::NotDue
     );
-    let (resumed, actions) = m.commit(&record, PARKED_AT + 11, 11, &settled(unit, 3, 0, results.clone()));
+    let (resumed, actions) = m.commit(
+        &record,
+        PARKED_AT + 11,
+        11,
+        &settled(unit, 3, 0, results.clone()),
+    );
     assert_eq!(resumed.step, 2);
     assert!(matches!(actions[..], [Action::SendRequest { step: 2, .. }]));
     assert_eq!(resumed.version, record.version + 1, "one write settles it");
     let output = resumed.input.value();
     assert_eq!(output["results"], results);
-    assert_eq!(output["fanOut"], json!({"items": 3, "succeeded": 3, "failed": 0}));
+    assert_eq!(
+        output["fanOut"],
+        json!({"items": 3, "succeeded": 3, "failed": 0})
+    );
     assert_eq!(output["badRows"], json!([]), "the step input flows on");
     // Another settler that counted the last child too: nothing more.
     assert!(matches!(
@@ -81,7 +93,12 @@ fn a_fan_out_fails_when_more_children_fail_than_it_tolerates() {
     let (record, _) = fanned_out(&m, json!([{"row": 1}, {"row": 2}, {"row": 3}, {"row": 4}]));
     let unit = record.await_unit.as_ref().unwrap().id;
     assert_eq!(
-        record.await_unit.as_ref().unwrap().fan_out.map(|f| f.tolerated),
+        record
+            .await_unit
+            .as_ref()
+            .unwrap()
+            .fan_out
+            .map(|f| f.tolerated),
         Some(1)
     );
     // One failure is tolerated: not settled until all are counted.
@@ -93,16 +110,31 @@ fn a_fan_out_fails_when_more_children_fail_than_it_tolerates() {
     let (failed, actions) = m.commit(&record, PARKED_AT + 11, 11, &settled(unit, 0, 2, json!([])));
     assert_eq!(failed.status, Status::Failed);
     let error = failed.error.as_ref().unwrap();
-    assert_eq!((error.code.as_str(), error.retryable), ("FAN_OUT_FAILED", false));
+    assert_eq!(
+        (error.code.as_str(), error.retryable),
+        ("FAN_OUT_FAILED", false)
+    );
     assert_eq!(error.message, "2 of 4 children failed, 1 tolerated");
-    assert!(actions.contains(&Action::CancelChildren { unit }), "{actions:?}");
-    assert!(actions.iter().any(|a| matches!(a, Action::SendDeadLetter { .. })));
+    assert!(
+        actions.contains(&Action::CancelChildren { unit }),
+        "{actions:?}"
+    );
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::SendDeadLetter { .. })));
 
     // All counted with one failure: the step succeeds, the failed child's end among the results.
-    let results = json!([end(0, "SUCCEEDED"), end(1, "FAILED"), end(2, "SUCCEEDED"), end(3, "SUCCEEDED")]);
+    let results = json!([
+        end(0, "SUCCEEDED"),
+        end(1, "FAILED"),
+        end(2, "SUCCEEDED"),
+        end(3, "SUCCEEDED")
+    ]);
     let (resumed, actions) = m.commit(&record, PARKED_AT + 11, 12, &settled(unit, 3, 1, results));
     assert_eq!(resumed.step, 2);
-    assert!(!actions.iter().any(|a| matches!(a, Action::CancelChildren { .. })));
+    assert!(!actions
+        .iter()
+        .any(|a| matches!(a, Action::CancelChildren { .. })));
     assert_eq!(resumed.input.value()["results"][1]["status"], "FAILED");
 }
 
@@ -228,14 +260,23 @@ fn a_fan_out_over_items_in_an_object_is_sized_before_its_children_start() {
         );
 
         // Sized: its children may start.
-        let sized = |items| Event::FanOutSized { unit: unit.id, items };
+        let sized = |items| Event::FanOutSized {
+            unit: unit.id,
+            items,
+        };
         let (ready, actions) = m.commit(&waiting, LAUNCHED_AT + 1, 3, &sized(Ok(1000)));
         assert!(actions.is_empty());
         assert_eq!(
             ready.await_unit.as_ref().unwrap().fan_out,
-            Some(stepline::domain::FanOutUnit { items: 1000, tolerated: 0 })
+            Some(stepline::domain::FanOutUnit {
+                items: 1000,
+                tolerated: 0
+            })
         );
-        assert_eq!(m.skipped(&ready, LAUNCHED_AT + 2, 4, &sized(Ok(1000))), Skip::Duplicate);
+        assert_eq!(
+            m.skipped(&ready, LAUNCHED_AT + 2, 4, &sized(Ok(1000))),
+            Skip::Duplicate
+        );
 
         // No items: the step is done at once.
         let (done, actions) = m.commit(&waiting, LAUNCHED_AT + 1, 5, &sized(Ok(0)));
@@ -244,7 +285,8 @@ fn a_fan_out_over_items_in_an_object_is_sized_before_its_children_start() {
         assert_eq!(done.input.value()["results"], json!([]));
 
         // Unreadable items fail the step with the reading's error.
-        let unreadable = stepline::domain::StepError::new("PAYLOAD_UNRESOLVABLE", "no such object", false);
+        let unreadable =
+            stepline::domain::StepError::new("PAYLOAD_UNRESOLVABLE", "no such object", false);
         let (failed, actions) = m.commit(&waiting, LAUNCHED_AT + 1, 6, &sized(Err(unreadable)));
         assert_eq!(failed.status, Status::Failed);
         assert_eq!(failed.error.as_ref().unwrap().code, "PAYLOAD_UNRESOLVABLE");
@@ -395,7 +437,10 @@ fn a_fan_out_step_run_again_gives_its_children_the_same_tokens() {
         child_notice_check(&again, (old_unit, 1, 0), &first[0]),
         Err("skip Stale".into())
     );
-    assert_eq!(child_notice_check(&again, (unit.id, 1, 0), &first[0]), Ok(2));
+    assert_eq!(
+        child_notice_check(&again, (unit.id, 1, 0), &first[0]),
+        Ok(2)
+    );
 }
 
 #[test]

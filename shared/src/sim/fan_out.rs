@@ -1,0 +1,704 @@
+//! A fan-out in the deterministic simulation: one parent whose fan-out step reads its items from an
+//! object (JSON lines in the payload bucket) and runs each as a child execution, every part the real
+//! one (the launch and completion handlers, the sweeper, the worker runtime, the fan-out ledger's
+//! protocol) over in-memory ports, with seeded faults:
+//! - crashes: any store or ledger write may kill its invocation before or after it is applied; the
+//!   invocation's later calls fail and none of its messages is acknowledged (all come back);
+//! - duplicates: any message sent may be delivered twice;
+//! - reordering: each delivery takes a random message among the oldest hundred of its queue.
+//!
+//! When the queues are empty the clock moves to the next due time and the sweeper runs (it recovers
+//! what crashes left unsent). At the end the checker asks: did the parent resume exactly once, with
+//! every child counted exactly once and every child's end in its results, in item order?
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::adapters::{
+    InMemoryExecutionStore, InMemoryFanOutLedger, InMemoryPayloadStore, InMemoryReleaseRegistry,
+};
+use crate::claims::ClaimCheck;
+use crate::coordinator::{Coordinator, Settings};
+use crate::domain::release::Release;
+use crate::domain::{
+    ChildEnd, Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError, Tally,
+};
+use crate::envelope::{
+    Identity, RequestHeader, StartDetail, StartEvent, START_DETAIL_TYPE, START_SOURCE,
+};
+use crate::ports::{
+    ActivationRequest, Backoff, Clock, DuePage, DueQuery, ExecutionStore, FanOutLedger,
+    MessageSender, OutMessage, PayloadStore, ReleaseRegistry, SendError, StoreError,
+};
+use crate::worker::{Heartbeat, StepFunction, Worker};
+
+const LAUNCH: &str = "launch";
+const START: &str = "start";
+const REPLY: &str = "reply";
+const REQUEST: &str = "request";
+const SUMMARY: &str = "summary";
+const BUCKET: &str = "payloads";
+const ITEMS_KEY: &str = "payloads/items.jsonl";
+/// Deliveries take a random message among this many of the oldest of their queue.
+const WINDOW: usize = 100;
+
+/// Knobs of one simulated fan-out.
+#[derive(Debug, Clone)]
+pub struct FanOutConfig {
+    pub children: u32,
+    /// Every `failing_every`-th child's step fails for good (0: none).
+    pub failing_every: u32,
+    /// How many failed children the step tolerates.
+    pub tolerated: u32,
+    pub crash_rate: f64,
+    pub duplicate_rate: f64,
+    /// A store that ignores the version condition (to prove the checker catches what it causes).
+    pub broken_store: bool,
+}
+
+impl Default for FanOutConfig {
+    fn default() -> Self {
+        Self {
+            children: 1000,
+            failing_every: 0,
+            tolerated: 0,
+            crash_rate: 0.01,
+            duplicate_rate: 0.05,
+            broken_store: false,
+        }
+    }
+}
+
+/// What one simulated fan-out did, and what the checker found wrong (nothing, one hopes).
+#[derive(Debug, Clone, Default)]
+pub struct FanOutReport {
+    pub seed: u64,
+    pub invocations: u64,
+    pub deliveries: u64,
+    pub crashes: u64,
+    pub duplicates: u64,
+    pub sweeps: u64,
+    /// Writes of the parent's record after it was created.
+    pub parent_writes: u64,
+    /// Writes that resumed the parent (resolved its fan-out): exactly one.
+    pub resumptions: u64,
+    /// Worker runs of the children's step.
+    pub step_runs: u64,
+    pub ledger_writes: u64,
+    pub status: Option<Status>,
+    pub tally: Tally,
+    pub violations: Vec<String>,
+}
+
+/// The world the ports share: queues, clock, randomness and the fault switch.
+struct World {
+    rng: fastrand::Rng,
+    queues: BTreeMap<&'static str, VecDeque<String>>,
+    /// The current invocation crashed: its later calls fail, its messages come back.
+    dead: bool,
+    faults: bool,
+    config: FanOutConfig,
+    report: FanOutReport,
+}
+
+type Shared = Arc<Mutex<World>>;
+
+fn crash() -> StoreError {
+    StoreError::Unavailable("simulated crash".into())
+}
+
+/// Decides whether a write crashes its invocation, before (`Err`) or after (`Ok(true)`) applying.
+fn fate(world: &Shared) -> Result<bool, StoreError> {
+    let mut w = world.lock().expect("world");
+    if w.dead {
+        return Err(crash());
+    }
+    if w.faults && w.rng.f64() < w.config.crash_rate {
+        w.dead = true;
+        w.report.crashes += 1;
+        return if w.rng.bool() { Err(crash()) } else { Ok(true) };
+    }
+    Ok(false)
+}
+
+/// Lets the other messages of the batch run first, now and then: messages handled together
+/// interleave at every port call, as concurrent invocations do.
+async fn interleave(world: &Shared) {
+    let now = world.lock().expect("world").rng.bool();
+    if now {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Runs a write under the fault plan.
+async fn faulty<T, F>(world: &Shared, write: F) -> Result<T, StoreError>
+where
+    F: std::future::Future<Output = Result<T, StoreError>>,
+{
+    interleave(world).await;
+    let crash_after = fate(world)?;
+    let out = write.await?;
+    if crash_after {
+        return Err(crash());
+    }
+    Ok(out)
+}
+
+fn alive(world: &Shared) -> Result<(), StoreError> {
+    if world.lock().expect("world").dead {
+        return Err(crash());
+    }
+    Ok(())
+}
+
+struct Store {
+    inner: InMemoryExecutionStore,
+    world: Shared,
+    /// Writes that resolved an await unit (the parent's resumption): one, or the parent resumed twice.
+    resolutions: AtomicU64,
+    /// Ignore the version condition (to prove the checker catches a double resumption).
+    broken: bool,
+    /// Each written version's await unit and whether it was resolved, by execution and version.
+    units: Mutex<std::collections::HashMap<(Uuid, u64), (Uuid, bool)>>,
+}
+
+#[async_trait]
+impl ExecutionStore for Store {
+    async fn get(&self, id: Uuid) -> Result<Option<Execution>, StoreError> {
+        interleave(&self.world).await;
+        alive(&self.world)?;
+        self.inner.get(id).await
+    }
+    async fn create(&self, record: &Execution) -> Result<(), StoreError> {
+        faulty(&self.world, self.inner.create(record)).await
+    }
+    async fn replace(&self, record: &Execution, expected: u64) -> Result<(), StoreError> {
+        // Whether the version the writer decided on had the unit this write resolves open.
+        let resolved = |r: &Execution| r.await_unit.as_ref().map(|u| (u.id, u.resolved));
+        let resolves = match resolved(record) {
+            Some((unit, true)) => self
+                .units
+                .lock()
+                .expect("units")
+                .get(&(record.id, expected))
+                .is_some_and(|(read, was)| *read == unit && !was),
+            _ => false,
+        };
+        faulty(&self.world, async {
+            let condition = match (self.inner.snapshot(record.id), self.broken) {
+                (Some(current), true) => current.version,
+                _ => expected,
+            };
+            self.inner.replace(record, condition).await?;
+            if let Some(unit) = resolved(record) {
+                let key = (record.id, record.version);
+                self.units.lock().expect("units").insert(key, unit);
+            }
+            if resolves {
+                self.resolutions.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        })
+        .await
+    }
+    async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError> {
+        alive(&self.world)?;
+        self.inner.due(query).await
+    }
+    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
+        alive(&self.world)?;
+        self.inner.defer(id, now, backoff).await
+    }
+    fn shards(&self) -> u32 {
+        self.inner.shards()
+    }
+}
+
+struct Ledger {
+    inner: InMemoryFanOutLedger,
+    world: Shared,
+}
+
+#[async_trait]
+impl FanOutLedger for Ledger {
+    async fn keep(&self, unit: Uuid, end: &ChildEnd) -> Result<(), StoreError> {
+        faulty(&self.world, self.inner.keep(unit, end)).await
+    }
+    async fn add_to_block(&self, unit: Uuid, item: u32, ok: bool) -> Result<u32, StoreError> {
+        faulty(&self.world, self.inner.add_to_block(unit, item, ok)).await
+    }
+    async fn add_to_head(
+        &self,
+        unit: Uuid,
+        block: Option<u32>,
+        failed: Option<u32>,
+    ) -> Result<(u32, u32), StoreError> {
+        faulty(&self.world, self.inner.add_to_head(unit, block, failed)).await
+    }
+    async fn tally(&self, unit: Uuid, items: u32) -> Result<Tally, StoreError> {
+        interleave(&self.world).await;
+        alive(&self.world)?;
+        self.inner.tally(unit, items).await
+    }
+    async fn ends(
+        &self,
+        unit: Uuid,
+        from: u32,
+        to: u32,
+    ) -> Result<Vec<Option<ChildEnd>>, StoreError> {
+        alive(&self.world)?;
+        self.inner.ends(unit, from, to).await
+    }
+}
+
+struct Sender(Shared);
+
+#[async_trait]
+impl MessageSender for Sender {
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
+        let mut w = self.0.lock().expect("world");
+        let mut results = Vec::new();
+        for message in messages {
+            if w.dead {
+                results.push(Err(SendError {
+                    queue: queue.to_string(),
+                    reason: "simulated crash".into(),
+                }));
+                continue;
+            }
+            let name = w
+                .queues
+                .keys()
+                .copied()
+                .find(|q| *q == queue)
+                .unwrap_or("unknown");
+            let copies = if w.faults && w.rng.f64() < w.config.duplicate_rate {
+                w.report.duplicates += 1;
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                w.queues
+                    .entry(name)
+                    .or_default()
+                    .push_back(message.body.clone());
+            }
+            results.push(Ok(()));
+        }
+        results
+    }
+}
+
+struct SimClock {
+    now: AtomicI64,
+    next: AtomicU64,
+}
+
+impl Clock for SimClock {
+    fn now_ms(&self) -> i64 {
+        self.now.load(Ordering::SeqCst)
+    }
+    fn token(&self) -> Uuid {
+        Uuid::from_u128(u128::from(self.next.fetch_add(1, Ordering::SeqCst)) | (1 << 100))
+    }
+    fn jitter(&self) -> f64 {
+        0.5
+    }
+}
+
+/// The children's step: fails for good on every `failing_every`-th item, else pays it.
+struct Payments {
+    failing_every: u32,
+    runs: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl StepFunction for Payments {
+    async fn run(&self, _request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let n = input["n"].as_u64().unwrap_or_default() as u32;
+        if self.failing_every > 0 && n % self.failing_every == self.failing_every - 1 {
+            return Err(StepError::new("DECLINED", "planned failure", false));
+        }
+        Ok(json!({"paid": n}))
+    }
+}
+
+fn pipelines(config: &FanOutConfig) -> (PipelineDef, PipelineDef) {
+    let parent = PipelineDef::new(
+        "batch",
+        "1",
+        [
+            StepDef::fan_out("payments", "payment")
+                .timeout_secs(86_400)
+                .tolerating(Some(config.tolerated), None),
+            // Its request waits on a queue nobody reads: the sim ends once it is sent.
+            StepDef::task("summary", SUMMARY),
+        ],
+    );
+    let child = PipelineDef::new(
+        "payment",
+        "1",
+        [StepDef::task("pay", REQUEST)
+            .timeout_secs(300)
+            .retry(RetryPolicy::doubling(3, 1_000, 4_000))],
+    );
+    (parent, child)
+}
+
+/// Runs one simulated fan-out.
+pub fn run(seed: u64, config: &FanOutConfig) -> FanOutReport {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    runtime.block_on(simulate(seed, config))
+}
+
+async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
+    let world: Shared = Arc::new(Mutex::new(World {
+        rng: fastrand::Rng::with_seed(seed),
+        queues: [LAUNCH, START, REPLY, REQUEST, SUMMARY, "dlq"]
+            .into_iter()
+            .map(|q| (q, VecDeque::new()))
+            .collect(),
+        dead: false,
+        faults: false,
+        config: config.clone(),
+        report: FanOutReport {
+            seed,
+            ..Default::default()
+        },
+    }));
+    let store = Arc::new(Store {
+        inner: InMemoryExecutionStore::new(4),
+        world: world.clone(),
+        resolutions: AtomicU64::new(0),
+        broken: config.broken_store,
+        units: Mutex::default(),
+    });
+    let ledger = Arc::new(Ledger {
+        inner: InMemoryFanOutLedger::default(),
+        world: world.clone(),
+    });
+    let payloads = Arc::new(InMemoryPayloadStore::default());
+    let clock = Arc::new(SimClock {
+        now: AtomicI64::new(1_800_000_000_000),
+        next: AtomicU64::new(1),
+    });
+    let registry = Arc::new(InMemoryReleaseRegistry::default());
+    let (parent_def, child_def) = pipelines(config);
+    for def in [&parent_def, &child_def] {
+        let release = Release::new(def.clone(), Vec::new());
+        registry.register(&release).await.expect("register");
+        let activation = ActivationRequest {
+            pipeline_id: &def.pipeline_id,
+            release_version: &def.release_version,
+            at: 0,
+            reason: "sim",
+        };
+        registry.activate(activation).await.expect("activate");
+    }
+    let claims = ClaimCheck::new(payloads.clone(), BUCKET, 32 * 1024);
+    let coordinator = Arc::new(
+        Coordinator::new(
+            store.clone(),
+            registry.clone(),
+            Arc::new(Sender(world.clone())),
+            clock.clone(),
+            Settings {
+                launch_queue: LAUNCH.into(),
+                reply_queue: REPLY.into(),
+                execution_dlq: "dlq".into(),
+                launch_dlq: "dlq".into(),
+                reply_dlq: "dlq".into(),
+                await_queue: REPLY.into(),
+                start_queue: Some(START.into()),
+                start_dlq: Some("dlq".into()),
+                lease_ms: 30_000,
+                claim_limit: 100,
+                instance: "sim".into(),
+            },
+        )
+        .with_ledger(ledger.clone())
+        .with_claim_check(claims.clone()),
+    );
+    let runs = Arc::new(AtomicU64::new(0));
+    let identity = |def: &PipelineDef| Identity {
+        pipeline_id: def.pipeline_id.clone(),
+        contract_version: crate::domain::contract::Contract::of(def).contract_version,
+        release_version: def.release_version.clone(),
+    };
+    let worker = Worker::new(
+        identity(&child_def),
+        Arc::new(Sender(world.clone())),
+        Arc::new(Payments {
+            failing_every: config.failing_every,
+            runs: runs.clone(),
+        }),
+    )
+    .with_heartbeat(Heartbeat::Off)
+    .with_dead_letter_queue("dlq");
+
+    // The items: one JSON line per child.
+    let lines: String = (0..config.children)
+        .map(|n| format!("{{\"n\":{n}}}\n"))
+        .collect();
+    payloads
+        .put(BUCKET, ITEMS_KEY, lines.into_bytes())
+        .await
+        .expect("items");
+    // The parent is started by an event on the start queue, as the bus delivers it: its start (and
+    // the children's, read from the object) runs under faults too.
+    let start = StartEvent {
+        id: format!("sim-{seed}"),
+        detail_type: START_DETAIL_TYPE.into(),
+        source: START_SOURCE.into(),
+        detail: StartDetail {
+            pipeline_id: parent_def.pipeline_id.clone(),
+            tenant: "sim".into(),
+            input: json!({"itemsFrom": {"bucket": BUCKET, "key": ITEMS_KEY, "format": "jsonl"}}),
+            release_version: None,
+            parent: None,
+        },
+    };
+    let key = crate::domain::start_event_key(&start.id);
+    let parent = crate::domain::idempotent_id("sim", &parent_def.pipeline_id, &key);
+    {
+        let mut w = world.lock().expect("world");
+        let body = serde_json::to_string(&start).expect("a start event");
+        w.queues
+            .get_mut(START)
+            .expect("start queue")
+            .push_back(body);
+        w.faults = true;
+    }
+
+    // Deliver until nothing is left anywhere, the sweeper running whenever the queues are empty.
+    let mut idle_sweeps = 0;
+    loop {
+        let next = {
+            let mut w = world.lock().expect("world");
+            let ready: Vec<&'static str> = w
+                .queues
+                .iter()
+                .filter(|(q, m)| !matches!(**q, "dlq" | SUMMARY) && !m.is_empty())
+                .map(|(q, _)| *q)
+                .collect();
+            if ready.is_empty() {
+                None
+            } else {
+                let queue = ready[w.rng.usize(0..ready.len())];
+                let size = w.rng.usize(1..=10);
+                let mut batch = Vec::new();
+                for _ in 0..size {
+                    let len = w.queues[queue].len();
+                    if len == 0 {
+                        break;
+                    }
+                    let at = w.rng.usize(0..len.min(WINDOW));
+                    let messages = w.queues.get_mut(queue).expect("queue");
+                    messages.swap(0, at);
+                    batch.extend(messages.pop_front());
+                }
+                Some((queue, batch))
+            }
+        };
+        let Some((queue, batch)) = next else {
+            // Nothing to deliver: done once the parent moved on; else the sweeper finds what crashes
+            // left behind, at its due time.
+            let moved_on = store
+                .inner
+                .snapshot(parent)
+                .is_some_and(|r| r.status.is_terminal() || r.step > 0);
+            if moved_on || idle_sweeps > 50 {
+                break;
+            }
+            // A lease later: what a crash left is due by then (a lease, a re-send check), or some
+            // sweeps later (a step's deadline).
+            idle_sweeps += 1;
+            clock.now.fetch_add(31_000, Ordering::SeqCst);
+            sweep(&coordinator, &world).await;
+            continue;
+        };
+        idle_sweeps = 0;
+        let mut event = SqsEvent::default();
+        for (i, body) in batch.iter().enumerate() {
+            let mut message = SqsMessage::default();
+            message.message_id = Some(format!("m{i}"));
+            message.body = Some(body.clone());
+            message.event_source_arn = Some(format!("arn:aws:sqs:eu-west-1:0:{queue}"));
+            event.records.push(message);
+        }
+        {
+            let mut w = world.lock().expect("world");
+            w.report.invocations += 1;
+            w.report.deliveries += batch.len() as u64;
+        }
+        let response = match queue {
+            LAUNCH | START => crate::handlers::launch(&coordinator, event).await,
+            REPLY => crate::handlers::completion(&coordinator, event).await,
+            _ => worker.handle(event).await,
+        };
+        let mut w = world.lock().expect("world");
+        let failed: Vec<usize> = if w.dead {
+            (0..batch.len()).collect()
+        } else {
+            response
+                .batch_item_failures
+                .iter()
+                .filter_map(|f| f.item_identifier.strip_prefix('m')?.parse().ok())
+                .collect()
+        };
+        w.dead = false;
+        for i in failed {
+            w.queues
+                .get_mut(queue)
+                .expect("queue")
+                .push_back(batch[i].clone());
+        }
+    }
+
+    let mut report = world.lock().expect("world").report.clone();
+    report.resumptions = store.resolutions.load(Ordering::SeqCst);
+    // Every write of the parent's item moved its version by one (created at version 1).
+    report.parent_writes = store
+        .inner
+        .snapshot(parent)
+        .map_or(0, |r| r.version.saturating_sub(1));
+    report.step_runs = runs.load(Ordering::SeqCst);
+    report.ledger_writes = ledger.inner.writes() as u64;
+    check(
+        &mut report,
+        config,
+        &store.inner,
+        &ledger.inner,
+        &claims,
+        parent,
+    )
+    .await;
+    report
+}
+
+async fn sweep(coordinator: &Coordinator, world: &Shared) {
+    world.lock().expect("world").report.sweeps += 1;
+    let _ = crate::handlers::claim(coordinator, EventBridgeEvent::default()).await;
+    world.lock().expect("world").dead = false;
+}
+
+/// The checker: the parent resumed once, every child counted once, every end in the results.
+async fn check(
+    report: &mut FanOutReport,
+    config: &FanOutConfig,
+    store: &InMemoryExecutionStore,
+    ledger: &InMemoryFanOutLedger,
+    claims: &ClaimCheck,
+    parent: Uuid,
+) {
+    let mut violations = Vec::new();
+    let Some(record) = store.snapshot(parent) else {
+        report
+            .violations
+            .push("the parent was never started".into());
+        return;
+    };
+    report.status = Some(record.status);
+    let failing = if config.failing_every == 0 {
+        0
+    } else {
+        config.children / config.failing_every
+    };
+    let unit = record
+        .await_unit
+        .as_ref()
+        .filter(|u| u.fan_out.is_some())
+        .map(|u| (u.id, u.fan_out.expect("sized")));
+    let Some((unit, fan_out)) = unit else {
+        report.violations.push("the fan-out was never sized".into());
+        return;
+    };
+    if fan_out.items != config.children {
+        violations.push(format!(
+            "sized {} children, not {}",
+            fan_out.items, config.children
+        ));
+    }
+    let tally = ledger.tally(unit, fan_out.items).await.unwrap_or_default();
+    report.tally = tally;
+    let expect_success = failing <= config.tolerated;
+    if expect_success {
+        // Resumed at the summary step: its request went out (the sim's worker does not run it).
+        if record.step != 1 || record.status != Status::Running {
+            violations.push(format!(
+                "the parent is {} at step {} ({:?}), not running the summary",
+                record.status, record.step, record.error
+            ));
+        }
+        if tally
+            != (Tally {
+                succeeded: config.children - failing,
+                failed: failing,
+            })
+        {
+            violations.push(format!("tally {tally:?}: some child was not counted once"));
+        }
+        // Claim-checked when large, as the next step's worker receives them.
+        let results = claims
+            .resolve(record.input.value()["results"].clone())
+            .await;
+        let results = results
+            .ok()
+            .and_then(|r| r.as_array().cloned())
+            .unwrap_or_default();
+        if results.len() != config.children as usize {
+            violations.push(format!(
+                "{} results for {} children",
+                results.len(),
+                config.children
+            ));
+        }
+        for (n, end) in results.iter().enumerate() {
+            let planned_failure = config.failing_every > 0
+                && n as u32 % config.failing_every == config.failing_every - 1;
+            let status = if planned_failure {
+                "FAILED"
+            } else {
+                "SUCCEEDED"
+            };
+            if end["item"] != n || end["status"] != status {
+                violations.push(format!("result {n} is {end}"));
+                break;
+            }
+            if !planned_failure && end["result"] != json!({"paid": n}) {
+                violations.push(format!("result {n} holds {}", end["result"]));
+                break;
+            }
+        }
+    } else if record.status != Status::Failed
+        || record.error.as_ref().map(|e| e.code.as_str()) != Some("FAN_OUT_FAILED")
+    {
+        violations.push(format!(
+            "the parent is {} ({:?}), not FAILED with FAN_OUT_FAILED",
+            record.status, record.error
+        ));
+    }
+    if report.resumptions != 1 {
+        violations.push(format!("the parent resumed {} times", report.resumptions));
+    }
+    // Sized, children started, settled (and a few sweeps' claims after crashes): a constant number.
+    if report.parent_writes > 8 {
+        violations.push(format!(
+            "the parent's item was written {} times for {} children",
+            report.parent_writes, config.children
+        ));
+    }
+    report.violations = violations;
+}
