@@ -77,12 +77,48 @@ async fn batch_of_four(
     stepline::Coordinator,
     Uuid,
 )> {
+    let csv = "payee,iban,amount_cents\n\
+        Ada Lovelace,GB33BUKB20201555555555,12500\n\
+        Alan Turing,GB94BARC10201530093459,990\n\
+        Grace Hopper,DE89370400440532013000,500\n\
+        Barbara Liskov,FR1420041010050500013M02606,4200\n";
+    batch_of(
+        prefix,
+        steps,
+        |fan_out| fan_out.timeout_secs = fan_out_secs,
+        csv,
+    )
+    .await
+}
+
+/// A CSV of `rows` payments, each within the bank's limit (row n on line n + 2).
+fn csv_of(rows: usize) -> String {
+    let mut csv = String::from("payee,iban,amount_cents\n");
+    for n in 0..rows {
+        csv.push_str(&format!("Payee {n},GB33BUKB20201555555555,{}\n", 100 + n));
+    }
+    csv
+}
+
+/// A stack of the csv example with `steps` as both workers, its fan-out step as `configure` leaves
+/// it; a batch of `csv` submitted.
+async fn batch_of(
+    prefix: &str,
+    steps: &Arc<CountedPayments>,
+    configure: impl FnOnce(&mut stepline::domain::StepDef),
+    csv: &str,
+) -> anyhow::Result<(
+    LocalStack,
+    stepline_local::Runner,
+    stepline::Coordinator,
+    Uuid,
+)> {
     require_emulator();
     let local = LocalStack::up(&fresh_stage(prefix)).await?;
     let (batch_queue, _) = local.stack.queue("CsvRequestQueue")?;
     let (payment_queue, _) = local.stack.queue("PaymentRequestQueue")?;
     let mut batch = csv_payments::batch_pipeline(batch_queue);
-    batch.steps[1].timeout_secs = fan_out_secs;
+    configure(&mut batch.steps[1]);
     for def in [batch, csv_payments::payment_pipeline(payment_queue)] {
         local.release(def, Vec::new()).await?;
     }
@@ -99,11 +135,6 @@ async fn batch_of_four(
         ),
     ])?;
     let api = local.coordinator(functions::REDRIVE)?;
-    let csv = "payee,iban,amount_cents\n\
-        Ada Lovelace,GB33BUKB20201555555555,12500\n\
-        Alan Turing,GB94BARC10201530093459,990\n\
-        Grace Hopper,DE89370400440532013000,500\n\
-        Barbara Liskov,FR1420041010050500013M02606,4200\n";
     let id = api
         .submit(SubmitRequest {
             pipeline_id: csv_payments::BATCH_PIPELINE.into(),
@@ -210,9 +241,13 @@ async fn wait_for(
 ) -> anyhow::Result<Execution> {
     let deadline = std::time::Instant::now() + timeout;
     loop {
-        let record = api.get(id).await?;
-        if done(&record) {
-            return Ok(record);
+        // A child may not have started yet.
+        let record = match api.get(id).await {
+            Err(stepline::CoordinatorError::NotFound(_)) => None,
+            other => Some(other?),
+        };
+        if let Some(record) = record.as_ref().filter(|r| done(r)) {
+            return Ok(record.clone());
         }
         anyhow::ensure!(
             std::time::Instant::now() < deadline,
@@ -274,5 +309,121 @@ async fn cancelling_a_fan_out_cancels_its_children_still_running() -> anyhow::Re
     for child in children_of(id) {
         assert_eq!(api.get(child).await?.status, Status::Cancelled);
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_children_succeed_and_their_parent_is_written_a_constant_number_of_times(
+) -> anyhow::Result<()> {
+    const ROWS: usize = 1000;
+    let steps = CountedPayments::new(&[], false);
+    let started = std::time::Instant::now();
+    let (_local, _runner, api, id) =
+        batch_of("fanout-1k", &steps, |f| f.timeout_secs = 900, &csv_of(ROWS)).await?;
+    let done = wait_for(&api, id, Duration::from_secs(900), |r| {
+        r.status.is_terminal()
+    })
+    .await?;
+    let elapsed = started.elapsed();
+    assert_eq!(done.status, Status::Succeeded, "{done:#?}");
+    let summary = done.result.clone().expect("a summary").value().clone();
+    assert_eq!(summary["paid"], ROWS, "{summary}");
+    assert_eq!(summary["failed"], json!([]));
+    // Every row paid once.
+    let runs = steps.runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), ROWS);
+    assert!(runs.values().all(|n| *n == 1), "a row paid twice: {runs:?}");
+    // Created, the rows parsed (the fan-out launched in that write), sized, children started,
+    // settled (the summary launched in that write), summary done: six writes of the parent's item,
+    // whatever the number of children.
+    eprintln!(
+        "fan-out of {ROWS} children: {:.1} s, the parent's item written {} times",
+        elapsed.as_secs_f64(),
+        done.version
+    );
+    assert!(
+        done.version <= 8,
+        "the parent was written {} times",
+        done.version
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_failed_beyond_its_tolerance_is_re_driven_and_only_children_that_did_not_succeed_run_again(
+) -> anyhow::Result<()> {
+    // No failure tolerated: the declined row fails the batch, and the children still running then
+    // are cancelled.
+    let steps = CountedPayments::new(&[], true);
+    let (_local, _runner, api, id) = batch_of(
+        "fanout-tolerance",
+        &steps,
+        |f| {
+            f.tolerated_failures = None;
+            f.tolerated_failure_percent = None;
+        },
+        &csv_of(4),
+    )
+    .await?;
+    let failed = wait_for(&api, id, Duration::from_secs(60), |r| {
+        r.status.is_terminal()
+    })
+    .await?;
+    assert_eq!(failed.status, Status::Failed, "{failed:#?}");
+    let error = failed.error.clone().expect("an error");
+    assert_eq!(error.code, "FAN_OUT_FAILED");
+    assert!(
+        error.message.ends_with("children failed, 0 tolerated"),
+        "{error:?}"
+    );
+
+    // Every child ends: paid, declined, or cancelled before it was paid.
+    let mut before = Vec::new();
+    for child in children_of(id) {
+        let ended = wait_for(&api, child, Duration::from_secs(60), |r| {
+            r.status.is_terminal()
+        })
+        .await?;
+        before.push(ended.status);
+    }
+    assert_eq!(before[2], Status::Failed, "line 4 was declined");
+    let runs_before = steps.runs.lock().unwrap().clone();
+
+    steps.declining.store(false, Ordering::SeqCst);
+    let response = loop {
+        let request = RedriveRequest {
+            execution_id: id,
+            expected_version: api.get(id).await?.version,
+            reason: "the bank is back".into(),
+        };
+        match handlers::redrive(&api, request).await {
+            Err(e) if e.code() == "VERSION_CONFLICT" => continue,
+            other => break other?,
+        }
+    };
+    assert_eq!(response.status, Status::Queued);
+    let done = wait_for(&api, id, Duration::from_secs(90), |r| {
+        r.status.is_terminal()
+    })
+    .await?;
+    assert_eq!(done.status, Status::Succeeded, "{done:#?}");
+    assert_eq!(done.result.expect("a summary").value()["paid"], 4);
+    // Each child's worker invocations: a child that succeeded never ran again; each of the others
+    // ran once more.
+    let runs = steps.runs.lock().unwrap().clone();
+    for (n, status) in before.iter().enumerate() {
+        let line = n as u64 + 2;
+        let (was, now) = (
+            runs_before.get(&line).copied().unwrap_or(0),
+            runs.get(&line).copied().unwrap_or(0),
+        );
+        let again = u32::from(*status != Status::Succeeded);
+        assert_eq!(
+            now,
+            was + again,
+            "line {line} ({status}): runs {was} then {now}"
+        );
+    }
+    assert_eq!(runs[&DECLINED_LINE], 2, "the declined row ran again");
     Ok(())
 }

@@ -41,8 +41,8 @@
 //! | any                       | Incident            |                                               | noted on the record (latest ones kept)                |
 //! | any                       | EventsPublished     | outbox holds events up to `through`           | those events leave the outbox                         |
 //! | terminal                  | ParentNotified      | has a parent, not yet told                    | parent told, leaves the due index                     |
-//! | FAILED/DLQ                | Rejoin              | parent's token, another attempt               | QUEUED, new budget, lease · EnqueueLaunch             |
-//! | SUCCEEDED/CANCELLED       | Rejoin              | parent's token, another attempt               | parent told again · NotifyParent                      |
+//! | FAILED/DLQ/CANCELLED      | Rejoin              | parent's token, another attempt               | QUEUED, new budget, lease · EnqueueLaunch             |
+//! | SUCCEEDED                 | Rejoin              | parent's token, another attempt               | parent told again · NotifyParent                      |
 //! | not terminal              | Rejoin              | parent's token, another attempt               | answers that attempt when it ends                     |
 //!
 //! "lease match": the launch work's generation and token are the record's lease's. "current launch":
@@ -1177,9 +1177,9 @@ fn reopen(record: &Execution, ctx: &Context, reason: &str) -> Decision {
     commit(next, vec![action])
 }
 
-/// A fan-out child started again by its parent's next attempt of the step (`unit`): a failed child
-/// runs again; one that ended otherwise tells the parent again without running; a running one answers
-/// the new attempt when it ends.
+/// A fan-out child started again by its parent's next attempt of the step (`unit`): a child that
+/// failed or was cancelled runs again; one that succeeded tells the parent again without running; a
+/// running one answers the new attempt when it ends.
 fn rejoin(record: &Execution, ctx: &Context, token: &str, unit: Option<Uuid>) -> Decision {
     let Some(parent) = &record.parent else {
         return Decision::Reject(Rejection::InvalidToken);
@@ -1192,7 +1192,11 @@ fn rejoin(record: &Execution, ctx: &Context, token: &str, unit: Option<Uuid>) ->
         return Decision::Skip(Skip::Duplicate);
     }
     let decision = match record.status {
-        Status::Failed | Status::Dlq => reopen(record, ctx, "the parent ran its fan-out again"),
+        // Every child that did not succeed runs again: a failed one, and one cancelled (its parent's
+        // fan-out failed beyond its tolerance, or the parent was cancelled, before it ended).
+        Status::Failed | Status::Dlq | Status::Cancelled => {
+            reopen(record, ctx, "the parent ran its fan-out again")
+        }
         status if status.is_terminal() => {
             let mut next = bump(record, ctx);
             next.parent_notified = false;

@@ -611,11 +611,10 @@ async fn check(
         return;
     };
     report.status = Some(record.status);
-    let failing = if config.failing_every == 0 {
-        0
-    } else {
-        config.children / config.failing_every
-    };
+    let failing = config
+        .children
+        .checked_div(config.failing_every)
+        .unwrap_or_default();
     let unit = record
         .await_unit
         .as_ref()

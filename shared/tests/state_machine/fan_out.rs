@@ -367,6 +367,30 @@ fn a_failed_child_started_again_by_its_parent_runs_again() {
 }
 
 #[test]
+fn a_cancelled_child_started_again_by_its_parent_runs_again() {
+    let m = Machine::of(child_pipeline());
+    let running = m.running_child();
+    let from_parent = Event::CancelFromParent {
+        token: "t0".into(),
+        reason: "the fan-out failed".into(),
+    };
+    let (cancelled, _) = m.commit(&running, LAUNCHED_AT + 1, 3, &from_parent);
+    assert_eq!(cancelled.status, Status::Cancelled);
+    let (told, _) = m.commit(&cancelled, LAUNCHED_AT + 2, 4, &Event::ParentNotified);
+    let rejoin = Event::Rejoin {
+        token: "t0".into(),
+        unit: Some(NEXT_UNIT),
+    };
+    let (queued, actions) = m.commit(&told, LAUNCHED_AT + 3, 5, &rejoin);
+    assert_eq!(queued.status, Status::Queued);
+    assert_eq!(queued.error, None);
+    assert!(matches!(actions[..], [Action::EnqueueLaunch { .. }]));
+    let (relaunched, actions) = m.launch(&queued, LAUNCHED_AT + 4, 6, &actions);
+    assert_eq!(request_of(&actions).1, 2, "a new attempt");
+    assert_eq!(relaunched.status, Status::Running);
+}
+
+#[test]
 fn a_running_child_started_again_answers_the_new_attempt() {
     let m = Machine::of(child_pipeline());
     let running = m.running_child();

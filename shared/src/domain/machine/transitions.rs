@@ -117,7 +117,8 @@ const QUEUED_OR_RETRY: &[Status] = &[Status::Queued, Status::WaitRetry];
 const RUNNING: &[Status] = &[Status::Running];
 const WAITING: &[Status] = &[Status::WaitingExternal];
 const FAILED: &[Status] = &[Status::Failed, Status::Dlq];
-const SUCCEEDED_OR_CANCELLED: &[Status] = &[Status::Succeeded, Status::Cancelled];
+const NOT_SUCCEEDED: &[Status] = &[Status::Failed, Status::Dlq, Status::Cancelled];
+const SUCCEEDED: &[Status] = &[Status::Succeeded];
 
 const fn row(
     from: &'static [Status],
@@ -449,14 +450,17 @@ pub const TRANSITIONS: &[Transition] = &[
         &["a_child_that_ends_tells_its_parent_until_confirmed"],
     ),
     row(
-        FAILED,
+        NOT_SUCCEEDED,
         &[E::Rejoin],
         "parent's token, another attempt",
         "QUEUED, new budget, lease · EnqueueLaunch",
-        &["a_failed_child_started_again_by_its_parent_runs_again"],
+        &[
+            "a_failed_child_started_again_by_its_parent_runs_again",
+            "a_cancelled_child_started_again_by_its_parent_runs_again",
+        ],
     ),
     row(
-        SUCCEEDED_OR_CANCELLED,
+        SUCCEEDED,
         &[E::Rejoin],
         "parent's token, another attempt",
         "parent told again · NotifyParent",
