@@ -427,3 +427,94 @@ async fn a_fan_out_failed_beyond_its_tolerance_is_re_driven_and_only_children_th
     assert_eq!(runs[&DECLINED_LINE], 2, "the declined row ran again");
     Ok(())
 }
+
+/// The payment step, counting how many rows it pays at once (each payment takes a moment).
+#[derive(Default)]
+struct ConcurrentPayments {
+    running: std::sync::atomic::AtomicU32,
+    most: std::sync::atomic::AtomicU32,
+    paid: Mutex<BTreeMap<u64, u32>>,
+}
+
+#[async_trait]
+impl StepFunction for ConcurrentPayments {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        if request.step_id != "pay" {
+            return csv_payments::CsvSteps.run(request, input).await;
+        }
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        *self
+            .paid
+            .lock()
+            .unwrap()
+            .entry(input["line"].as_u64().unwrap_or_default())
+            .or_default() += 1;
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        csv_payments::CsvSteps.run(request, input).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_over_json_lines_in_the_payload_bucket_runs_at_most_its_window_at_once(
+) -> anyhow::Result<()> {
+    const ROWS: u64 = 12;
+    const WINDOW: u32 = 3;
+    require_emulator();
+    let local = LocalStack::up(&fresh_stage("fanout-window")).await?;
+    let (batch_queue, _) = local.stack.queue("CsvRequestQueue")?;
+    let (payment_queue, _) = local.stack.queue("PaymentRequestQueue")?;
+    // The csv batch without its parse step: the fan-out reads the rows from an object.
+    let mut batch = csv_payments::batch_pipeline(batch_queue);
+    batch.steps.remove(0);
+    batch.steps[0].max_concurrency = Some(WINDOW);
+    let batch_contract = stepline::contract::Contract::of(&batch);
+    for def in [batch, csv_payments::payment_pipeline(payment_queue)] {
+        local.release(def, Vec::new()).await?;
+    }
+    let steps = Arc::new(ConcurrentPayments::default());
+    let _runner = local.run_workers(vec![
+        ("CsvWorkerFunction", batch_contract, steps.clone()),
+        (
+            "PaymentWorkerFunction",
+            csv_payments::payment_contract(),
+            steps.clone(),
+        ),
+    ])?;
+    let api = local.coordinator(functions::REDRIVE)?;
+    let claims = api.claims().expect("the stage has a payload bucket");
+    let rows: String = (0..ROWS)
+        .map(|n| {
+            let row = json!({"line": n + 2, "payee": format!("Payee {n}"), "amountCents": 100 + n});
+            format!("{row}\n")
+        })
+        .collect();
+    let key = format!("payloads/batches/{}.jsonl", Uuid::new_v4());
+    claims.put_named(&key, rows.into_bytes()).await?;
+    let id = api
+        .submit(SubmitRequest {
+            pipeline_id: csv_payments::BATCH_PIPELINE.into(),
+            tenant: "finance".into(),
+            input: json!({"itemsFrom": {"bucket": claims.bucket(), "key": key, "format": "jsonl"}, "badRows": []}),
+            ..Default::default()
+        })
+        .await?
+        .execution;
+    let done = wait_for(&api, id, Duration::from_secs(120), |r| {
+        r.status.is_terminal()
+    })
+    .await?;
+    assert_eq!(done.status, Status::Succeeded, "{done:#?}");
+    assert_eq!(done.result.expect("a summary").value()["paid"], ROWS);
+    let paid = steps.paid.lock().unwrap().clone();
+    assert_eq!(paid.len() as u64, ROWS);
+    assert!(paid.values().all(|n| *n == 1), "{paid:?}");
+    let most = steps.most.load(Ordering::SeqCst);
+    assert!(
+        most <= WINDOW,
+        "{most} rows were paid at once, the window is {WINDOW}"
+    );
+    assert!(most > 1, "the window's children run together");
+    Ok(())
+}

@@ -181,6 +181,17 @@ impl ClaimCheck {
         Ok(bytes)
     }
 
+    /// Writes `bytes` under `key` (under the payload prefix) in the payload bucket: an object named by
+    /// what it holds (a fan-out's items of one block), written the same each time.
+    pub async fn put_named(&self, key: &str, bytes: Vec<u8>) -> Result<(), ClaimError> {
+        if !key.starts_with(PAYLOAD_PREFIX) {
+            return Err(ClaimError::Unresolvable(format!(
+                "{key} is not under {PAYLOAD_PREFIX}"
+            )));
+        }
+        Ok(self.store.put(&self.bucket, key, bytes).await?)
+    }
+
     /// At most `len` bytes of object `key` of the payload bucket from byte `start` on: a page of a
     /// fan-out's items. Only this stack's bucket is read, under the payload prefix.
     pub async fn fetch_range(

@@ -11,8 +11,8 @@ fn say(report: &FanOutReport, children: u32) {
     let _ = writeln!(
         std::io::stderr().lock(),
         "fan-out sim seed {}: {children} children, {:?}, tally {:?}; {} invocations, {} deliveries, \
-         {} crashes, {} duplicates, {} sweeps, {} step runs, {} ledger writes, {} parent writes, \
-         {} resumptions",
+         {} crashes, {} duplicates, {} sweeps, {} step runs for {} rows paid (each under one \
+         reference), {} ledger writes, {} parent writes, {} resumptions, at most {} running",
         report.seed,
         report.status,
         report.tally,
@@ -22,9 +22,11 @@ fn say(report: &FanOutReport, children: u32) {
         report.duplicates,
         report.sweeps,
         report.step_runs,
+        report.rows_paid,
         report.ledger_writes,
         report.parent_writes,
-        report.resumptions
+        report.resumptions,
+        report.most_running
     );
 }
 
@@ -65,6 +67,7 @@ fn small_fan_outs_settle_once_under_many_schedules() {
                 crash_rate: 0.05,
                 duplicate_rate: 0.1,
                 broken_store: false,
+                window: None,
             };
             let report = run(seed, &config);
             assert!(
@@ -93,4 +96,33 @@ fn the_checker_catches_a_parent_resumed_twice() {
             .any(|v| v.starts_with("the parent resumed"))
     });
     assert!(caught, "no schedule of the broken store was caught");
+}
+
+#[test]
+fn a_window_keeps_at_most_so_many_children_running_under_crashes_and_duplicates() {
+    for seed in 0..5 {
+        let config = FanOutConfig {
+            children: 2000,
+            window: Some(25),
+            crash_rate: 0.02,
+            ..FanOutConfig::default()
+        };
+        let report = run(seed, &config);
+        say(&report, config.children);
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:?}",
+            report.violations
+        );
+        assert!(
+            report.most_running <= 25 && report.most_running > 1,
+            "{}",
+            report.most_running
+        );
+        assert_eq!(
+            report.status,
+            Some(Status::Running),
+            "resumed at its next step"
+        );
+    }
 }

@@ -135,9 +135,39 @@ fn pay(row: &Value, request: &RequestHeader) -> Result<Value, StepError> {
         "line": row["line"],
         "payee": row["payee"],
         "amountCents": cents,
-        // Idempotent on the launch id: a re-run pays under the same reference.
-        "reference": format!("PAY-{}", &request.launch_id.simple().to_string()[..10]),
+        // Idempotent per row: the child execution's id is the row's (stable across retries of the
+        // step and re-drives of the batch), so every run for a row pays under the same reference.
+        "reference": payment_reference(request),
     }))
+}
+
+/// The bank's idempotency reference of a row's payment: the child execution's id, the same for every
+/// attempt and every re-drive of the batch.
+pub fn payment_reference(request: &RequestHeader) -> String {
+    format!("PAY-{}", request.execution_id.simple())
+}
+
+/// A batch of `rows` payments: every 100th row malformed, every 50th otherwise over the bank's
+/// limit (declined), the rest good. Returns the input and the (paid, declined, bad) counts it makes.
+pub fn generated_csv(rows: usize) -> (Value, (usize, usize, usize)) {
+    let mut csv = String::from("payee,iban,amount_cents\n");
+    let (mut paid, mut declined, mut bad) = (0, 0, 0);
+    for n in 0..rows {
+        if n % 100 == 99 {
+            csv.push_str(&format!("row {n} without fields\n"));
+            bad += 1;
+        } else if n % 50 == 49 {
+            csv.push_str(&format!(
+                "Payee {n},GB33BUKB20201555555555,{}\n",
+                LIMIT_CENTS + 1
+            ));
+            declined += 1;
+        } else {
+            csv.push_str(&format!("Payee {n},GB33BUKB20201555555555,{}\n", 100 + n));
+            paid += 1;
+        }
+    }
+    (json!({ "csv": csv }), (paid, declined, bad))
 }
 
 fn summary(input: &Value) -> Value {

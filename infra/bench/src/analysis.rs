@@ -76,7 +76,7 @@ fn template_function(short: &str) -> &'static str {
 }
 
 /// Units and price of one call.
-fn billed(call: &Call, prices: &Prices) -> (f64, f64) {
+pub fn billed(call: &Call, prices: &Prices) -> (f64, f64) {
     match call.service.as_str() {
         "dynamodb" => {
             let write = call.write_units as f64 * prices.dynamodb_write_unit;
@@ -90,6 +90,14 @@ fn billed(call: &Call, prices: &Prices) -> (f64, f64) {
         "events" => (
             call.events as f64,
             call.events as f64 * prices.eventbridge_event,
+        ),
+        "s3" => (
+            call.s3_requests as f64,
+            call.s3_requests as f64
+                * match call.operation.as_str() {
+                    "PutObject" => prices.s3_put,
+                    _ => prices.s3_get,
+                },
         ),
         _ => (0.0, 0.0),
     }

@@ -2,6 +2,7 @@
 
 pub mod analysis;
 pub mod coldstart;
+pub mod fanout;
 pub mod meter;
 pub mod pricing;
 pub mod recovery;

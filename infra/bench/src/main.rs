@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Parser;
 
-use stepline_bench::{analysis, coldstart, pricing, recovery, report, scale, workload};
+use stepline_bench::{analysis, coldstart, fanout, pricing, recovery, report, scale, workload};
 use stepline_local::Template;
 
 /// Pipeline lengths whose execution item the benchmark measures.
@@ -54,6 +54,10 @@ struct Args {
     /// Undecodable items at the head of one shard (with `--recovery`).
     #[arg(long, default_value_t = 100)]
     poison: usize,
+    /// Only a fan-out of this many children (the csv example's batch of as many rows): writes
+    /// fan-out.json and, with `--update-doc`, the fan-out section.
+    #[arg(long)]
+    fan_out: Option<usize>,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -61,6 +65,9 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     if args.recovery {
         return recover(&args).await;
+    }
+    if let Some(children) = args.fan_out {
+        return fan_out(&args, children).await;
     }
     let started = std::time::Instant::now();
     let work = workload::Workload {
@@ -208,6 +215,32 @@ async fn recover(args: &Args) -> Result<()> {
         started,
         |doc, markdown| {
             report::update_section(doc, report::RECOVERY_START, report::RECOVERY_END, markdown)
+        },
+    )
+}
+
+async fn fan_out(args: &Args, children: usize) -> Result<()> {
+    let started = std::time::Instant::now();
+    eprintln!(
+        "fan-out: {children} children on {}",
+        std::env::var("AWS_ENDPOINT_URL").unwrap_or_default()
+    );
+    let run = fanout::run(children, &pricing::US_EAST_1).await?;
+    anyhow::ensure!(
+        run.status == stepline::domain::Status::Succeeded && run.paid == children as u64,
+        "the batch ended {} with {} of {children} rows paid",
+        run.status,
+        run.paid
+    );
+    let markdown = report::fan_out_markdown(&run);
+    publish(
+        args,
+        "fan-out.json",
+        &run,
+        &markdown,
+        started,
+        |doc, markdown| {
+            report::update_section(doc, report::FAN_OUT_START, report::FAN_OUT_END, markdown)
         },
     )
 }

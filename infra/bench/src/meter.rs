@@ -60,6 +60,10 @@ pub struct Call {
     pub index_writes: u64,
     pub sqs_requests: u64,
     pub events: u64,
+    /// S3 requests (GET or PUT).
+    pub s3_requests: u64,
+    /// A write or read of the fan-out ledger (items keyed `fanout#...`).
+    pub ledger: bool,
     /// Messages sent or received.
     pub messages: u64,
 }
@@ -185,8 +189,12 @@ impl Meter {
                     .interceptor(self.clone())
                     .build(),
             ),
-            // Payloads stay under the claim-check threshold in the benchmark's workloads.
-            s3: stepline::aws::s3_client(sdk),
+            s3: aws_sdk_s3::Client::from_conf(
+                aws_sdk_s3::config::Builder::from(sdk)
+                    .force_path_style(sdk.endpoint_url().is_some())
+                    .interceptor(self.clone())
+                    .build(),
+            ),
         }
     }
 
@@ -195,6 +203,7 @@ impl Meter {
             Some((prefix, op)) if prefix.starts_with("DynamoDB") => ("dynamodb", op),
             Some((prefix, op)) if prefix.starts_with("AmazonSQS") => ("sqs", op),
             Some((prefix, op)) if prefix.starts_with("AWSEvents") => ("events", op),
+            Some(("s3", op)) => ("s3", op),
             Some((prefix, op)) => (prefix, op),
             None => ("other", target),
         };
@@ -237,6 +246,7 @@ impl Meter {
                     _ => 0,
                 };
             }
+            "s3" => call.s3_requests = 1,
             "events" => {
                 let entries = request["Entries"].as_array().cloned().unwrap_or_default();
                 call.events = entries
@@ -259,7 +269,56 @@ impl Meter {
         let table = request["TableName"].as_str().unwrap_or_default();
         let info = self.tables.get(table).cloned().unwrap_or_default();
         let ok = call.status < 300;
+        let ledger_key = |v: &Value| {
+            v["pk"]["S"]
+                .as_str()
+                .is_some_and(|k| k.starts_with("fanout#"))
+        };
+        call.ledger = ledger_key(&request["Item"]) || ledger_key(&request["Key"]);
         match call.operation.as_str() {
+            "UpdateItem" => {
+                // Billed by the larger of the item before and after (ReturnValues ALL_NEW gives it).
+                let after = response["Attributes"]
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default();
+                let key = format!(
+                    "{table}|{}",
+                    key_of(
+                        request["Key"].as_object().unwrap_or(&Default::default()),
+                        &info.key
+                    )
+                );
+                let stored = state.items.entry(key).or_default();
+                let bytes = pricing::item_size(&after);
+                call.item_bytes = bytes;
+                call.write_units = pricing::write_units(bytes.max(stored.bytes)).max(1);
+                if ok {
+                    stored.bytes = bytes;
+                }
+            }
+            "BatchGetItem" => {
+                let consistent = request["RequestItems"]
+                    .as_object()
+                    .and_then(|t| t.values().next())
+                    .is_some_and(|k| k["ConsistentRead"].as_bool() == Some(true));
+                let items = response["Responses"]
+                    .as_object()
+                    .into_iter()
+                    .flat_map(|t| t.values())
+                    .filter_map(Value::as_array)
+                    .flatten()
+                    .filter_map(Value::as_object);
+                call.ledger = request["RequestItems"]
+                    .as_object()
+                    .and_then(|t| t.values().next())
+                    .and_then(|k| k["Keys"].as_array()?.first().cloned())
+                    .is_some_and(|k| ledger_key(&k));
+                // Each item read is rounded up to its own read units.
+                call.read_units = items
+                    .map(|item| pricing::read_units(pricing::item_size(item), consistent))
+                    .sum();
+            }
             "PutItem" => {
                 let item = request["Item"].as_object().cloned().unwrap_or_default();
                 let bytes = pricing::item_size(&item);
@@ -346,13 +405,18 @@ impl Intercept for Meter {
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         let request = context.request();
+        let target = match request.headers().get("x-amz-target") {
+            Some(target) => target.to_string(),
+            // S3 (REST): named by its method.
+            None => match request.method() {
+                "GET" => "s3.GetObject".to_string(),
+                "PUT" => "s3.PutObject".to_string(),
+                other => format!("s3.{other}"),
+            },
+        };
         cfg.interceptor_state().store_put(Started {
             at: Instant::now(),
-            target: request
-                .headers()
-                .get("x-amz-target")
-                .unwrap_or_default()
-                .to_string(),
+            target,
             body: request.body().bytes().unwrap_or_default().to_vec(),
         });
         Ok(())

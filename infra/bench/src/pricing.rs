@@ -16,6 +16,9 @@ pub struct Prices {
     pub sqs_request: f64,
     /// EventBridge custom events, per event (each 64 KB chunk).
     pub eventbridge_event: f64,
+    /// S3 Standard, per PUT request and per GET request.
+    pub s3_put: f64,
+    pub s3_get: f64,
     /// Lambda, per invocation.
     pub lambda_request: f64,
     /// Lambda on arm64, per GB-second.
@@ -31,6 +34,8 @@ pub const US_EAST_1: Prices = Prices {
     dynamodb_read_unit: 0.125 / 1e6,
     sqs_request: 0.40 / 1e6,
     eventbridge_event: 1.00 / 1e6,
+    s3_put: 5.0 / 1e6,
+    s3_get: 0.40 / 1e6,
     lambda_request: 0.20 / 1e6,
     lambda_gb_second: 0.000_013_333_4,
     step_functions_transition: 25.0 / 1e6,

@@ -425,3 +425,54 @@ pub fn recovery_markdown(s: &Value) -> String {
     }
     md
 }
+
+pub const FAN_OUT_START: &str = "<!-- bench:fan-out:start -->";
+pub const FAN_OUT_END: &str = "<!-- bench:fan-out:end -->";
+
+/// The fan-out section: the run's figures, then its bill by side, service and operation.
+pub fn fan_out_markdown(run: &crate::fanout::FanOut) -> String {
+    let n = run.children;
+    let mut out = format!(
+        "A batch of {n} rows of the csv example, each row paid by a child execution (parse, fan-out, \
+         summary), on the emulator through the local runner. Measured by `infra/bench.sh --fan-out {n}`.\n\n\
+         | figure | value |\n|---|---|\n\
+         | children | {n} ({} paid, the batch {}) |\n\
+         | wall time | {:.1} s ({:.1} children/s) |\n\
+         | writes of the parent's item, its creation included | {} |\n\
+         | fan-out ledger writes / reads | {} / {} ({:.2} writes per child) |\n\
+         | AWS requests (Lambda invocations aside) | {} ({:.1} per child) |\n\
+         | Lambda invocations | {} ({:.2} per child) |\n\
+         | coordinator side | ${:.6} per child, ${:.2} per million children |\n\
+         | worker side (the example's steps) | ${:.6} per child |\n\n\
+         | side | service | operation | calls | per child | units | $ per million children |\n\
+         |---|---|---|---|---|---|---|\n",
+        run.paid,
+        run.status,
+        run.wall_s,
+        n as f64 / run.wall_s.max(0.001),
+        run.parent_writes,
+        run.ledger_writes,
+        run.ledger_reads,
+        run.per_child(run.ledger_writes as f64),
+        run.calls,
+        run.per_child(run.calls as f64),
+        run.lambda_invocations,
+        run.per_child(run.lambda_invocations as f64),
+        run.per_child(run.coordinator_usd),
+        run.per_child(run.coordinator_usd) * 1e6,
+        run.per_child(run.worker_usd),
+    );
+    for line in &run.lines {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {:.2} | {:.1} | {:.2} |\n",
+            line.side,
+            line.service,
+            line.operation,
+            line.calls,
+            run.per_child(line.calls as f64),
+            line.units,
+            run.per_child(line.usd) * 1e6
+        ));
+    }
+    out
+}

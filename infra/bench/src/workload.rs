@@ -107,12 +107,14 @@ pub struct Measured {
 }
 
 /// Template function names and the names the meter attributes their work to (`api` is the submit).
-pub const FUNCTION_NAMES: [(&str, &str); 5] = [
+pub const FUNCTION_NAMES: [(&str, &str); 7] = [
     (functions::CLAIM, "claim"),
     (functions::LAUNCH, "launch"),
     (functions::COMPLETION, "completion"),
     ("ApiFunction", "api"),
     (functions::ORDER_WORKER, "worker"),
+    ("CsvWorkerFunction", "worker"),
+    ("PaymentWorkerFunction", "worker"),
 ];
 
 fn short_name(function: &str) -> &'static str {
@@ -123,7 +125,7 @@ fn short_name(function: &str) -> &'static str {
 }
 
 /// Wraps a binding so each invocation is metered as one Lambda invocation.
-fn metered(meter: &Meter, binding: Binding) -> Binding {
+pub(crate) fn metered(meter: &Meter, binding: Binding) -> Binding {
     let wrap = |name: &'static str, handler: SqsHandler| -> SqsHandler {
         let meter = meter.clone();
         Arc::new(move |event: SqsEvent| {

@@ -51,6 +51,10 @@ enum Command {
         stage: Option<String>,
         #[arg(long, default_value_t = 120)]
         timeout_secs: u64,
+        /// `csv`: a generated batch of this many rows instead of the sample (every 50th declined,
+        /// every 100th malformed).
+        #[arg(long)]
+        rows: Option<usize>,
         #[command(flatten)]
         pipeline: PipelineArgs,
     },
@@ -131,7 +135,7 @@ async fn main() -> Result<()> {
             executions,
             stage,
             timeout_secs,
-            pipeline: _,
+            ..
         } if example == "restaurant" => {
             restaurant_demo(executions, stage, Duration::from_secs(timeout_secs)).await
         }
@@ -139,14 +143,16 @@ async fn main() -> Result<()> {
             example,
             stage,
             timeout_secs,
+            rows,
             ..
-        } if example == "csv" => csv_demo(stage, Duration::from_secs(timeout_secs)).await,
+        } if example == "csv" => csv_demo(stage, Duration::from_secs(timeout_secs), rows).await,
         Command::Demo {
             example,
             executions,
             stage,
             timeout_secs,
             pipeline,
+            ..
         } => {
             if example != "orders" {
                 bail!("unknown example {example:?} (orders, restaurant, csv)");
@@ -554,86 +560,134 @@ async fn restaurant_demo(
     Ok(())
 }
 
-/// The csv-payments example: one batch, one child execution per good row, a summary.
-async fn csv_demo(stage: Option<String>, timeout: Duration) -> Result<()> {
+/// The csv example's steps, with the bank's side kept: the payment references made per row (a row
+/// paid twice would show two).
+struct CountingBank {
+    references:
+        std::sync::Mutex<std::collections::BTreeMap<u64, std::collections::BTreeSet<String>>>,
+}
+
+#[async_trait::async_trait]
+impl stepline::worker::StepFunction for CountingBank {
+    async fn run(
+        &self,
+        request: &stepline::envelope::RequestHeader,
+        input: serde_json::Value,
+    ) -> Result<serde_json::Value, stepline::domain::StepError> {
+        if request.step_id == "pay" {
+            let line = input["line"].as_u64().unwrap_or_default();
+            let reference = csv_payments::payment_reference(request);
+            self.references
+                .lock()
+                .expect("bank")
+                .entry(line)
+                .or_default()
+                .insert(reference);
+        }
+        csv_payments::CsvSteps.run(request, input).await
+    }
+}
+
+/// The csv-payments example: one batch, one child execution per good row, a summary. With `rows`, a
+/// generated batch of that many rows.
+async fn csv_demo(stage: Option<String>, timeout: Duration, rows: Option<usize>) -> Result<()> {
     let demo = Demo::provision(stage, "csv", timeout).await?;
     let local = &demo.local;
     let (batch_queue, _) = local.stack.queue("CsvRequestQueue")?;
     let (payment_queue, _) = local.stack.queue("PaymentRequestQueue")?;
-    for def in [
-        csv_payments::batch_pipeline(batch_queue),
-        csv_payments::payment_pipeline(payment_queue),
-    ] {
+    let mut batch = csv_payments::batch_pipeline(batch_queue);
+    // A large batch runs longer than the sample's step timeout.
+    batch.steps[1].timeout_secs = batch.steps[1].timeout_secs.max(timeout.as_secs() as u32);
+    for def in [batch, csv_payments::payment_pipeline(payment_queue)] {
         local.release(def, Vec::new()).await?;
     }
+    let bank = Arc::new(CountingBank {
+        references: Default::default(),
+    });
     let _runner = local.run_workers(vec![
         (
             "CsvWorkerFunction",
             csv_payments::batch_contract(),
-            Arc::new(csv_payments::CsvSteps),
+            bank.clone(),
         ),
         (
             "PaymentWorkerFunction",
             csv_payments::payment_contract(),
-            Arc::new(csv_payments::CsvSteps),
+            bank.clone(),
         ),
     ])?;
 
-    let input = csv_payments::sample_csv();
+    let (input, (paid, declined, bad)) = match rows {
+        Some(rows) => csv_payments::generated_csv(rows),
+        None => (csv_payments::sample_csv(), (3, 1, 2)),
+    };
     let rows = input["csv"].as_str().unwrap_or_default().lines().count() - 1;
     let id = demo
         .submit(csv_payments::BATCH_PIPELINE, "finance", input)
         .await?;
     println!("batch of {rows} rows submitted: execution {id}");
-    let ended = demo
-        .until_ended(
-            &[id],
-            demo.deadline(),
-            "the batch did not finish",
-            |records| {
-                let record = &records[0];
-                match (&record.await_unit, record.status) {
-                    (Some(unit), Status::WaitingExternal) => {
-                        let done = unit
-                            .interactions
-                            .iter()
-                            .filter(|i| i.completion.is_some())
-                            .count();
-                        format!(
-                            "{} step {}: {done}/{} payments done",
-                            record.status,
-                            record.step + 1,
-                            unit.interactions.len()
-                        )
-                    }
-                    _ => format!("{} step {}", record.status, record.step + 1),
-                }
-            },
-        )
-        .await?;
-    let record = &ended[0];
+    let deadline = demo.deadline();
+    let mut last = String::new();
+    let record = loop {
+        let record = demo.api.get(id).await?;
+        let line = match demo.api.unit_progress(&record).await? {
+            Some(p) if record.status == Status::WaitingExternal => {
+                let outcomes: Vec<String> =
+                    p.answered.iter().map(|(o, n)| format!("{o} {n}")).collect();
+                format!(
+                    "{} step {}: {}/{} payments done ({})",
+                    record.status,
+                    record.step + 1,
+                    p.interactions - p.open,
+                    p.interactions,
+                    outcomes.join(", ")
+                )
+            }
+            _ => format!("{} step {}", record.status, record.step + 1),
+        };
+        if line != last {
+            println!("[{:>5.1}s] {line}", demo.elapsed());
+            last = line;
+        }
+        if record.status.is_terminal() {
+            break record;
+        }
+        demo.in_time(deadline, "the batch did not finish")?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     println!();
     let summary = record
         .result
         .as_ref()
         .map(|r| r.value().clone())
         .unwrap_or_default();
-    println!("{}", serde_json::to_string_pretty(&summary)?);
+    if rows <= 20 {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    }
     let count = |key: &str| summary[key].as_array().map_or(0, Vec::len);
+    let references = bank.references.lock().expect("bank").clone();
+    let twice: Vec<_> = references.iter().filter(|(_, r)| r.len() > 1).collect();
     println!(
-        "\n{} in {:.1}s: {} paid, {} failed, {} bad rows",
+        "\n{} in {:.1}s: {} paid, {} failed, {} bad rows; {} rows paid, {} of them under more than one reference",
         record.status,
         demo.elapsed(),
         summary["paid"],
         count("failed"),
-        count("badRows")
+        count("badRows"),
+        references.len(),
+        twice.len()
     );
     if record.status != Status::Succeeded
-        || summary["paid"] != 3
-        || count("failed") != 1
-        || count("badRows") != 2
+        || summary["paid"] != paid
+        || count("failed") != declined
+        || count("badRows") != bad
     {
-        bail!("the batch did not end as expected (3 paid, 1 declined, 2 bad rows)");
+        bail!(
+            "the batch did not end as expected ({paid} paid, {declined} declined, {bad} bad rows)"
+        );
+    }
+    if !twice.is_empty() {
+        bail!("rows paid twice: {twice:?}");
     }
     Ok(())
 }

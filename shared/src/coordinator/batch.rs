@@ -198,10 +198,21 @@ impl Coordinator {
                 role,
                 hot,
             } => {
-                let applied = self
+                let applied = match self
                     .decide_into(outbox, index, execution, &event, role, hot)
                     .await
-                    .map_err(|error| MessageError::Coordinator { execution, error })?;
+                {
+                    // A cancelled fan-out's child that never started (a window's later one): there
+                    // is nothing to cancel.
+                    Err(CoordinatorError::NotFound(_))
+                        if matches!(event, Event::CancelFromParent { .. }) =>
+                    {
+                        return Ok(Handled::Skipped(Skip::Stale));
+                    }
+                    applied => {
+                        applied.map_err(|error| MessageError::Coordinator { execution, error })?
+                    }
+                };
                 let record = &applied.record;
                 tracing::info!(execution_id = %record.id, tenant = %record.tenant, role, status = %record.status, version = record.version, skipped = ?applied.skipped, "event applied");
                 Ok(match applied.skipped {

@@ -11,7 +11,8 @@ use uuid::Uuid;
 use super::items::{ItemReader, ItemSource, ItemsError};
 use super::{Coordinator, CoordinatorError, Outbox};
 use crate::claims::ClaimError;
-use crate::domain::fan_out::{block_len, block_of};
+use crate::claims::PAYLOAD_PREFIX;
+use crate::domain::fan_out::{block_len, block_of, BLOCK};
 use crate::domain::{
     self, ChildEnd, Counted, Decision, Event, Execution, FanOutUnit, Skip, Status, StepDef,
     UnitProgress,
@@ -88,6 +89,10 @@ impl Coordinator {
         if fan_out.settles(&counted) {
             self.settle_fan_out(outbox, source, &parent, notice.unit, fan_out)
                 .await?;
+        } else if let Some(next) = fan_out.next_after(notice.end.item) {
+            // Within a window, this child's end starts the next (again on a redelivered notice:
+            // the start is idempotent).
+            self.start_next(&parent, notice.unit, next).await?;
         }
         Ok(None)
     }
@@ -193,21 +198,44 @@ impl Coordinator {
             }
         };
         let (claims, source) = read.map_err(items_error)?;
+        let fan_out = current
+            .await_unit
+            .as_ref()
+            .and_then(|u| u.fan_out)
+            .unwrap_or_else(|| FanOutUnit::of(Some(step), items));
+        let wave = fan_out.first_wave();
         let mut reader = ItemReader::new(claims, source);
         let mut item = 0u32;
+        // With a window, every item is kept in blocks the later starts read (`start_next`), all
+        // written before the first child starts; the first wave is started after.
+        let mut block = Vec::new();
+        let mut first_wave = Vec::new();
         while item < items {
             let Some(page) = reader.next_page().await.map_err(items_error)? else {
                 break;
             };
             let mut messages: Vec<OutMessage> = Vec::with_capacity(page.len());
             for input in page.into_iter().take((items - item) as usize) {
-                messages.extend(self.child_start(&current, step, unit_id, item, input));
+                if fan_out.window.is_some() {
+                    block.extend(serde_json::to_vec(&input).unwrap_or_default());
+                    block.push(b'\n');
+                }
+                if item < wave {
+                    messages.extend(self.child_start(&current, step, unit_id, item, input));
+                }
                 item += 1;
+                if fan_out.window.is_some() && (item.is_multiple_of(BLOCK) || item == items) {
+                    let key = block_key(record.id, unit_id, (item - 1) / BLOCK);
+                    claims.put_named(&key, std::mem::take(&mut block)).await?;
+                }
             }
-            for result in self.sender.send(&start_queue, &messages).await {
-                result.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            if fan_out.window.is_some() {
+                first_wave.extend(messages);
+            } else {
+                self.send_starts(&start_queue, &messages).await?;
             }
         }
+        self.send_starts(&start_queue, &first_wave).await?;
         if item < items {
             tracing::error!(execution_id = %record.id, counted = items, read = item, "the items' object holds fewer items than were counted: it changed");
         }
@@ -219,6 +247,62 @@ impl Coordinator {
             false,
         )
         .await?;
+        Ok(())
+    }
+
+    /// Starts child `next` of fan-out `unit` of `parent` (a window's next child): its item read from
+    /// the parent's input, or from the block object the unit's start wrote.
+    async fn start_next(
+        &self,
+        parent: &Execution,
+        unit: Uuid,
+        next: u32,
+    ) -> Result<(), CoordinatorError> {
+        let definition = self
+            .definition(&parent.pipeline_id, &parent.release_version)
+            .await?;
+        let Some(step) = definition.step(parent.step) else {
+            return Ok(());
+        };
+        let Some(start_queue) = self.settings.start_queue.clone() else {
+            return Err(CoordinatorError::Invalid(
+                "no start queue to start children on".into(),
+            ));
+        };
+        let input = parent.step_input(parent.step).cloned().unwrap_or_default();
+        let item = match ItemSource::of(&input).map_err(items_error)? {
+            None => input.value()["items"][next as usize].clone(),
+            Some(_) => {
+                let claims = self.claims.as_ref().ok_or_else(|| {
+                    CoordinatorError::Payload(ClaimError::Unresolvable(
+                        "no payload bucket is configured to read a fan-out's items from".into(),
+                    ))
+                })?;
+                let key = block_key(parent.id, unit, next / BLOCK);
+                let bytes = claims
+                    .fetch_range(claims.bucket(), &key, 0, u64::from(u32::MAX))
+                    .await?;
+                let line = bytes
+                    .split(|b| *b == b'\n')
+                    .nth((next % BLOCK) as usize)
+                    .unwrap_or_default();
+                serde_json::from_slice(line)
+                    .map_err(|e| CoordinatorError::Invalid(format!("item {next} in {key}: {e}")))?
+            }
+        };
+        let message = self.child_start(parent, step, unit, next, item);
+        self.send_starts(&start_queue, &message.into_iter().collect::<Vec<_>>())
+            .await
+    }
+
+    async fn send_starts(
+        &self,
+        start_queue: &str,
+        messages: &[OutMessage],
+    ) -> Result<(), CoordinatorError> {
+        for result in self.sender.send(start_queue, messages).await {
+            result.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        }
         Ok(())
     }
 
@@ -246,4 +330,10 @@ fn items_error(e: ItemsError) -> CoordinatorError {
         ItemsError::Claim(e) => CoordinatorError::Payload(e),
         ItemsError::Invalid(message) => CoordinatorError::Invalid(message),
     }
+}
+
+/// The object holding block `block` of the items of fan-out `unit` of `execution` (JSON lines), for a
+/// window's later starts.
+fn block_key(execution: Uuid, unit: Uuid, block: u32) -> String {
+    format!("{PAYLOAD_PREFIX}{execution}/{unit}/items-{block}.jsonl")
 }

@@ -264,8 +264,12 @@ impl Coordinator {
             .step_input(record.step)
             .and_then(|p| p.value().get("items").and_then(Value::as_array).cloned())
             .unwrap_or_default();
-        let count = items.len();
-        for (i, item) in items.into_iter().enumerate() {
+        // With a window, the first wave only: each child's end starts the next (`child_ended`).
+        let count = await_unit
+            .fan_out
+            .map_or(items.len(), |f| f.first_wave() as usize)
+            .min(items.len());
+        for (i, item) in items.into_iter().take(count).enumerate() {
             let Some(start) = self.child_start(record, step_def, await_unit.id, i as u32, item)
             else {
                 return;

@@ -82,10 +82,6 @@ catalogue! {
     /// stack's, or does not match the reference's size and digest. As a step error code: final.
     PayloadUnresolvable = "PAYLOAD_UNRESOLVABLE" => 422,
 
-    /// A fan-out's items cannot be read: not an array, a line that is not JSON, a CSV row with
-    /// another number of fields than its header. As a step error code: final.
-    InvalidItems = "INVALID_ITEMS" => 422,
-
     // Events the state machine refuses.
     UnknownCorrelation = "UNKNOWN_CORRELATION" => 409,
     ReceiptConflict = "RECEIPT_CONFLICT" => 409,
@@ -117,6 +113,9 @@ catalogue! {
     Rejected = "REJECTED" => 500,
     /// More of a fan-out's children failed than its step tolerates.
     FanOutFailed = "FAN_OUT_FAILED" => 500,
+    /// A fan-out's items cannot be read: not an array, a line that is not JSON, a CSV row with
+    /// another number of fields than its header.
+    InvalidItems = "INVALID_ITEMS" => 500,
     /// The execution was cancelled (the reason is the message).
     Cancelled = "CANCELLED" => 500,
     /// The worker could not decode a step's input.

@@ -618,10 +618,7 @@ mod tests {
         // A fan-out's, from its ledger's tally.
         let fan_out = AwaitUnit {
             interactions: Vec::new(),
-            fan_out: Some(FanOutUnit {
-                items: 1000,
-                tolerated: 0,
-            }),
+            fan_out: Some(FanOutUnit::of(None, 1000)),
             ..unit
         };
         let tally = Tally {

@@ -17,6 +17,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::execution::{Status, StepError};
+use super::pipeline::StepDef;
 
 /// Children per block of the ledger: a block's sets stay small (each write of one is billed by its
 /// size), and a unit of N children has N / `BLOCK` blocks for its head to track.
@@ -28,9 +29,35 @@ pub const BLOCK: u32 = 256;
 pub struct FanOutUnit {
     pub items: u32,
     pub tolerated: u32,
+    /// At most this many children run at once: the first ones start together, then the end of
+    /// child i starts child i + window (none: all start at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<u32>,
 }
 
 impl FanOutUnit {
+    /// The unit of `items` children of fan-out step `step`.
+    pub fn of(step: Option<&StepDef>, items: u32) -> Self {
+        Self {
+            items,
+            tolerated: step.map_or(0, |s| s.tolerated(items)),
+            window: step
+                .and_then(|s| s.max_concurrency)
+                .filter(|window| *window < items),
+        }
+    }
+
+    /// How many children start with the unit (the rest as others end).
+    pub fn first_wave(&self) -> u32 {
+        self.window.unwrap_or(self.items).min(self.items)
+    }
+
+    /// The child the end of child `item` starts, if any.
+    pub fn next_after(&self, item: u32) -> Option<u32> {
+        let next = item.checked_add(self.window?)?;
+        (next < self.items).then_some(next)
+    }
+
     /// Blocks of the ledger the unit's children are counted in.
     pub fn blocks(&self) -> u32 {
         self.items.div_ceil(BLOCK)
@@ -118,10 +145,7 @@ mod tests {
     #[test]
     fn blocks_cover_every_item_once() {
         for items in [0, 1, 255, 256, 257, 1000, 100_000] {
-            let unit = FanOutUnit {
-                items,
-                tolerated: 0,
-            };
+            let unit = FanOutUnit::of(None, items);
             let held: u32 = (0..unit.blocks()).map(|b| block_len(b, items)).sum();
             assert_eq!(held, items);
             if items > 0 {
@@ -135,6 +159,7 @@ mod tests {
         let unit = FanOutUnit {
             items: 10,
             tolerated: 2,
+            window: None,
         };
         let failed = |n| Counted {
             complete: false,
@@ -151,6 +176,27 @@ mod tests {
         assert!(!unit.settled_by(&tally(7, 2)));
         assert!(unit.settled_by(&tally(8, 2)));
         assert!(unit.settled_by(&tally(0, 3)));
+    }
+
+    #[test]
+    fn a_window_starts_the_next_child_as_each_ends() {
+        let step = StepDef::fan_out("f", "c").max_concurrency(3);
+        let unit = FanOutUnit::of(Some(&step), 10);
+        assert_eq!((unit.first_wave(), unit.window), (3, Some(3)));
+        assert_eq!(unit.next_after(0), Some(3));
+        assert_eq!(unit.next_after(6), Some(9));
+        assert_eq!(unit.next_after(7), None);
+        // Each of the ten is started exactly once: the first wave, then one per end.
+        let mut started: Vec<u32> = (0..unit.first_wave()).collect();
+        started.extend((0..10).filter_map(|i| unit.next_after(i)));
+        started.sort();
+        assert_eq!(started, (0..10).collect::<Vec<_>>());
+        // A window as wide as the items is no window.
+        let all = FanOutUnit::of(Some(&step), 3);
+        assert_eq!(
+            (all.first_wave(), all.window, all.next_after(0)),
+            (3, None, None)
+        );
     }
 
     #[test]

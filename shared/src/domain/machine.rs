@@ -1346,8 +1346,7 @@ fn launch_fan_out(
                 let output = with_results(next, step, &Tally::default(), Value::Array(Vec::new()));
                 return apply_outcome(next, def, ctx, receipt, Outcome::Succeeded(output));
             }
-            let tolerated = def.step(step).map_or(0, |s| s.tolerated(items));
-            Some(FanOutUnit { items, tolerated })
+            Some(FanOutUnit::of(def.step(step), items))
         }
     };
     next.status = Status::WaitingExternal;
@@ -1418,9 +1417,8 @@ fn size_fan_out(
         let actions = apply_outcome(&mut next, def, ctx, receipt, Outcome::Succeeded(output));
         return commit(next, actions);
     }
-    let tolerated = def.step(step).map_or(0, |s| s.tolerated(items));
     if let Some(u) = next.await_unit.as_mut() {
-        u.fan_out = Some(FanOutUnit { items, tolerated });
+        u.fan_out = Some(FanOutUnit::of(def.step(step), items));
     }
     commit(next, Vec::new())
 }

@@ -62,6 +62,10 @@ pub struct StepDef {
     /// Fan-out steps: the share of the children (0 to 100) that may fail without failing the step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerated_failure_percent: Option<f64>,
+    /// Fan-out steps: at most this many children run at once (the first ones start together, then
+    /// each child's end starts the next); none: all start at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
 }
 
 impl StepDef {
@@ -80,6 +84,7 @@ impl StepDef {
             child_pipeline: None,
             tolerated_failures: None,
             tolerated_failure_percent: None,
+            max_concurrency: None,
         }
     }
 
@@ -141,6 +146,12 @@ impl StepDef {
     pub fn tolerating(mut self, count: Option<u32>, percent: Option<f64>) -> Self {
         self.tolerated_failures = count;
         self.tolerated_failure_percent = percent;
+        self
+    }
+
+    /// A fan-out step's children run at most `children` at once.
+    pub fn max_concurrency(mut self, children: u32) -> Self {
+        self.max_concurrency = Some(children);
         self
     }
 
@@ -272,6 +283,12 @@ impl PipelineDef {
             {
                 return Err(format!(
                     "step {:?}: toleratedFailurePercent must be between 0 and 100",
+                    step.id
+                ));
+            }
+            if step.max_concurrency == Some(0) {
+                return Err(format!(
+                    "step {:?}: maxConcurrency must be at least 1",
                     step.id
                 ));
             }

@@ -61,6 +61,8 @@ pub struct FanOutConfig {
     pub duplicate_rate: f64,
     /// A store that ignores the version condition (to prove the checker catches what it causes).
     pub broken_store: bool,
+    /// The fan-out step's `maxConcurrency`.
+    pub window: Option<u32>,
 }
 
 impl Default for FanOutConfig {
@@ -72,6 +74,7 @@ impl Default for FanOutConfig {
             crash_rate: 0.01,
             duplicate_rate: 0.05,
             broken_store: false,
+            window: None,
         }
     }
 }
@@ -89,8 +92,11 @@ pub struct FanOutReport {
     pub parent_writes: u64,
     /// Writes that resumed the parent (resolved its fan-out): exactly one.
     pub resumptions: u64,
-    /// Worker runs of the children's step.
+    /// The most children started and not yet ended at any time.
+    pub most_running: u64,
+    /// Worker runs of the children's step, and the rows they paid.
     pub step_runs: u64,
+    pub rows_paid: u64,
     pub ledger_writes: u64,
     pub status: Option<Status>,
     pub tally: Tally,
@@ -167,6 +173,8 @@ struct Store {
     broken: bool,
     /// Each written version's await unit and whether it was resolved, by execution and version.
     units: Mutex<std::collections::HashMap<(Uuid, u64), (Uuid, bool)>>,
+    /// Children started and not ended, and the most there were.
+    running: Mutex<(u64, u64)>,
 }
 
 #[async_trait]
@@ -177,7 +185,16 @@ impl ExecutionStore for Store {
         self.inner.get(id).await
     }
     async fn create(&self, record: &Execution) -> Result<(), StoreError> {
-        faulty(&self.world, self.inner.create(record)).await
+        faulty(&self.world, async {
+            self.inner.create(record).await?;
+            if record.parent.is_some() {
+                let mut running = self.running.lock().expect("running");
+                running.0 += 1;
+                running.1 = running.1.max(running.0);
+            }
+            Ok(())
+        })
+        .await
     }
     async fn replace(&self, record: &Execution, expected: u64) -> Result<(), StoreError> {
         // Whether the version the writer decided on had the unit this write resolves open.
@@ -192,11 +209,16 @@ impl ExecutionStore for Store {
             _ => false,
         };
         faulty(&self.world, async {
-            let condition = match (self.inner.snapshot(record.id), self.broken) {
+            let before = self.inner.snapshot(record.id);
+            let condition = match (&before, self.broken) {
                 (Some(current), true) => current.version,
                 _ => expected,
             };
             self.inner.replace(record, condition).await?;
+            let ended = |r: &Execution| r.parent.is_some() && r.status.is_terminal();
+            if ended(record) && !before.as_ref().is_some_and(ended) {
+                self.running.lock().expect("running").0 -= 1;
+            }
             if let Some(unit) = resolved(record) {
                 let key = (record.id, record.version);
                 self.units.lock().expect("units").insert(key, unit);
@@ -314,17 +336,25 @@ impl Clock for SimClock {
     }
 }
 
-/// The children's step: fails for good on every `failing_every`-th item, else pays it.
+/// The children's step: fails for good on every `failing_every`-th item, else pays it under the
+/// reference of its child execution (what the bank deduplicates on), noting each reference per item.
 struct Payments {
     failing_every: u32,
     runs: Arc<AtomicU64>,
+    references: Arc<Mutex<BTreeMap<u32, std::collections::BTreeSet<Uuid>>>>,
 }
 
 #[async_trait]
 impl StepFunction for Payments {
-    async fn run(&self, _request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
         self.runs.fetch_add(1, Ordering::SeqCst);
         let n = input["n"].as_u64().unwrap_or_default() as u32;
+        self.references
+            .lock()
+            .expect("bank")
+            .entry(n)
+            .or_default()
+            .insert(request.execution_id);
         if self.failing_every > 0 && n % self.failing_every == self.failing_every - 1 {
             return Err(StepError::new("DECLINED", "planned failure", false));
         }
@@ -337,9 +367,12 @@ fn pipelines(config: &FanOutConfig) -> (PipelineDef, PipelineDef) {
         "batch",
         "1",
         [
-            StepDef::fan_out("payments", "payment")
-                .timeout_secs(86_400)
-                .tolerating(Some(config.tolerated), None),
+            StepDef {
+                max_concurrency: config.window,
+                ..StepDef::fan_out("payments", "payment")
+                    .timeout_secs(86_400)
+                    .tolerating(Some(config.tolerated), None)
+            },
             // Its request waits on a queue nobody reads: the sim ends once it is sent.
             StepDef::task("summary", SUMMARY),
         ],
@@ -384,6 +417,7 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
         resolutions: AtomicU64::new(0),
         broken: config.broken_store,
         units: Mutex::default(),
+        running: Mutex::default(),
     });
     let ledger = Arc::new(Ledger {
         inner: InMemoryFanOutLedger::default(),
@@ -432,6 +466,7 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
         .with_claim_check(claims.clone()),
     );
     let runs = Arc::new(AtomicU64::new(0));
+    let references = Arc::new(Mutex::new(BTreeMap::new()));
     let identity = |def: &PipelineDef| Identity {
         pipeline_id: def.pipeline_id.clone(),
         contract_version: crate::domain::contract::Contract::of(def).contract_version,
@@ -443,6 +478,7 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
         Arc::new(Payments {
             failing_every: config.failing_every,
             runs: runs.clone(),
+            references: references.clone(),
         }),
     )
     .with_heartbeat(Heartbeat::Off)
@@ -569,6 +605,15 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
 
     let mut report = world.lock().expect("world").report.clone();
     report.resumptions = store.resolutions.load(Ordering::SeqCst);
+    report.most_running = store.running.lock().expect("running").1;
+    if let Some(window) = config.window {
+        if report.most_running > u64::from(window) {
+            report.violations.push(format!(
+                "{} children ran at once, the window is {window}",
+                report.most_running
+            ));
+        }
+    }
     // Every write of the parent's item moved its version by one (created at version 1).
     report.parent_writes = store
         .inner
@@ -576,6 +621,16 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
         .map_or(0, |r| r.version.saturating_sub(1));
     report.step_runs = runs.load(Ordering::SeqCst);
     report.ledger_writes = ledger.inner.writes() as u64;
+    // Each row is paid under one reference (its child's id) however often its step ran.
+    {
+        let references = references.lock().expect("bank");
+        report.rows_paid = references.len() as u64;
+        for (n, paid) in references.iter().filter(|(_, r)| r.len() > 1) {
+            report
+                .violations
+                .push(format!("row {n} paid under {} references", paid.len()));
+        }
+    }
     check(
         &mut report,
         config,
@@ -699,5 +754,5 @@ async fn check(
             report.parent_writes, config.children
         ));
     }
-    report.violations = violations;
+    report.violations.extend(violations);
 }

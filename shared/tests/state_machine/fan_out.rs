@@ -270,7 +270,8 @@ fn a_fan_out_over_items_in_an_object_is_sized_before_its_children_start() {
             ready.await_unit.as_ref().unwrap().fan_out,
             Some(stepline::domain::FanOutUnit {
                 items: 1000,
-                tolerated: 0
+                tolerated: 0,
+                window: None
             })
         );
         assert_eq!(

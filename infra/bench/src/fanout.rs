@@ -1,0 +1,231 @@
+//! A fan-out at scale on the emulator (`--fan-out N`): the csv example's batch of N rows, each paid by
+//! a child execution, through the real handlers behind the local runner on metered clients. Measures
+//! the wall time, every AWS request by side, service and operation with its bill, the writes of the
+//! parent's item and of the fan-out ledger.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Result};
+use serde::Serialize;
+use serde_json::json;
+use stepline::domain::Status;
+use stepline::SubmitRequest;
+use stepline_local::{fresh_stage, functions, LocalStack, Runner, RunnerOptions, Template};
+
+use crate::analysis::billed;
+use crate::meter::Meter;
+use crate::pricing::{gb_seconds, Prices};
+use crate::workload::{memory_sizes, metered, table_infos, FUNCTION_NAMES};
+
+const BATCH_QUEUE: &str = "CsvRequestQueue";
+const PAYMENT_QUEUE: &str = "PaymentRequestQueue";
+
+/// One line of the fan-out's bill.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FanOutLine {
+    pub side: String,
+    pub service: String,
+    pub operation: String,
+    pub calls: u64,
+    pub units: f64,
+    pub usd: f64,
+}
+
+/// What the run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct FanOut {
+    pub children: usize,
+    pub wall_s: f64,
+    pub status: Status,
+    pub paid: u64,
+    /// Writes of the parent's item, its creation included (its version at the end).
+    pub parent_writes: u64,
+    /// Writes and reads of the fan-out ledger.
+    pub ledger_writes: u64,
+    pub ledger_reads: u64,
+    pub lines: Vec<FanOutLine>,
+    pub calls: u64,
+    pub lambda_invocations: u64,
+    pub coordinator_usd: f64,
+    pub worker_usd: f64,
+}
+
+impl FanOut {
+    pub fn per_child(&self, value: f64) -> f64 {
+        value / self.children.max(1) as f64
+    }
+}
+
+/// A CSV of `rows` payments within the bank's limit.
+fn csv_of(rows: usize) -> String {
+    let mut csv = String::from("payee,iban,amount_cents\n");
+    for n in 0..rows {
+        csv.push_str(&format!("Payee {n},GB33BUKB20201555555555,{}\n", 100 + n));
+    }
+    csv
+}
+
+pub async fn run(children: usize, prices: &Prices) -> Result<FanOut> {
+    ensure!(
+        std::env::var_os("AWS_ENDPOINT_URL").is_some(),
+        "AWS_ENDPOINT_URL is not set: start the emulator (infra/emulator.sh) or use infra/bench.sh"
+    );
+    let template = Template::load(&Template::default_path())?;
+    let local = LocalStack::up(&fresh_stage("bench-fanout")).await?;
+    let meter = Meter::new(table_infos(&local, &template));
+    let clients = meter.clients(&local.sdk);
+    let local = local.with_clients(clients);
+    // The observer and the submitter use their own, unmetered clients: only the stack's work is billed.
+    let observer = stepline::aws::coordinator(
+        &local.sdk,
+        &stepline::config::CoordinatorConfig::from_lookup(local.stack.env_of(functions::REDRIVE)?)?,
+    );
+    let (batch_queue, _) = local.stack.queue(BATCH_QUEUE)?;
+    let (payment_queue, _) = local.stack.queue(PAYMENT_QUEUE)?;
+    let mut batch = csv_payments::batch_pipeline(batch_queue);
+    batch.steps[1].timeout_secs = 3600;
+    for def in [batch, csv_payments::payment_pipeline(payment_queue)] {
+        local.release(def, Vec::new()).await?;
+    }
+    let mut bindings = local.coordinator_bindings()?;
+    for (function, contract) in [
+        ("CsvWorkerFunction", csv_payments::batch_contract()),
+        ("PaymentWorkerFunction", csv_payments::payment_contract()),
+    ] {
+        bindings.push(local.worker_binding(
+            function,
+            &contract,
+            Arc::new(csv_payments::CsvSteps),
+        )?);
+    }
+    let bindings = bindings.into_iter().map(|b| metered(&meter, b)).collect();
+    let _runner = Runner::start(
+        local.clients.sqs.clone(),
+        &local.stack,
+        bindings,
+        RunnerOptions::default(),
+    )?;
+
+    meter.take();
+    let started = Instant::now();
+    let id = observer
+        .submit(SubmitRequest {
+            pipeline_id: csv_payments::BATCH_PIPELINE.into(),
+            tenant: "bench".into(),
+            input: json!({ "csv": csv_of(children) }),
+            ..Default::default()
+        })
+        .await?
+        .execution;
+    let deadline = started + Duration::from_secs(600 + children as u64);
+    let record = loop {
+        let record = observer.get(id).await?;
+        if record.status.is_terminal() {
+            break record;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the batch did not end: {}",
+            record.status
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let wall_s = started.elapsed().as_secs_f64();
+    let (calls, invocations) = meter.take();
+
+    let mut lines: BTreeMap<(String, String, String), FanOutLine> = BTreeMap::new();
+    let (mut coordinator_usd, mut worker_usd) = (0.0, 0.0);
+    let (mut ledger_writes, mut ledger_reads, mut counted) = (0, 0, 0);
+    for call in &calls {
+        if call.function == Some("claim")
+            || (call.operation == "ReceiveMessage" && call.messages == 0)
+        {
+            continue;
+        }
+        let side = match call.function {
+            Some("worker") => "worker",
+            Some(_) => "coordinator",
+            None => "event source",
+        };
+        if call.ledger {
+            if call.operation == "BatchGetItem" {
+                ledger_reads += 1;
+            } else {
+                ledger_writes += 1;
+            }
+        }
+        let (units, usd) = billed(call, prices);
+        let line = lines
+            .entry((side.into(), call.service.clone(), call.operation.clone()))
+            .or_insert_with(|| FanOutLine {
+                side: side.into(),
+                service: call.service.clone(),
+                operation: call.operation.clone(),
+                ..FanOutLine::default()
+            });
+        line.calls += 1;
+        line.units += units;
+        line.usd += usd;
+        counted += 1;
+        if side == "worker" {
+            worker_usd += usd;
+        } else {
+            coordinator_usd += usd;
+        }
+    }
+    // Lambda: a request per invocation and its duration at the function's memory size.
+    let memory = memory_sizes(&template);
+    let mut lambda_invocations = 0;
+    for invocation in invocations.iter().filter(|i| i.function != "claim") {
+        let function = FUNCTION_NAMES
+            .iter()
+            .find(|(_, short)| *short == invocation.function)
+            .map_or("ApiFunction", |(f, _)| f);
+        let mb = memory.get(function).copied().unwrap_or(128);
+        let usd = prices.lambda_request
+            + gb_seconds(invocation.duration_ms, mb) * prices.lambda_gb_second;
+        let side = if invocation.function == "worker" {
+            "worker"
+        } else {
+            "coordinator"
+        };
+        let line = lines
+            .entry((side.into(), "lambda".into(), "Invoke".into()))
+            .or_insert_with(|| FanOutLine {
+                side: side.into(),
+                service: "lambda".into(),
+                operation: "Invoke".into(),
+                ..FanOutLine::default()
+            });
+        line.calls += 1;
+        line.units += 1.0;
+        line.usd += usd;
+        lambda_invocations += 1;
+        if side == "worker" {
+            worker_usd += usd;
+        } else {
+            coordinator_usd += usd;
+        }
+    }
+    let paid = record
+        .result
+        .as_ref()
+        .and_then(|r| r.value()["paid"].as_u64())
+        .unwrap_or_default();
+    Ok(FanOut {
+        children,
+        wall_s,
+        status: record.status,
+        paid,
+        parent_writes: record.version,
+        ledger_writes,
+        ledger_reads,
+        lines: lines.into_values().collect(),
+        calls: counted,
+        lambda_invocations,
+        coordinator_usd,
+        worker_usd,
+    })
+}
