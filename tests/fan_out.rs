@@ -329,6 +329,11 @@ async fn a_thousand_children_succeed_and_their_parent_is_written_a_constant_numb
     let summary = done.result.clone().expect("a summary").value().clone();
     assert_eq!(summary["paid"], ROWS, "{summary}");
     assert_eq!(summary["failed"], json!([]));
+    assert_eq!(
+        summary["badRows"],
+        json!([]),
+        "the parsed rows' report reaches the summary"
+    );
     // Every row paid once.
     let runs = steps.runs.lock().unwrap().clone();
     assert_eq!(runs.len(), ROWS);

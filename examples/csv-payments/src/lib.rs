@@ -190,6 +190,30 @@ fn summary(input: &Value) -> Value {
         "paid": paid.len(),
         "paidCents": total,
         "failed": failed,
-        "badRows": input["badRows"],
+        // A fan-out over a claim-checked input wraps it: `{"input": <the rows>, "results", ...}`.
+        "badRows": input.get("input").unwrap_or(input)["badRows"],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_reads_the_bad_rows_beside_the_results_or_in_a_wrapped_input() {
+        let results = json!([
+            {"item": 0, "status": "SUCCEEDED", "result": {"amountCents": 500}},
+            {"item": 1, "status": "FAILED", "error": {"code": "DECLINED", "message": "no"}},
+        ]);
+        let bad = json!([{"line": 4, "reason": "expected payee,iban,amount_cents"}]);
+        let inline = json!({"items": [], "badRows": bad, "results": results});
+        let wrapped = json!({"input": {"items": [], "badRows": bad}, "results": results});
+        for input in [inline, wrapped] {
+            let summary = summary(&input);
+            assert_eq!(summary["paid"], 1);
+            assert_eq!(summary["paidCents"], 500);
+            assert_eq!(summary["failed"][0]["code"], "DECLINED");
+            assert_eq!(summary["badRows"], bad);
+        }
+    }
 }

@@ -147,6 +147,8 @@ pub async fn run(children: usize, prices: &Prices) -> Result<FanOut> {
         let side = match call.function {
             Some("worker") => "worker",
             Some(_) => "coordinator",
+            // The pollers' receives and deletes (Lambda's event source), and calls made off a
+            // handler's task.
             None => "event source",
         };
         if call.ledger {

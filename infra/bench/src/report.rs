@@ -442,8 +442,8 @@ pub fn fan_out_markdown(run: &crate::fanout::FanOut) -> String {
          | fan-out ledger writes / reads | {} / {} ({:.2} writes per child) |\n\
          | AWS requests (Lambda invocations aside) | {} ({:.1} per child) |\n\
          | Lambda invocations | {} ({:.2} per child) |\n\
-         | coordinator side | ${:.6} per child, ${:.2} per million children |\n\
-         | worker side (the example's steps) | ${:.6} per child |\n\n\
+         | coordinator side | ${:.2} per million children |\n\
+         | worker side (the example's steps) | ${:.2} per million children |\n\n\
          | side | service | operation | calls | per child | units | $ per million children |\n\
          |---|---|---|---|---|---|---|\n",
         run.paid,
@@ -458,9 +458,8 @@ pub fn fan_out_markdown(run: &crate::fanout::FanOut) -> String {
         run.per_child(run.calls as f64),
         run.lambda_invocations,
         run.per_child(run.lambda_invocations as f64),
-        run.per_child(run.coordinator_usd),
         run.per_child(run.coordinator_usd) * 1e6,
-        run.per_child(run.worker_usd),
+        run.per_child(run.worker_usd) * 1e6,
     );
     for line in &run.lines {
         out.push_str(&format!(

@@ -668,7 +668,7 @@ async fn csv_demo(stage: Option<String>, timeout: Duration, rows: Option<usize>)
     let references = bank.references.lock().expect("bank").clone();
     let twice: Vec<_> = references.iter().filter(|(_, r)| r.len() > 1).collect();
     println!(
-        "\n{} in {:.1}s: {} paid, {} failed, {} bad rows; {} rows paid, {} of them under more than one reference",
+        "\n{} in {:.1}s: {} paid, {} failed, {} bad rows; {} rows sent to the bank, {} of them under more than one reference",
         record.status,
         demo.elapsed(),
         summary["paid"],

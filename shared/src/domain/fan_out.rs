@@ -11,6 +11,10 @@
 //! how many children have failed. Either may settle the parent (`settles`): the coordinator then
 //! reads the tally and the ends and applies one `FanOutSettled` to the parent, a conditional write
 //! that only the first of racing settlers wins.
+//!
+//! With a window (`maxConcurrency`), the first `window` children start with the step and the end of
+//! child i starts child i + window: each child is started once (starts are idempotent), and at most
+//! `window` run at once.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
