@@ -347,6 +347,26 @@ pub struct ParentLink {
     pub step: u32,
 }
 
+/// A child's end, as its notice reports it and the ledger keeps it: the element of the step's
+/// `results` at its item's place.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildEnd {
+    pub item: u32,
+    pub execution_id: Uuid,
+    pub status: Status,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<StepError>,
+}
+
+impl ChildEnd {
+    pub fn succeeded(&self) -> bool {
+        self.status == Status::Succeeded
+    }
+}
+
 /// Incidents kept on the record (oldest dropped first): the DLQ holds the messages themselves.
 pub const MAX_INCIDENTS: usize = 10;
 /// An incident's detail is cut to this many bytes on the record (the DLQ holds the whole message).

@@ -3,7 +3,7 @@
 //!
 //! The parent's await unit holds only how many children there are and how many may fail
 //! (`FanOutUnit`). Each child's end is kept in the fan-out ledger (`ports::FanOutLedger`): its end
-//! (`ChildEnd`) under its own key, its item number added to the set of its block of `BLOCK` items
+//! (`execution::ChildEnd`) under its own key, its item number added to the set of its block of `BLOCK` items
 //! (succeeded or failed), and, when that completes the block or the child failed, the block or the
 //! failure added to the unit's head. Adding to a set is idempotent, so a child recorded twice (a
 //! redelivered notice, a crash between two of the writes and a retry) is counted once. The write
@@ -17,10 +17,7 @@
 //! `window` run at once.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
-use uuid::Uuid;
 
-use super::execution::{Status, StepError};
 use super::pipeline::StepDef;
 
 /// Children per block of the ledger: a block's sets stay small (each write of one is billed by its
@@ -86,26 +83,6 @@ pub fn block_of(item: u32) -> u32 {
 /// How many items block `block` of a unit of `items` holds.
 pub fn block_len(block: u32, items: u32) -> u32 {
     items.saturating_sub(block.saturating_mul(BLOCK)).min(BLOCK)
-}
-
-/// A child's end, as its notice reports it and the ledger keeps it: the element of the step's
-/// `results` at its item's place.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ChildEnd {
-    pub item: u32,
-    pub execution_id: Uuid,
-    pub status: Status,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<StepError>,
-}
-
-impl ChildEnd {
-    pub fn succeeded(&self) -> bool {
-        self.status == Status::Succeeded
-    }
 }
 
 /// What counting one child learned from the writes it made.

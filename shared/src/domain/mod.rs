@@ -14,12 +14,12 @@ pub mod release;
 
 pub use codes::Code;
 pub use execution::{
-    AwaitUnit, DeadLetterMark, Execution, Incident, Interaction, InteractionCompletion, Lease,
-    LifecycleEvent, LifecycleKind, ParentLink, Receipt, RedriveNote, Status, StepError,
+    AwaitUnit, ChildEnd, DeadLetterMark, Execution, Incident, Interaction, InteractionCompletion,
+    Lease, LifecycleEvent, LifecycleKind, ParentLink, Receipt, RedriveNote, Status, StepError,
     StepProgress, StepStatus, UnitProgress, Verdict, MAX_EARLIER_RECEIPTS, MAX_INCIDENTS,
     MAX_INCIDENT_DETAIL, MAX_REDRIVE_NOTES,
 };
-pub use fan_out::{ChildEnd, Counted, FanOutUnit, Tally};
+pub use fan_out::{Counted, FanOutUnit, Tally};
 pub use ids::{
     fan_out_child_id, fan_out_event_id, idempotent_id, launch_id, new_secret, reply_token,
     start_event_key,
