@@ -1062,9 +1062,9 @@ fn complete_interaction(
     if !constant_time_eq(found.token.as_bytes(), token.as_bytes()) {
         return Decision::Reject(Rejection::InvalidToken);
     }
-    // A fan-out child's notice for an earlier attempt of the step (sent before a later attempt
-    // started it again), or for an attempt that is over (the parent moved on, failed or was
-    // cancelled): nothing waits for it, and nothing is written.
+    // An answer naming an earlier await unit of the step (sent before a later attempt replaced it),
+    // or one for a unit that is over (the execution moved on, failed or was cancelled): nothing waits
+    // for it, and nothing is written.
     let over = unit.resolved || record.status != Status::WaitingExternal;
     if named_unit.is_some_and(|named| named != unit.id || over && found.completion.is_none()) {
         return Decision::Skip(Skip::Stale);
