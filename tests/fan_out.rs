@@ -200,20 +200,7 @@ async fn a_re_driven_fan_out_runs_only_the_children_that_did_not_succeed() -> an
     // The bank accepts the row now.
     steps.declining.store(false, Ordering::SeqCst);
 
-    // Re-driven as an operator does: against the version read, again if it moved meanwhile (the
-    // children's late notices are noted on it).
-    let response = loop {
-        let request = RedriveRequest {
-            execution_id: id,
-            expected_version: api.get(id).await?.version,
-            reason: "the bank is back".into(),
-        };
-        match handlers::redrive(&api, request).await {
-            Err(e) if e.code() == "VERSION_CONFLICT" => continue,
-            other => break other?,
-        }
-    };
-    assert_eq!(response.status, Status::Queued);
+    redrive(&api, id).await?;
     let done = wait_for(&api, id, Duration::from_secs(90), |r| {
         r.status.is_terminal()
     })
@@ -230,6 +217,24 @@ async fn a_re_driven_fan_out_runs_only_the_children_that_did_not_succeed() -> an
         BTreeMap::from([(2, 1), (SLOW_LINE, 1), (DECLINED_LINE, 2), (5, 1)]),
         "runs of `pay` per line"
     );
+    Ok(())
+}
+
+/// Re-drives the batch as an operator does: against the version read, again if it moved meanwhile
+/// (a dead letter marked sent, a child's late notice noted on it).
+async fn redrive(api: &stepline::Coordinator, id: Uuid) -> anyhow::Result<()> {
+    let response = loop {
+        let request = RedriveRequest {
+            execution_id: id,
+            expected_version: api.get(id).await?.version,
+            reason: "the bank is back".into(),
+        };
+        match handlers::redrive(api, request).await {
+            Err(e) if e.code() == "VERSION_CONFLICT" => continue,
+            other => break other?,
+        }
+    };
+    assert_eq!(response.status, Status::Queued);
     Ok(())
 }
 
@@ -395,18 +400,7 @@ async fn a_fan_out_failed_beyond_its_tolerance_is_re_driven_and_only_children_th
     let runs_before = steps.runs.lock().unwrap().clone();
 
     steps.declining.store(false, Ordering::SeqCst);
-    let response = loop {
-        let request = RedriveRequest {
-            execution_id: id,
-            expected_version: api.get(id).await?.version,
-            reason: "the bank is back".into(),
-        };
-        match handlers::redrive(&api, request).await {
-            Err(e) if e.code() == "VERSION_CONFLICT" => continue,
-            other => break other?,
-        }
-    };
-    assert_eq!(response.status, Status::Queued);
+    redrive(&api, id).await?;
     let done = wait_for(&api, id, Duration::from_secs(90), |r| {
         r.status.is_terminal()
     })

@@ -12,12 +12,11 @@ use serde::Serialize;
 use serde_json::json;
 use stepline::domain::Status;
 use stepline::SubmitRequest;
-use stepline_local::{fresh_stage, functions, LocalStack, Runner, RunnerOptions, Template};
+use stepline_local::{Runner, RunnerOptions, Template};
 
 use crate::analysis::billed;
-use crate::meter::Meter;
 use crate::pricing::{gb_seconds, Prices};
-use crate::workload::{memory_sizes, metered, table_infos, FUNCTION_NAMES};
+use crate::workload::{memory_sizes, metered, metered_stage, FUNCTION_NAMES};
 
 const BATCH_QUEUE: &str = "CsvRequestQueue";
 const PAYMENT_QUEUE: &str = "PaymentRequestQueue";
@@ -73,15 +72,9 @@ pub async fn run(children: usize, prices: &Prices) -> Result<FanOut> {
         "AWS_ENDPOINT_URL is not set: start the emulator (infra/emulator.sh) or use infra/bench.sh"
     );
     let template = Template::load(&Template::default_path())?;
-    let local = LocalStack::up(&fresh_stage("bench-fanout")).await?;
-    let meter = Meter::new(table_infos(&local, &template));
-    let clients = meter.clients(&local.sdk);
-    let local = local.with_clients(clients);
-    // The observer and the submitter use their own, unmetered clients: only the stack's work is billed.
-    let observer = stepline::aws::coordinator(
-        &local.sdk,
-        &stepline::config::CoordinatorConfig::from_lookup(local.stack.env_of(functions::REDRIVE)?)?,
-    );
+    // The batch is submitted through the observer: only the stack's work is billed.
+    let (local, meter, observer) =
+        metered_stage("bench-fanout", &Default::default(), &template).await?;
     let (batch_queue, _) = local.stack.queue(BATCH_QUEUE)?;
     let (payment_queue, _) = local.stack.queue(PAYMENT_QUEUE)?;
     let mut batch = csv_payments::batch_pipeline(batch_queue);

@@ -162,6 +162,24 @@ pub(crate) fn metered(meter: &Meter, binding: Binding) -> Binding {
     }
 }
 
+/// A fresh stage of the template (with `params`) whose clients carry a meter, and an observer
+/// coordinator on its own, unmetered clients (its polls and submissions are not the stack's work).
+pub async fn metered_stage(
+    prefix: &str,
+    params: &BTreeMap<String, String>,
+    template: &Template,
+) -> Result<(LocalStack, Meter, Coordinator)> {
+    let local = LocalStack::up_with(&fresh_stage(prefix), params).await?;
+    let meter = Meter::new(table_infos(&local, template));
+    let clients = meter.clients(&local.sdk);
+    let local = local.with_clients(clients);
+    let observer = stepline::aws::coordinator(
+        &local.sdk,
+        &stepline::config::CoordinatorConfig::from_lookup(local.stack.env_of(functions::REDRIVE)?)?,
+    );
+    Ok((local, meter, observer))
+}
+
 /// Key attributes of each table of the stack (and of its indexes), from the template.
 pub fn table_infos(local: &LocalStack, template: &Template) -> HashMap<String, TableInfo> {
     let keys = |schema: Option<&Yaml>| -> Vec<String> {
@@ -227,15 +245,7 @@ pub async fn run(work: Workload) -> Result<Measured> {
         work.lifecycle_events.to_string(),
     )]
     .into();
-    let local = LocalStack::up_with(&fresh_stage("bench"), &params).await?;
-    let meter = Meter::new(table_infos(&local, &template));
-    let clients = meter.clients(&local.sdk);
-    let local = local.with_clients(clients);
-    // The observer polls through its own, unmetered clients.
-    let observer = stepline::aws::coordinator(
-        &local.sdk,
-        &stepline::config::CoordinatorConfig::from_lookup(local.stack.env_of(functions::REDRIVE)?)?,
-    );
+    let (local, meter, observer) = metered_stage("bench", &params, &template).await?;
     let api = local.coordinator(functions::REDRIVE)?;
     let (queue, _) = local.stack.queue(WORKER_QUEUE)?;
     let mut def = pipeline(queue, work.steps);
