@@ -408,7 +408,8 @@ async fn a_fan_out_failed_beyond_its_tolerance_is_re_driven_and_only_children_th
     assert_eq!(done.status, Status::Succeeded, "{done:#?}");
     assert_eq!(done.result.expect("a summary").value()["paid"], 4);
     // Each child's worker invocations: a child that succeeded never ran again; each of the others
-    // ran once more.
+    // ran again. (A child cancelled while its request still waited on the worker's queue may have
+    // that request run after it ended, before the re-drive: its count can grow by two.)
     let runs = steps.runs.lock().unwrap().clone();
     for (n, status) in before.iter().enumerate() {
         let line = n as u64 + 2;
@@ -416,12 +417,10 @@ async fn a_fan_out_failed_beyond_its_tolerance_is_re_driven_and_only_children_th
             runs_before.get(&line).copied().unwrap_or(0),
             runs.get(&line).copied().unwrap_or(0),
         );
-        let again = u32::from(*status != Status::Succeeded);
-        assert_eq!(
-            now,
-            was + again,
-            "line {line} ({status}): runs {was} then {now}"
-        );
+        match status {
+            Status::Succeeded => assert_eq!(now, was, "line {line} paid again"),
+            _ => assert!(now > was, "line {line} ({status}): runs {was} then {now}"),
+        }
     }
     assert_eq!(runs[&DECLINED_LINE], 2, "the declined row ran again");
     Ok(())
