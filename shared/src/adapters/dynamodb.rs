@@ -378,8 +378,8 @@ fn ledger_key(unit: Uuid, suffix: Option<String>) -> AttributeValue {
     }
 }
 
-fn set_len(item: Option<&Item>, name: &str) -> u32 {
-    match item.and_then(|i| i.get(name)) {
+fn set_len(item: &Item, name: &str) -> u32 {
+    match item.get(name) {
         Some(AttributeValue::Ns(values)) => values.len() as u32,
         _ => 0,
     }
@@ -488,7 +488,7 @@ impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
         let after = self
             .add_to_sets(ledger_key(unit, Some(format!("b{block}"))), &[(set, item)])
             .await?;
-        Ok(set_len(Some(&after), "ok") + set_len(Some(&after), "failed"))
+        Ok(set_len(&after, "ok") + set_len(&after, "failed"))
     }
 
     async fn add_to_head(
@@ -511,10 +511,7 @@ impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
         } else {
             self.add_to_sets(ledger_key(unit, None), &adds).await?
         };
-        Ok((
-            set_len(Some(&head), "blocks"),
-            set_len(Some(&head), "failed"),
-        ))
+        Ok((set_len(&head, "blocks"), set_len(&head, "failed")))
     }
 
     async fn tally(&self, unit: Uuid, items: u32) -> Result<crate::domain::Tally, StoreError> {
@@ -525,8 +522,8 @@ impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
         let found = self.read_many(keys).await?;
         let mut tally = crate::domain::Tally::default();
         for item in found.values() {
-            tally.succeeded += set_len(Some(item), "ok");
-            tally.failed += set_len(Some(item), "failed");
+            tally.succeeded += set_len(item, "ok");
+            tally.failed += set_len(item, "failed");
         }
         Ok(tally)
     }
