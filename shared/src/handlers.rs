@@ -22,6 +22,7 @@ use crate::envelope::{
 };
 pub use crate::envelope::{StartDetail, START_DETAIL_TYPE};
 use crate::ports::DeadLetterQueue;
+use crate::planted::{self, Bug};
 
 /// Claim (EventBridge schedule): one sweep of the due-time index.
 pub async fn claim(
@@ -105,6 +106,14 @@ pub async fn launch(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchRespo
 /// the next step's `launching` state in one conditional write, then sends the next request directly.
 /// Interaction completions arrive on the same queue.
 pub async fn completion(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchResponse {
+    let mut event = event;
+    if planted::active(Bug::DropsReplies) {
+        let mut n = 0;
+        event.records.retain(|_| {
+            n += 1;
+            n % 2 == 1
+        });
+    }
     batch(coordinator, Inbox::Reply, event, reply_command).await
 }
 

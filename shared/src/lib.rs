@@ -24,6 +24,7 @@ pub mod handlers;
 pub mod http;
 pub mod lambda;
 pub mod metrics;
+pub mod planted;
 pub mod ports;
 #[cfg(feature = "testing")]
 pub mod sim;

@@ -1,20 +1,34 @@
 //! Deterministic simulation of the coordinator under faults (the fault campaign).
 //!
-//! The real handlers (`handlers::claim`, `launch`, `completion`) and the real worker runtime run against
-//! in-memory ports that follow DynamoDB's conditional-write semantics and SQS's at-least-once delivery
-//! with visibility timeouts, receive counts and redrive to DLQs. A seeded scheduler interleaves handler
-//! invocations at every port call, and injects:
+//! The real handlers (`handlers::claim_within`, `launch`, `completion`), the real coordinator API
+//! (submit, cancel, re-drive) and the real worker runtime run against in-memory ports that follow
+//! DynamoDB's conditional-write semantics (with its item size limit and a due index that is a
+//! separate, lagging view of rounded keys in shards, queried a page at a time) and SQS's at-least-once
+//! delivery with visibility timeouts, receive counts and redrive to DLQs. Every role runs as two
+//! processes with caches of their own (so steps run two at a time). A seeded scheduler
+//! interleaves invocations at every port call, and injects:
 //! - crashes before and after any port call (the invocation dies: later calls fail, nothing is deleted,
 //!   its messages reappear after the visibility timeout);
-//! - duplicate deliveries and duplicate sends, random reordering, garbage messages;
+//! - responses lost after a commit (the write is applied, the SDK's retry meets its own version and
+//!   the invocation carries on), and sends whose response is lost;
+//! - duplicate deliveries and duplicate sends, random reordering, garbage messages, replies forged by
+//!   an adversary who can read the request queue (right launch, wrong token);
 //! - time jumps while invocations are stalled mid-flight, so leases expire under a still-running
-//!   ("zombie") holder that later tries to commit.
+//!   ("zombie") holder, and sweeps run into their function's deadline;
+//! - a change of the due index's shard count; cancels racing completions; re-drives of failed
+//!   executions.
 //!
-//! After a faulty phase it lets the system settle without faults and checks the invariants: every
-//! execution reaches the terminal state its plan dictates; each step's outcome is applied exactly once;
-//! no write is lost (every write is based on the version it replaces) and no fenced holder commits;
-//! nothing is lost (every garbage message sits in a DLQ; every failed execution has its envelope in the
-//! execution DLQ). A run is a pure function of its seed.
+//! Each execution follows a plan (transient failures, a permanent one, an output too large for the
+//! record, a cancel, a re-drive) from which the checker knows how every attempt must end and how the
+//! execution must end; any other end is a violation, and so is an execution still running a bounded
+//! simulated time after the faults stop. Beside the end state it checks, as they happen: every write is
+//! based on the version it replaces; launch work is carried out only under the lease it names; a live
+//! invocation sends the launch of every lease it commits; a sweep that ran to its end read every entry
+//! due when it started; nothing is lost (garbage and forged messages sit in a DLQ, every failed
+//! execution's envelope in the execution DLQ). A schedule is a pure function of its seed.
+//!
+//! One schedule in [`SimConfig::fan_out_every`] is a fan-out instead ([`fan_out`]): a parent over
+//! children, with a window or a tolerance, under the same kinds of faults.
 
 pub mod fan_out;
 
@@ -30,11 +44,15 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::adapters::dynamodb::due_shard;
+use crate::adapters::dynamodb::{due_key, due_shard};
 use crate::adapters::InMemoryReleaseRegistry;
-use crate::coordinator::{Coordinator, Settings, SubmitRequest};
+use crate::coordinator::{CancelRequest, Coordinator, RedriveRequest, Settings, SubmitRequest};
 use crate::domain::{Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError};
-use crate::envelope::{DeadLetterEnvelope, Identity, RequestHeader};
+use crate::envelope::{
+    DeadLetterEnvelope, Identity, LaunchWork, ReplyEnvelope, ReplyOutcome, RequestHeader,
+    REQUEST_KIND,
+};
+use crate::planted::Bug;
 use crate::ports::{
     Backoff, BusEvent, Clock, DuePage, DueQuery, EventPublisher, ExecutionStore, MessageSender,
     OutMessage, ReleaseRegistry, SendError, StoreError,
@@ -45,8 +63,16 @@ const LAUNCH: &str = "launch";
 const REPLY: &str = "reply";
 const REQUEST: &str = "request";
 const EXECUTION_DLQ: &str = "execution-dlq";
+const DLQS: [&str; 3] = ["launch-dlq", "reply-dlq", "request-dlq"];
 const GARBAGE: &str = "\u{1f5d1} garbage";
+const FORGED: &str = "forged";
 const STEP_IDS: [&str; 3] = ["validate", "price", "confirm"];
+/// The claim function's timeout: a sweep's deadline is this long after it starts.
+const CLAIM_TIMEOUT_MS: i64 = 10_000;
+/// The sweeper's schedule.
+const SWEEP_EVERY_MS: i64 = 60_000;
+/// Everything must have ended this long (simulated) after the faults stop.
+const SETTLE_WITHIN_MS: i64 = 48 * 3_600_000;
 
 /// Knobs of one simulated schedule.
 #[derive(Debug, Clone)]
@@ -56,58 +82,105 @@ pub struct SimConfig {
     pub faulty_actions: usize,
     /// Probability that a port call crashes its invocation.
     pub crash_rate: f64,
+    /// Probability that a write's or a send's response is lost after it was applied.
+    pub lost_response_rate: f64,
     /// Probability that a sent message is delivered twice.
     pub duplicate_rate: f64,
     /// A store that ignores the version condition (to prove the checker catches it).
     pub broken_store: bool,
+    /// A deliberate defect in the code under test (to prove the campaign catches it).
+    pub planted: Option<Bug>,
     pub max_attempts: u32,
     pub step_timeout_secs: u32,
     pub lease_secs: u32,
     pub visibility_secs: u32,
     pub max_receives: u32,
+    /// The sweep's page size (the due-index Query's `Limit`).
+    pub claim_limit: i32,
+    /// Due-index keys are rounded up to this.
+    pub due_granularity_ms: i64,
+    /// The due index shows a write up to this late.
+    pub index_lag_ms: i64,
+    /// The store refuses records larger than this (JSON bytes).
+    pub item_limit: usize,
+    /// Every `fan_out_every`-th seed of a campaign is a fan-out schedule (0: none).
+    pub fan_out_every: u64,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
         Self {
-            executions: 3,
-            faulty_actions: 160,
-            crash_rate: 0.04,
+            executions: 6,
+            faulty_actions: 220,
+            crash_rate: 0.03,
+            lost_response_rate: 0.03,
             duplicate_rate: 0.05,
             broken_store: false,
+            planted: None,
             max_attempts: 4,
-            step_timeout_secs: 20,
+            step_timeout_secs: 3_600,
             lease_secs: 30,
             visibility_secs: 30,
             max_receives: 5,
+            claim_limit: 2,
+            due_granularity_ms: 1_000,
+            index_lag_ms: 2_000,
+            item_limit: 24 * 1024,
+            fan_out_every: 10,
         }
     }
 }
 
-/// What a schedule (or a campaign) did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Counts {
-    pub crashes: usize,
-    pub duplicates: usize,
-    pub garbage: usize,
-    pub invocations: usize,
-    pub fenced_writes: usize,
-    pub timeouts: usize,
-    pub succeeded: usize,
-    pub failed: usize,
+/// Counters of what schedules exercised, each with its name in the coverage line.
+macro_rules! counts {
+    ($($field:ident: $label:literal),* $(,)?) => {
+        /// What a schedule (or a campaign) exercised.
+        #[derive(Debug, Clone, Default, PartialEq, Eq)]
+        pub struct Counts {
+            $(pub $field: usize,)*
+        }
+
+        impl Counts {
+            fn add(&mut self, other: &Counts) {
+                $(self.$field += other.$field;)*
+            }
+
+            /// `label count` for every counter.
+            pub fn line(&self) -> String {
+                [$(format!("{} {}", $label, self.$field)),*].join(", ")
+            }
+        }
+    };
 }
 
-impl Counts {
-    fn add(&mut self, other: &Counts) {
-        self.crashes += other.crashes;
-        self.duplicates += other.duplicates;
-        self.garbage += other.garbage;
-        self.invocations += other.invocations;
-        self.fenced_writes += other.fenced_writes;
-        self.timeouts += other.timeouts;
-        self.succeeded += other.succeeded;
-        self.failed += other.failed;
-    }
+counts! {
+    invocations: "invocations",
+    crashes: "crashes",
+    lost_responses: "lost responses",
+    duplicates: "duplicates",
+    garbage: "garbage messages",
+    forged: "forged replies",
+    time_jumps: "time jumps",
+    lease_expiries: "zombie-making jumps",
+    fenced_writes: "lost races",
+    parked: "messages parked by max receives",
+    stale_index_reads: "stale index reads",
+    sweeps: "sweeps",
+    paged_queries: "paged queries",
+    sweeps_cut_short: "sweeps cut short",
+    shard_changes: "shard count changes",
+    retries: "retried attempts",
+    hangs: "hung workers",
+    timeouts: "step timeouts",
+    oversized: "outputs over the item limit",
+    cancels: "cancels",
+    redrives: "re-drives",
+    succeeded: "executions succeeded",
+    failed: "failed as planned",
+    cancelled: "cancelled",
+    fan_outs: "fan-outs",
+    children: "fan-out children",
+    tolerated: "tolerated child failures",
 }
 
 /// What one schedule did and found.
@@ -146,7 +219,7 @@ pub fn campaign(seeds: std::ops::Range<u64>, config: &SimConfig, threads: usize)
                 scope.spawn(move || {
                     let mut report = CampaignReport::default();
                     for seed in part {
-                        let r = run(*seed, config);
+                        let r = schedule(*seed, config);
                         report.merge(CampaignReport {
                             schedules: 1,
                             violations: r.violations.into_iter().map(|v| (r.seed, v)).collect(),
@@ -170,6 +243,51 @@ pub fn campaign(seeds: std::ops::Range<u64>, config: &SimConfig, threads: usize)
     total
 }
 
+/// One schedule of a campaign: a fan-out for every `fan_out_every`-th seed, else a [`run`].
+pub fn schedule(seed: u64, config: &SimConfig) -> SimReport {
+    let every = config.fan_out_every;
+    if every == 0 || seed % every != every - 1 {
+        return run(seed, config);
+    }
+    let _planted = crate::planted::plant(config.planted);
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let children = rng.u32(3..=24);
+    let failing_every = [0, 0, 3, 5][rng.usize(0..4)];
+    let fan_out = fan_out::FanOutConfig {
+        children,
+        failing_every,
+        tolerated: if rng.bool() { children } else { rng.u32(0..3) },
+        crash_rate: 0.05,
+        duplicate_rate: 0.1,
+        broken_store: config.broken_store,
+        window: rng.bool().then(|| rng.u32(1..6)),
+    };
+    let report = fan_out::run(seed, &fan_out);
+    let failing = if failing_every == 0 {
+        0
+    } else {
+        (children / failing_every) as usize
+    };
+    SimReport {
+        seed,
+        violations: report.violations,
+        counts: Counts {
+            invocations: report.invocations as usize,
+            crashes: report.crashes as usize,
+            duplicates: report.duplicates as usize,
+            sweeps: report.sweeps as usize,
+            fan_outs: 1,
+            children: children as usize,
+            tolerated: if failing <= fan_out.tolerated as usize {
+                failing
+            } else {
+                0
+            },
+            ..Counts::default()
+        },
+    }
+}
+
 // ------------------------------------------------------------------------------------------- world
 
 struct Message {
@@ -187,9 +305,116 @@ struct Queue {
     dlq: Option<&'static str>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Claim,
+    Launch,
+    Completion,
+    Worker,
+    Api,
+}
+
 #[derive(Default)]
 struct Invocation {
+    role: Option<Role>,
     killed: bool,
+    /// The bodies of the batch it was given.
+    batch: Vec<String>,
+    /// Records it read.
+    reads: BTreeSet<Uuid>,
+    /// Leases it committed (execution, generation), and the launch work it sent.
+    leases: Vec<(Uuid, u64)>,
+    launches: BTreeSet<(Uuid, u64)>,
+    /// Records it wrote without being told so (a lost response).
+    unconfirmed: BTreeSet<Uuid>,
+    /// Of those, the ones another invocation wrote over before it ended: its read-back may have found
+    /// the newer version and taken the write for lost. Like a crash after the write, that leaves the
+    /// lease's launch to the sweeper.
+    superseded: BTreeSet<Uuid>,
+}
+
+/// The due index's view of one record, from the time a write becomes visible in it.
+#[derive(Debug, Clone, Copy)]
+struct IndexEntry {
+    visible_at: i64,
+    /// Rounded due key and shard; `None`: not in the index.
+    key: Option<(i64, u32)>,
+}
+
+/// What each execution is planned to do, and what the scheduler does to it.
+#[derive(Debug, Clone, Default)]
+struct Plan {
+    id: Uuid,
+    /// Attempts of each step that fail with a retryable error.
+    fail: [u32; 3],
+    /// A step that fails for good.
+    fatal: Option<u32>,
+    /// A step whose output does not fit in the record.
+    huge: Option<u32>,
+    /// An attempt (step, attempt) whose worker hangs every time it gets the request.
+    hang: Option<(u32, u32)>,
+    /// The faulty action at which an operator cancels it.
+    cancel_at: Option<usize>,
+    /// Re-driven once if it fails.
+    redrive: bool,
+}
+
+impl Plan {
+    /// How attempt `a` of step `k` ends when it is answered: `None` for success, else the error code.
+    fn answer(&self, k: u32, a: u32) -> Option<&'static str> {
+        if self.fatal == Some(k) {
+            Some("FATAL")
+        } else if a <= self.fail[k as usize] {
+            Some("FLAKY")
+        } else if self.huge == Some(k) {
+            Some("ITEM_TOO_LARGE")
+        } else {
+            None
+        }
+    }
+}
+
+/// How an execution must end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum End {
+    Succeeded,
+    Failed { step: u32, code: String },
+}
+
+fn retryable(code: &str) -> bool {
+    matches!(code, "FLAKY" | "STEP_TIMEOUT")
+}
+
+/// The end a plan leads to, given the attempts that timed out (each explained by a parked message)
+/// and the re-drives committed.
+fn expected_end(plan: &Plan, timed_out: &BTreeSet<(u32, u32)>, redrives: u32, max: u32) -> End {
+    let mut redrives_left = redrives;
+    for k in 0..3u32 {
+        let mut limit = max;
+        let mut a = 0;
+        loop {
+            a += 1;
+            let code = if timed_out.contains(&(k, a)) {
+                Some("STEP_TIMEOUT")
+            } else {
+                plan.answer(k, a)
+            };
+            let Some(code) = code else { break };
+            if retryable(code) && a < limit {
+                continue;
+            }
+            if redrives_left > 0 {
+                redrives_left -= 1;
+                limit = a + max;
+                continue;
+            }
+            return End::Failed {
+                step: k,
+                code: code.to_string(),
+            };
+        }
+    }
+    End::Succeeded
 }
 
 struct World {
@@ -198,15 +423,29 @@ struct World {
     faults: bool,
     config: SimConfig,
     records: BTreeMap<Uuid, Execution>,
+    /// The invocation that wrote each record last.
+    writers: BTreeMap<Uuid, u64>,
     deferrals: crate::adapters::memory::Deferrals,
+    index: BTreeMap<Uuid, Vec<IndexEntry>>,
+    shards: u32,
     queues: BTreeMap<&'static str, Queue>,
     next_id: u64,
     current: Option<u64>,
     invocations: BTreeMap<u64, Invocation>,
+    plans: BTreeMap<Uuid, Plan>,
     /// Lifecycle event ids published at least once.
     published: BTreeSet<String>,
     /// Step outcomes applied: (execution, step) -> count of writes that turned it SUCCEEDED.
     applied: BTreeMap<(Uuid, u32), u32>,
+    /// Attempts that ended in failure: execution -> (step, attempt) -> code.
+    attempt_ends: BTreeMap<Uuid, BTreeMap<(u32, u32), String>>,
+    /// Attempts with a request or reply parked in a DLQ: (execution, step, attempt).
+    parked: BTreeSet<(Uuid, u32, u32)>,
+    /// Request headers seen on the request queue (what an adversary reading it learns).
+    overheard: Vec<RequestHeader>,
+    /// Cancels that reached a result: execution -> committed.
+    cancels: BTreeMap<Uuid, bool>,
+    redrives: BTreeMap<Uuid, u32>,
     violations: Vec<String>,
     report: SimReport,
 }
@@ -215,6 +454,8 @@ enum Fate {
     Proceed,
     CrashBefore,
     CrashAfter,
+    /// Applied, but the caller is told otherwise (and lives on).
+    LostResponse,
     Dead,
 }
 
@@ -223,28 +464,56 @@ impl World {
         let Some(id) = self.current else {
             return Fate::Proceed;
         };
-        let crash = self.faults && self.rng.f64() < self.config.crash_rate;
-        let before = self.rng.bool();
-        let invocation = self.invocations.entry(id).or_default();
-        if invocation.killed {
+        if self.invocations.entry(id).or_default().killed {
             return Fate::Dead;
         }
-        if !crash {
+        if !self.faults {
             return Fate::Proceed;
         }
-        invocation.killed = true;
+        let roll = self.rng.f64();
+        if roll < self.config.lost_response_rate {
+            self.report.counts.lost_responses += 1;
+            return Fate::LostResponse;
+        }
+        if roll >= self.config.lost_response_rate + self.config.crash_rate {
+            return Fate::Proceed;
+        }
+        self.invocations.entry(id).or_default().killed = true;
         self.report.counts.crashes += 1;
-        if before {
+        if self.rng.bool() {
             Fate::CrashBefore
         } else {
             Fate::CrashAfter
         }
     }
 
+    fn invocation(&mut self) -> Option<&mut Invocation> {
+        let id = self.current?;
+        self.invocations.get_mut(&id)
+    }
+
     fn push(&mut self, queue: &str, body: String, reason: Option<String>, delay_ms: i64) {
         let id = self.next_id;
         self.next_id += 1;
         let visible_at = self.now + delay_ms;
+        if DLQS.contains(&queue) {
+            self.note_parked(&body);
+        }
+        if queue == REQUEST {
+            if let Some(header) = request_header(&body).filter(|h| h.kind == REQUEST_KIND) {
+                self.overheard.push(header);
+            }
+        }
+        if queue == LAUNCH {
+            if let (Ok(work), Some(invocation)) = (
+                serde_json::from_str::<LaunchWork>(&body),
+                self.current.and_then(|c| self.invocations.get_mut(&c)),
+            ) {
+                invocation
+                    .launches
+                    .insert((work.execution_id, work.generation));
+            }
+        }
         if let Some(q) = self.queues.get_mut(queue) {
             q.messages.push(Message {
                 id,
@@ -254,6 +523,20 @@ impl World {
                 receives: 0,
                 receipt: 0,
             });
+        }
+    }
+
+    /// A request or reply reaching a DLQ explains its attempt's timeout.
+    fn note_parked(&mut self, body: &str) {
+        let attempt = request_header(body)
+            .map(|h| (h.execution_id, h.step_index, h.attempt))
+            .or_else(|| {
+                serde_json::from_str::<ReplyEnvelope>(body)
+                    .ok()
+                    .map(|r| (r.execution_id, r.step_index, r.attempt))
+            });
+        if let Some(attempt) = attempt {
+            self.parked.insert(attempt);
         }
     }
 
@@ -292,6 +575,7 @@ impl World {
             let index = q.messages.iter().position(|m| m.id == id).expect("message");
             let message = q.messages.remove(index);
             if let Some(dlq) = q.dlq {
+                self.report.counts.parked += 1;
                 let reason = message.reason.or(Some("MAX_RECEIVES".into()));
                 self.push(dlq, message.body, reason, 0);
             }
@@ -305,9 +589,65 @@ impl World {
         }
     }
 
+    /// Puts the record's current due time in the index, visible after a random lag.
+    fn index(&mut self, id: Uuid) {
+        let lag = if self.rng.bool() {
+            0
+        } else {
+            self.rng.i64(0..=self.config.index_lag_ms)
+        };
+        let key = self
+            .records
+            .get(&id)
+            .and_then(|r| self.deferrals.due_at(r))
+            .map(|due| {
+                (
+                    due_key(due, self.config.due_granularity_ms),
+                    due_shard(id, self.shards),
+                )
+            });
+        let now = self.now;
+        let entries = self.index.entry(id).or_default();
+        // Entries hidden behind a visible later one are never read again.
+        if let Some(last_visible) = entries.iter().rposition(|e| e.visible_at <= now) {
+            entries.drain(..last_visible);
+        }
+        entries.push(IndexEntry {
+            visible_at: (now + lag).max(entries.last().map_or(0, |e| e.visible_at)),
+            key,
+        });
+    }
+
+    /// What the index shows for `id` now (the latest entry visible), and whether it is stale.
+    fn indexed(&self, id: &Uuid) -> (Option<(i64, u32)>, bool) {
+        let entries = &self.index[id];
+        let visible = entries.iter().rev().find(|e| e.visible_at <= self.now);
+        let stale = entries.last().is_some_and(|e| e.visible_at > self.now);
+        (visible.and_then(|e| e.key), stale)
+    }
+
+    /// When the sweeper can next find something due: the earliest time an entry's key is due and the
+    /// entry is visible.
+    fn next_claimable(&self) -> Option<i64> {
+        self.index
+            .values()
+            .filter_map(|entries| {
+                let last = entries.last()?;
+                last.key.map(|(key, _)| key.max(last.visible_at))
+            })
+            .min()
+    }
+
     fn write(&mut self, record: &Execution, expected: Option<u64>) -> Result<(), StoreError> {
-        let previous = self.records.get(&record.id);
-        match (expected, previous) {
+        let size = crate::cache::json_size(record);
+        if size > self.config.item_limit {
+            return Err(StoreError::TooLarge(format!(
+                "a record of {size} bytes exceeds the {} byte limit",
+                self.config.item_limit
+            )));
+        }
+        let previous = self.records.get(&record.id).cloned();
+        match (expected, &previous) {
             (None, Some(_)) => return Err(StoreError::Conflict),
             (Some(v), Some(p)) if p.version != v && !self.config.broken_store => {
                 self.report.counts.fenced_writes += 1;
@@ -316,39 +656,120 @@ impl World {
             (Some(_), None) => return Err(StoreError::Conflict),
             _ => {}
         }
-        if let Some(p) = previous {
-            if record.version != p.version + 1 {
-                self.violations.push(format!(
-                    "lost update on {}: wrote version {} over version {}",
-                    record.id, record.version, p.version
-                ));
+        if let Some(p) = &previous {
+            self.observe(p, record);
+        }
+        let new_lease = record.lease.as_ref().is_some_and(|l| {
+            previous
+                .as_ref()
+                .and_then(|p| p.lease.as_ref())
+                .is_none_or(|pl| pl.token != l.token)
+        });
+        if new_lease && !record.status.is_terminal() {
+            if let Some(invocation) = self.invocation() {
+                invocation.leases.push((record.id, record.generation));
             }
-            if record.generation < p.generation {
-                self.violations.push(format!(
-                    "fenced holder committed on {}: generation {} over {}",
-                    record.id, record.generation, p.generation
-                ));
-            }
-            for k in record.steps_succeeded_since(p) {
-                *self.applied.entry((record.id, k)).or_default() += 1;
-            }
-            for (step, k) in record.steps.iter().zip(record.first_step..) {
-                let error = step.error.as_ref().map(|e| e.code.as_str());
-                let was_error = p
-                    .progress(k)
-                    .and_then(|s| s.error.as_ref())
-                    .map(|e| e.code.as_str());
-                if error == Some("STEP_TIMEOUT")
-                    && (was_error != Some("STEP_TIMEOUT") || p.attempt != record.attempt)
-                {
-                    self.report.counts.timeouts += 1;
+        }
+        if let Some(current) = self.current {
+            let before = self.writers.insert(record.id, current);
+            if let Some(writer) = before.and_then(|w| self.invocations.get_mut(&w)) {
+                if writer.unconfirmed.remove(&record.id) {
+                    writer.superseded.insert(record.id);
                 }
             }
         }
         self.records.insert(record.id, record.clone());
         self.deferrals.written(record.id);
+        self.index(record.id);
         Ok(())
     }
+
+    /// Checks a write as it happens: versions, fencing, attempt ends, outcomes applied.
+    fn observe(&mut self, p: &Execution, record: &Execution) {
+        let id = record.id;
+        if record.version != p.version + 1 {
+            self.violations.push(format!(
+                "lost update on {id}: wrote version {} over version {}",
+                record.version, p.version
+            ));
+        }
+        if record.generation < p.generation {
+            self.violations.push(format!(
+                "fenced holder committed on {id}: generation {} over {}",
+                record.generation, p.generation
+            ));
+        }
+        // Launch work is carried out only under the lease it names, whatever the version says.
+        let launching = self
+            .current
+            .and_then(|c| self.invocations.get(&c))
+            .filter(|i| i.role == Some(Role::Launch));
+        // (A launch invocation also writes what is not launch work: its lifecycle events published.)
+        let lease_token = |r: &Execution| r.lease.as_ref().map(|l| l.token);
+        let work = p.status != record.status
+            || p.step != record.step
+            || p.attempt != record.attempt
+            || p.launch_id != record.launch_id
+            || p.resends != record.resends
+            || lease_token(p) != lease_token(record);
+        if let Some(invocation) = launching.filter(|_| work) {
+            let holds = invocation.batch.iter().any(|body| {
+                serde_json::from_str::<LaunchWork>(body).is_ok_and(|w| {
+                    w.execution_id == id
+                        && w.generation == p.generation
+                        && p.lease.as_ref().is_some_and(|l| l.token == w.token)
+                })
+            });
+            if !holds {
+                self.violations.push(format!(
+                    "launch work wrote {id} without its lease (generation {}, lease {:?}))",
+                    p.generation,
+                    p.lease.as_ref().map(|l| l.token)
+                ));
+            }
+        }
+        for k in record.steps_succeeded_since(p) {
+            *self.applied.entry((id, k)).or_default() += 1;
+        }
+        // An attempt ended in failure: it must end as its plan (or a parked message) says.
+        let ended = p.status == Status::Running
+            && matches!(record.status, Status::WaitRetry | Status::Failed);
+        if ended {
+            let (k, a) = (record.step, record.attempt);
+            let code = record
+                .progress(k)
+                .and_then(|s| s.error.as_ref())
+                .or(record.error.as_ref())
+                .map(|e| e.code.clone())
+                .unwrap_or_default();
+            let planned = self.plans.get(&id).and_then(|plan| plan.answer(k, a));
+            let explained = code == "STEP_TIMEOUT" && self.parked.contains(&(id, k, a));
+            if planned != Some(code.as_str()) && !explained {
+                self.violations.push(format!(
+                    "{id} step {k} attempt {a} ended {code}, its plan says {planned:?}"
+                ));
+            }
+            match code.as_str() {
+                "STEP_TIMEOUT" => self.report.counts.timeouts += 1,
+                "ITEM_TOO_LARGE" => self.report.counts.oversized += 1,
+                _ => {}
+            }
+            if record.status == Status::WaitRetry {
+                self.report.counts.retries += 1;
+            }
+            let ends = self.attempt_ends.entry(id).or_default();
+            if ends.insert((k, a), code).is_some() {
+                self.violations
+                    .push(format!("{id} step {k} attempt {a} ended twice"));
+            }
+        }
+    }
+}
+
+/// The header of a request message (`{"header": .., "payload": ..}`).
+fn request_header(body: &str) -> Option<RequestHeader> {
+    let mut message: Value = serde_json::from_str(body).ok()?;
+    serde_json::from_value(message.get_mut("header")?.take()).ok()
 }
 
 type Shared = Arc<Mutex<World>>;
@@ -377,55 +798,78 @@ fn crashed() -> StoreError {
 
 struct SimStore(Shared);
 
+impl SimStore {
+    /// A write under a fate: a lost response is the SDK's retry meeting its own version.
+    async fn write(&self, record: &Execution, expected: Option<u64>) -> Result<(), StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.0.lock().expect("world");
+        match w.fate() {
+            Fate::Proceed => w.write(record, expected),
+            Fate::LostResponse => {
+                w.write(record, expected)?;
+                if let Some(invocation) = w.invocation() {
+                    invocation.unconfirmed.insert(record.id);
+                }
+                Err(StoreError::Conflict)
+            }
+            Fate::CrashAfter => {
+                let _ = w.write(record, expected);
+                Err(crashed())
+            }
+            _ => Err(crashed()),
+        }
+    }
+}
+
 #[async_trait]
 impl ExecutionStore for SimStore {
     async fn get(&self, id: Uuid) -> Result<Option<Execution>, StoreError> {
         YieldOnce(false).await;
         let mut w = self.0.lock().expect("world");
         match w.fate() {
-            Fate::Proceed => Ok(w.records.get(&id).cloned()),
+            Fate::Proceed | Fate::LostResponse => {
+                if let Some(invocation) = w.invocation() {
+                    invocation.reads.insert(id);
+                }
+                Ok(w.records.get(&id).cloned())
+            }
             // A crash after a read: the result never reaches the caller.
             _ => Err(crashed()),
         }
     }
 
     async fn create(&self, record: &Execution) -> Result<(), StoreError> {
-        YieldOnce(false).await;
-        let mut w = self.0.lock().expect("world");
-        match w.fate() {
-            Fate::Proceed => w.write(record, None),
-            Fate::CrashAfter => {
-                let _ = w.write(record, None);
-                Err(crashed())
-            }
-            _ => Err(crashed()),
-        }
+        self.write(record, None).await
     }
 
     async fn replace(&self, record: &Execution, expected_version: u64) -> Result<(), StoreError> {
-        YieldOnce(false).await;
-        let mut w = self.0.lock().expect("world");
-        match w.fate() {
-            Fate::Proceed => w.write(record, Some(expected_version)),
-            Fate::CrashAfter => {
-                let _ = w.write(record, Some(expected_version));
-                Err(crashed())
-            }
-            _ => Err(crashed()),
-        }
+        self.write(record, Some(expected_version)).await
     }
 
     async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError> {
         YieldOnce(false).await;
         let mut w = self.0.lock().expect("world");
         match w.fate() {
-            Fate::Proceed => {
-                let entries = w
-                    .records
-                    .values()
-                    .filter(|r| due_shard(r.id, 2) == query.shard)
-                    .filter_map(|r| w.deferrals.due_at(r).map(|d| (d, r.id)));
-                Ok(crate::adapters::memory::due_page(entries, query))
+            Fate::Proceed | Fate::LostResponse => {
+                if query.after.is_some() {
+                    w.report.counts.paged_queries += 1;
+                }
+                let mut entries = Vec::new();
+                let mut stale = 0;
+                for id in w.index.keys() {
+                    let (key, lagging) = w.indexed(id);
+                    stale += usize::from(lagging);
+                    if let Some((key, shard)) = key {
+                        if shard == query.shard {
+                            entries.push((key, *id));
+                        }
+                    }
+                }
+                w.report.counts.stale_index_reads += stale.min(1);
+                Ok(crate::adapters::memory::due_page(
+                    entries.into_iter(),
+                    query,
+                ))
             }
             _ => Err(crashed()),
         }
@@ -439,16 +883,18 @@ impl ExecutionStore for SimStore {
                 let World {
                     records, deferrals, ..
                 } = &mut *w;
-                Ok(records
+                let until = records
                     .get(&id)
-                    .and_then(|r| deferrals.defer(r, now, backoff)))
+                    .and_then(|r| deferrals.defer(r, now, backoff));
+                w.index(id);
+                Ok(until)
             }
             _ => Err(crashed()),
         }
     }
 
     fn shards(&self) -> u32 {
-        2
+        self.0.lock().expect("world").shards
     }
 }
 
@@ -481,7 +927,7 @@ impl MessageSender for SimSender {
             }
         }
         match fate {
-            Fate::CrashAfter => messages.iter().map(|_| Err(fail())).collect(),
+            Fate::CrashAfter | Fate::LostResponse => messages.iter().map(|_| Err(fail())).collect(),
             _ => messages.iter().map(|_| Ok(())).collect(),
         }
     }
@@ -514,7 +960,7 @@ impl EventPublisher for SimPublisher {
             results.push(Ok(()));
         }
         match fate {
-            Fate::CrashAfter => events
+            Fate::CrashAfter | Fate::LostResponse => events
                 .iter()
                 .map(|_| Err("simulated crash".into()))
                 .collect(),
@@ -538,22 +984,28 @@ impl Clock for SimClock {
 }
 
 /// The worker's steps: deterministic, failing as each execution's plan says.
-struct PlannedSteps;
+struct PlannedSteps {
+    item_limit: usize,
+}
 
 #[async_trait]
 impl StepFunction for PlannedSteps {
     async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
-        let k = request.step_index as usize;
+        let k = u64::from(request.step_index);
         let plan = &input["plan"];
-        if plan["fatal"].as_u64() == Some(k as u64) {
+        if plan["fatal"].as_u64() == Some(k) {
             return Err(StepError::new("FATAL", "planned permanent failure", false));
         }
-        if u64::from(request.attempt) <= plan["fail"][k].as_u64().unwrap_or(0) {
+        if u64::from(request.attempt) <= plan["fail"][k as usize].as_u64().unwrap_or(0) {
             return Err(StepError::new("FLAKY", "planned transient failure", true));
         }
         let mut trail = input["trail"].as_array().cloned().unwrap_or_default();
         trail.push(json!(request.step_id));
-        Ok(json!({"n": input["n"], "plan": plan, "trail": trail}))
+        let mut output = json!({"n": input["n"], "plan": plan, "trail": trail});
+        if plan["huge"].as_u64() == Some(k) {
+            output["pad"] = json!("x".repeat(self.item_limit));
+        }
+        Ok(output)
     }
 }
 
@@ -579,8 +1031,18 @@ fn pipeline(config: &SimConfig) -> PipelineDef {
     PipelineDef::new("sim", "1", STEP_IDS.iter().map(step))
 }
 
+/// The processes of every role, each with caches of its own.
+struct Processes {
+    claim: [Arc<Coordinator>; 2],
+    launch: [Arc<Coordinator>; 2],
+    completion: [Arc<Coordinator>; 2],
+    api: Arc<Coordinator>,
+    workers: [Arc<Worker>; 2],
+}
+
 /// Runs one schedule.
 pub fn run(seed: u64, config: &SimConfig) -> SimReport {
+    let _planted = crate::planted::plant(config.planted);
     // Tokio primitives (timers in the worker runtime) need a runtime context; the sim polls by hand.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -612,12 +1074,21 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         faults: false,
         config: config.clone(),
         records: BTreeMap::new(),
+        writers: BTreeMap::new(),
         deferrals: Default::default(),
+        index: BTreeMap::new(),
+        shards: 2,
         queues,
         next_id: 1,
         current: None,
         invocations: BTreeMap::new(),
+        plans: BTreeMap::new(),
         applied: BTreeMap::new(),
+        attempt_ends: BTreeMap::new(),
+        parked: BTreeSet::new(),
+        overheard: Vec::new(),
+        cancels: BTreeMap::new(),
+        redrives: BTreeMap::new(),
         published: BTreeSet::new(),
         violations: Vec::new(),
         report: SimReport {
@@ -644,31 +1115,38 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
                     start_queue: None,
                     start_dlq: None,
                     lease_ms: i64::from(config.lease_secs) * 1000,
-                    claim_limit: 25,
+                    claim_limit: config.claim_limit,
                     instance: role.into(),
                 },
             )
             .with_publisher(Arc::new(SimPublisher(world.clone()))),
         )
     };
-    let claim = coordinator("claim");
-    let launch = coordinator("launch");
-    let completion = coordinator("completion");
-    let api = coordinator("api");
-    let worker = Arc::new(
-        Worker::new(
-            Identity {
-                pipeline_id: def.pipeline_id.clone(),
-                contract_version: crate::domain::contract::Contract::of(&def).contract_version,
-                release_version: def.release_version.clone(),
-            },
-            Arc::new(SimSender(world.clone())),
-            Arc::new(PlannedSteps),
+    let worker = || {
+        Arc::new(
+            Worker::new(
+                Identity {
+                    pipeline_id: def.pipeline_id.clone(),
+                    contract_version: crate::domain::contract::Contract::of(&def).contract_version,
+                    release_version: def.release_version.clone(),
+                },
+                Arc::new(SimSender(world.clone())),
+                Arc::new(PlannedSteps {
+                    item_limit: config.item_limit,
+                }),
+            )
+            .with_concurrency(1)
+            .with_heartbeat(crate::worker::Heartbeat::Off)
+            .with_dead_letter_queue("request-dlq"),
         )
-        .with_concurrency(1)
-        .with_heartbeat(crate::worker::Heartbeat::Off)
-        .with_dead_letter_queue("request-dlq"),
-    );
+    };
+    let processes = Processes {
+        claim: [coordinator("claim-1"), coordinator("claim-2")],
+        launch: [coordinator("launch-1"), coordinator("launch-2")],
+        completion: [coordinator("completion-1"), coordinator("completion-2")],
+        api: coordinator("api"),
+        workers: [worker(), worker()],
+    };
 
     block_on(registry.register(&crate::domain::release::Release::new(
         def.clone(),
@@ -683,23 +1161,31 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
     }))
     .expect("activate");
 
-    // Plans: mostly clean, some transient failures, some permanent, some exhausting the budget.
-    let mut plans = Vec::new();
+    // Plans: mostly clean, some transient failures, some permanent, some exhausting the budget, some
+    // too large; some cancelled on the way, some re-driven when they fail.
     for n in 0..config.executions {
-        let (fail, fatal) = {
+        let mut plan = Plan::default();
+        {
             let mut w = world.lock().expect("world");
-            let mut fail = [0u64; 3];
-            let mut fatal = None;
-            match w.rng.u8(0..10) {
+            match w.rng.u8(0..13) {
                 0..=4 => {}
-                5..=7 => fail[w.rng.usize(0..3)] = w.rng.u64(1..3),
-                8 => fatal = Some(w.rng.u64(0..3)),
-                _ => fail[w.rng.usize(0..3)] = 99,
+                5..=7 => plan.fail[w.rng.usize(0..3)] = w.rng.u32(1..3),
+                8 => plan.fatal = Some(w.rng.u32(0..3)),
+                9 => plan.huge = Some(w.rng.u32(0..3)),
+                10 => plan.hang = Some((w.rng.u32(0..3), w.rng.u32(1..3))),
+                _ => plan.fail[w.rng.usize(0..3)] = 99,
             }
-            (fail, fatal)
-        };
-        let input = json!({"n": n, "trail": [], "plan": {"fail": fail, "fatal": fatal}});
-        let submitted = block_on(api.submit(SubmitRequest {
+            if w.rng.u8(0..8) == 0 {
+                plan.cancel_at = Some(w.rng.usize(0..config.faulty_actions.max(1)));
+            }
+            plan.redrive = w.rng.u8(0..3) == 0;
+        }
+        let input = json!({
+            "n": n,
+            "trail": [],
+            "plan": {"fail": plan.fail, "fatal": plan.fatal, "huge": plan.huge},
+        });
+        let submitted = block_on(processes.api.submit(SubmitRequest {
             pipeline_id: def.pipeline_id.clone(),
             release_version: None,
             tenant: "sim".into(),
@@ -708,124 +1194,313 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
             parent: None,
         }))
         .expect("submit");
-        plans.push((submitted.execution, fail, fatal));
+        plan.id = submitted.execution;
+        world
+            .lock()
+            .expect("world")
+            .plans
+            .insert(plan.id, plan.clone());
     }
 
-    let mut running: Vec<Running> = Vec::new();
-    let mut next_invocation = 1u64;
-    let waker = Waker::noop();
-    let mut cx = TaskContext::from_waker(waker);
-
-    let start_invocation = |queue: Option<&'static str>,
-                            running: &mut Vec<Running>,
-                            next: &mut u64| {
-        let id = *next;
-        *next += 1;
-        let (task, receipts): (Task, Vec<(String, u64, u64)>) = match queue {
-            None => {
-                let claim = claim.clone();
-                (
-                    Box::pin(async move {
-                        let _ = crate::handlers::claim(&claim, EventBridgeEvent::default()).await;
-                        None
-                    }),
-                    Vec::new(),
-                )
-            }
-            Some(q) => {
-                let batch = {
-                    let mut w = world.lock().expect("world");
-                    let max = w.rng.usize(1..=10);
-                    w.receive(q, max)
-                };
-                if batch.is_empty() {
-                    return;
-                }
-                let mut event = SqsEvent::default();
-                let mut receipts = Vec::new();
-                for (i, (message_id, receipt, body)) in batch.into_iter().enumerate() {
-                    let mut m = SqsMessage::default();
-                    m.message_id = Some(format!("m{i}"));
-                    m.receipt_handle = Some(receipt.to_string());
-                    m.body = Some(body);
-                    event.records.push(m);
-                    receipts.push((format!("m{i}"), message_id, receipt));
-                }
-                let task: Task = match q {
-                    LAUNCH => {
-                        let c = launch.clone();
-                        Box::pin(async move { Some(crate::handlers::launch(&c, event).await) })
-                    }
-                    REPLY => {
-                        let c = completion.clone();
-                        Box::pin(async move { Some(crate::handlers::completion(&c, event).await) })
-                    }
-                    _ => {
-                        let w = worker.clone();
-                        Box::pin(async move { Some(w.handle(event).await) })
-                    }
-                };
-                (task, receipts)
-            }
-        };
-        world.lock().expect("world").report.counts.invocations += 1;
-        running.push(Running {
-            id,
-            task,
-            queue,
-            receipts,
-        });
-    };
-
-    let poll_one = |running: &mut Vec<Running>, index: usize, cx: &mut TaskContext<'_>| {
-        world.lock().expect("world").current = Some(running[index].id);
-        let poll = running[index].task.as_mut().poll(cx);
-        let mut w = world.lock().expect("world");
-        w.current = None;
-        if let Poll::Ready(response) = poll {
-            let done = running.swap_remove(index);
-            let killed = w.invocations.get(&done.id).is_some_and(|i| i.killed);
-            if let (false, Some(queue), Some(response)) = (killed, done.queue, response) {
-                let failed: BTreeSet<String> = response
-                    .batch_item_failures
-                    .into_iter()
-                    .map(|f| f.item_identifier)
-                    .collect();
-                for (event_id, message_id, receipt) in done.receipts {
-                    if !failed.contains(&event_id) {
-                        w.delete(queue, message_id, receipt);
-                    }
-                }
-            }
-        }
+    let mut scheduler = Scheduler {
+        world: world.clone(),
+        processes: &processes,
+        running: Vec::new(),
+        next_invocation: 1,
     };
 
     // Faulty phase.
     world.lock().expect("world").faults = true;
-    for _ in 0..config.faulty_actions {
-        let choice = world.lock().expect("world").rng.u8(0..100);
+    let plans: Vec<Plan> = world.lock().expect("world").plans.values().cloned().collect();
+    for action in 0..config.faulty_actions {
+        for plan in plans.iter().filter(|p| p.cancel_at == Some(action)) {
+            scheduler.start_cancel(plan.id);
+        }
+        scheduler.faulty_action();
+    }
+
+    // Calm phase: no new faults; run to quiescence, re-drive what the plans say, run again.
+    world.lock().expect("world").faults = false;
+    scheduler.settle();
+    let to_redrive: Vec<(Uuid, u64)> = {
+        let w = world.lock().expect("world");
+        plans
+            .iter()
+            .filter(|p| p.redrive)
+            .filter_map(|p| w.records.get(&p.id))
+            .filter(|r| r.status == Status::Failed)
+            .map(|r| (r.id, r.version))
+            .collect()
+    };
+    for (id, version) in to_redrive {
+        let result = block_on(processes.api.redrive(RedriveRequest {
+            execution_id: id,
+            expected_version: version,
+            reason: "operator re-drive in the sim".into(),
+        }));
+        let mut w = world.lock().expect("world");
+        match result {
+            Ok(_) => {
+                w.report.counts.redrives += 1;
+                *w.redrives.entry(id).or_default() += 1;
+            }
+            Err(e) => w.violations.push(format!("re-drive of failed {id} refused: {e}")),
+        }
+    }
+    scheduler.settle();
+
+    check(&world, config);
+    let w = world.lock().expect("world");
+    let mut report = w.report.clone();
+    report.violations = w.violations.clone();
+    report
+}
+
+/// Starts, polls and ends invocations.
+struct Scheduler<'a> {
+    world: Shared,
+    processes: &'a Processes,
+    running: Vec<Running>,
+    next_invocation: u64,
+}
+
+impl Scheduler<'_> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, World> {
+        self.world.lock().expect("world")
+    }
+
+    fn begin(&mut self, role: Role, batch: Vec<String>) -> u64 {
+        let id = self.next_invocation;
+        self.next_invocation += 1;
+        let mut w = self.lock();
+        w.report.counts.invocations += 1;
+        w.invocations.insert(
+            id,
+            Invocation {
+                role: Some(role),
+                batch,
+                ..Invocation::default()
+            },
+        );
+        id
+    }
+
+    /// A sweep of the due index, with its function's deadline.
+    fn start_sweep(&mut self) {
+        let pick = self.lock().rng.usize(0..2);
+        let claim = self.processes.claim[pick].clone();
+        let id = self.begin(Role::Claim, Vec::new());
+        let world = self.world.clone();
+        let task: Task = Box::pin(async move {
+            // Everything due when the sweep starts (as the index shows it), by version.
+            let (started, due) = {
+                let w = world.lock().expect("world");
+                let due: Vec<(Uuid, u64)> = w
+                    .index
+                    .keys()
+                    .filter(|id| {
+                        let (key, stale) = w.indexed(id);
+                        !stale && key.is_some_and(|(key, _)| key <= w.now)
+                    })
+                    .map(|id| (*id, w.records[id].version))
+                    .collect();
+                (w.now, due)
+            };
+            let deadline = Some(started + CLAIM_TIMEOUT_MS);
+            let report =
+                crate::handlers::claim_within(&claim, EventBridgeEvent::default(), deadline).await;
+            let mut w = world.lock().expect("world");
+            w.report.counts.sweeps += 1;
+            let Ok(report) = report else { return None };
+            w.report.counts.sweeps_cut_short += usize::from(report.stopped_early);
+            let invocation = &w.invocations[&id];
+            if invocation.killed || report.stopped_early || report.failed_queries > 0 {
+                return None;
+            }
+            let missed: Vec<Uuid> = due
+                .into_iter()
+                .filter(|(e, version)| {
+                    !invocation.reads.contains(e) && w.records[e].version == *version
+                })
+                .map(|(e, _)| e)
+                .collect();
+            for e in missed {
+                w.violations.push(format!(
+                    "a sweep that ran to its end never read {e}, due when it started"
+                ));
+            }
+            None
+        });
+        self.running.push(Running {
+            id,
+            task,
+            queue: None,
+            receipts: Vec::new(),
+        });
+    }
+
+    /// An operator's cancel, racing whatever runs.
+    fn start_cancel(&mut self, execution: Uuid) {
+        let api = self.processes.api.clone();
+        let id = self.begin(Role::Api, Vec::new());
+        let world = self.world.clone();
+        let task: Task = Box::pin(async move {
+            let result = api
+                .cancel(CancelRequest {
+                    execution_id: execution,
+                    reason: "operator cancel in the sim".into(),
+                })
+                .await;
+            let mut w = world.lock().expect("world");
+            w.report.counts.cancels += 1;
+            if !w.invocations[&id].killed {
+                w.cancels.insert(execution, result.is_ok());
+            }
+            None
+        });
+        self.running.push(Running {
+            id,
+            task,
+            queue: None,
+            receipts: Vec::new(),
+        });
+    }
+
+    /// An SQS-triggered invocation of a random process of the queue's consumer.
+    fn start_delivery(&mut self, queue: &'static str) {
+        let batch = {
+            let mut w = self.lock();
+            let max = w.rng.usize(1..=10);
+            w.receive(queue, max)
+        };
+        if batch.is_empty() {
+            return;
+        }
+        let mut event = SqsEvent::default();
+        let mut receipts = Vec::new();
+        let mut bodies = Vec::new();
+        for (i, (message_id, receipt, body)) in batch.into_iter().enumerate() {
+            let mut m = SqsMessage::default();
+            m.message_id = Some(format!("m{i}"));
+            m.receipt_handle = Some(receipt.to_string());
+            bodies.push(body.clone());
+            m.body = Some(body);
+            event.records.push(m);
+            receipts.push((format!("m{i}"), message_id, receipt));
+        }
+        let pick = self.lock().rng.usize(0..2);
+        let (role, task): (Role, Task) = match queue {
+            LAUNCH => {
+                let c = self.processes.launch[pick].clone();
+                (
+                    Role::Launch,
+                    Box::pin(async move { Some(crate::handlers::launch(&c, event).await) }),
+                )
+            }
+            REPLY => {
+                let c = self.processes.completion[pick].clone();
+                (
+                    Role::Completion,
+                    Box::pin(async move { Some(crate::handlers::completion(&c, event).await) }),
+                )
+            }
+            _ => {
+                let w = self.processes.workers[pick].clone();
+                (
+                    Role::Worker,
+                    Box::pin(async move { Some(w.handle(event).await) }),
+                )
+            }
+        };
+        // A worker that gets a request of a hanging attempt never answers (nor acknowledges).
+        let hangs = {
+            let w = self.lock();
+            role == Role::Worker
+                && bodies.iter().filter_map(|b| request_header(b)).any(|h| {
+                    w.plans.get(&h.execution_id).and_then(|p| p.hang)
+                        == Some((h.step_index, h.attempt))
+                })
+        };
+        let id = self.begin(role, bodies);
+        if hangs {
+            let mut w = self.lock();
+            w.report.counts.hangs += 1;
+            w.invocations.get_mut(&id).expect("invocation").killed = true;
+        }
+        self.running.push(Running {
+            id,
+            task,
+            queue: Some(queue),
+            receipts,
+        });
+    }
+
+    /// Polls invocation `index` once; a finished one has its batch acknowledged (unless it died) and
+    /// is checked: a live invocation sent the launch of every lease it committed.
+    fn poll(&mut self, index: usize) {
+        let mut cx = TaskContext::from_waker(Waker::noop());
+        self.lock().current = Some(self.running[index].id);
+        let poll = self.running[index].task.as_mut().poll(&mut cx);
+        let world = self.world.clone();
+        let mut w = world.lock().expect("world");
+        w.current = None;
+        let Poll::Ready(response) = poll else { return };
+        let done = self.running.swap_remove(index);
+        let invocation = w.invocations.remove(&done.id).unwrap_or_default();
+        if invocation.killed {
+            return;
+        }
+        for (execution, generation) in &invocation.leases {
+            if !invocation.launches.contains(&(*execution, *generation))
+                && !invocation.superseded.contains(execution)
+            {
+                w.violations.push(format!(
+                    "a live {:?} invocation committed lease {generation} of {execution} and never \
+                     sent its launch",
+                    invocation.role
+                ));
+            }
+        }
+        if let (Some(queue), Some(response)) = (done.queue, response) {
+            let failed: BTreeSet<String> = response
+                .batch_item_failures
+                .into_iter()
+                .map(|f| f.item_identifier)
+                .collect();
+            for (event_id, message_id, receipt) in done.receipts {
+                if !failed.contains(&event_id) {
+                    w.delete(queue, message_id, receipt);
+                }
+            }
+        }
+    }
+
+    fn faulty_action(&mut self) {
+        let choice = self.lock().rng.u8(0..100);
         match choice {
-            0..=44 if !running.is_empty() => {
-                let index = world.lock().expect("world").rng.usize(0..running.len());
-                poll_one(&mut running, index, &mut cx);
+            0..=41 if !self.running.is_empty() => {
+                let index = self.lock().rng.usize(0..self.running.len());
+                self.poll(index);
             }
-            45..=74 => {
-                let queue = [LAUNCH, REPLY, REQUEST][world.lock().expect("world").rng.usize(0..3)];
-                start_invocation(Some(queue), &mut running, &mut next_invocation);
+            42..=70 => {
+                let queue = [LAUNCH, REPLY, REQUEST][self.lock().rng.usize(0..3)];
+                self.start_delivery(queue);
             }
-            75..=81 => start_invocation(None, &mut running, &mut next_invocation),
-            82..=93 => {
-                let mut w = world.lock().expect("world");
+            71..=77 => self.start_sweep(),
+            78..=88 => {
+                let mut w = self.lock();
                 let jump = if w.rng.u8(0..5) == 0 {
+                    w.report.counts.lease_expiries += 1;
                     w.rng.i64(20_000..70_000)
                 } else {
                     w.rng.i64(0..5_000)
                 };
+                w.report.counts.time_jumps += 1;
                 w.now += jump;
             }
-            94..=97 => {
+            89..=91 => {
                 // Duplicate delivery of a random message.
-                let mut w = world.lock().expect("world");
+                let mut w = self.lock();
                 let queue = [LAUNCH, REPLY, REQUEST][w.rng.usize(0..3)];
                 let count = w.queues[queue].messages.len();
                 if count > 0 {
@@ -835,8 +1510,17 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
                     w.push(queue, body, None, 0);
                 }
             }
+            92..=94 => self.lock().forge_reply(),
+            95 => {
+                let mut w = self.lock();
+                let shards = w.rng.u32(1..=4);
+                if shards != w.shards {
+                    w.report.counts.shard_changes += 1;
+                    w.shards = shards;
+                }
+            }
             _ => {
-                let mut w = world.lock().expect("world");
+                let mut w = self.lock();
                 let queue = [LAUNCH, REPLY, REQUEST][w.rng.usize(0..3)];
                 let tag = format!("{GARBAGE} #{}#", w.report.counts.garbage);
                 let body = match w.rng.u8(0..3) {
@@ -850,133 +1534,177 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         }
     }
 
-    // Calm phase: no new faults; run to quiescence.
-    world.lock().expect("world").faults = false;
-    let mut guard = 0;
-    let mut last_claim = i64::MIN;
-    loop {
-        guard += 1;
-        if guard > 20_000 {
-            world
-                .lock()
-                .expect("world")
-                .violations
-                .push("did not settle within 20,000 calm actions".into());
-            break;
-        }
-        if !running.is_empty() {
-            let index = world.lock().expect("world").rng.usize(0..running.len());
-            poll_one(&mut running, index, &mut cx);
-            continue;
-        }
-        let (now, visible, next_visible) = {
-            let w = world.lock().expect("world");
-            let visible = [LAUNCH, REPLY, REQUEST]
-                .into_iter()
-                .find(|q| w.queues[q].messages.iter().any(|m| m.visible_at <= w.now));
-            let next_visible = [LAUNCH, REPLY, REQUEST]
-                .into_iter()
-                .flat_map(|q| w.queues[q].messages.iter().map(|m| m.visible_at))
-                .min();
-            (w.now, visible, next_visible)
-        };
-        if let Some(queue) = visible {
-            start_invocation(Some(queue), &mut running, &mut next_invocation);
-            continue;
-        }
-        let next_due = {
-            let w = world.lock().expect("world");
-            w.records.values().filter_map(|r| r.due_at()).min()
-        };
-        if last_claim != now && next_due.is_some_and(|d| d <= now) {
-            last_claim = now;
-            start_invocation(None, &mut running, &mut next_invocation);
-            continue;
-        }
-        match [next_visible, next_due].into_iter().flatten().min() {
-            Some(t) => {
-                let mut w = world.lock().expect("world");
-                w.now = w.now.max(t).max(now + 1);
+    /// Runs without faults until nothing is left to do; an execution still running
+    /// `SETTLE_WITHIN_MS` (simulated) later is a violation. Sweeps run on their schedule.
+    fn settle(&mut self) {
+        let calm_from = self.lock().now;
+        let mut last_sweep = i64::MIN;
+        for _ in 0..50_000 {
+            if !self.running.is_empty() {
+                let index = self.lock().rng.usize(0..self.running.len());
+                self.poll(index);
+                continue;
             }
-            None => break,
+            let (now, visible, next_visible, claimable) = {
+                let w = self.lock();
+                let queues = [LAUNCH, REPLY, REQUEST];
+                let visible = queues
+                    .into_iter()
+                    .find(|q| w.queues[q].messages.iter().any(|m| m.visible_at <= w.now));
+                let next_visible = queues
+                    .into_iter()
+                    .flat_map(|q| w.queues[q].messages.iter().map(|m| m.visible_at))
+                    .min();
+                (w.now, visible, next_visible, w.next_claimable())
+            };
+            if now - calm_from > SETTLE_WITHIN_MS {
+                let mut w = self.lock();
+                let open: Vec<String> = w
+                    .records
+                    .values()
+                    .filter(|r| !r.status.is_terminal())
+                    .map(|r| format!("{} {}", r.id, r.status))
+                    .collect();
+                w.violations.push(format!(
+                    "not settled {} h after the faults stopped: {open:?}",
+                    SETTLE_WITHIN_MS / 3_600_000
+                ));
+                return;
+            }
+            if let Some(queue) = visible {
+                self.start_delivery(queue);
+                continue;
+            }
+            let next_sweep = claimable.map(|t| round_up(t.max(now), SWEEP_EVERY_MS));
+            if next_sweep == Some(now) && last_sweep != now {
+                last_sweep = now;
+                self.start_sweep();
+                continue;
+            }
+            let next_sweep = claimable.map(|t| round_up(t.max(now + 1), SWEEP_EVERY_MS));
+            match [next_visible, next_sweep].into_iter().flatten().min() {
+                Some(t) => {
+                    let mut w = self.lock();
+                    w.now = w.now.max(t).max(now + 1);
+                }
+                None => return,
+            }
         }
+        self.lock()
+            .violations
+            .push("did not settle within 50,000 calm actions".into());
     }
+}
 
-    check(&world, &plans, config);
-    let w = world.lock().expect("world");
-    let mut report = w.report.clone();
-    report.violations = w.violations.clone();
-    report
+fn round_up(t: i64, step: i64) -> i64 {
+    t.div_euclid(step) * step + if t.rem_euclid(step) == 0 { 0 } else { step }
+}
+
+impl World {
+    /// An adversary who read a request replies to it with a wrong token: a forged success or a forged
+    /// permanent failure. It must be refused and parked, never applied.
+    fn forge_reply(&mut self) {
+        if self.overheard.is_empty() {
+            return;
+        }
+        let header = self.overheard[self.rng.usize(0..self.overheard.len())].clone();
+        let tag = format!("{FORGED} #{}#", self.report.counts.forged);
+        let outcome = if self.rng.bool() {
+            ReplyOutcome::Succeeded {
+                output: json!({"trail": [tag], "plan": {}}),
+            }
+        } else {
+            ReplyOutcome::Failed {
+                error: StepError::new("FORGED", tag, false),
+            }
+        };
+        let mut reply = ReplyEnvelope::for_request(&header, outcome);
+        reply.reply_token = match self.rng.u8(0..3) {
+            0 => String::new(),
+            _ => "0".repeat(header.reply_token.len().max(32)),
+        };
+        self.report.counts.forged += 1;
+        let body = serde_json::to_string(&reply).expect("reply");
+        self.push(REPLY, body, None, 0);
+    }
 }
 
 /// The invariants, checked once the system has settled.
-fn check(world: &Shared, plans: &[(Uuid, [u64; 3], Option<u64>)], config: &SimConfig) {
+fn check(world: &Shared, config: &SimConfig) {
     let mut w = world.lock().expect("world");
     let mut violations = Vec::new();
-    for (id, fail, fatal) in plans {
-        let Some(record) = w.records.get(id).cloned() else {
+    let plans: Vec<Plan> = w.plans.values().cloned().collect();
+    for plan in &plans {
+        let id = plan.id;
+        let Some(record) = w.records.get(&id).cloned() else {
             violations.push(format!("execution {id} lost"));
             continue;
         };
-        // The first step whose plan ends the execution, and how.
-        let doomed = (0..3u64)
-            .find(|k| *fatal == Some(*k) || fail[*k as usize] >= u64::from(config.max_attempts));
-        match record.status {
-            Status::Succeeded => {
-                if let Some(k) = doomed {
-                    violations.push(format!("{id} SUCCEEDED but its plan fails step {k}"));
-                }
-                let trail = record.result.as_ref().map(|r| r.value()["trail"].clone());
-                if trail != Some(json!(STEP_IDS)) {
-                    violations.push(format!("{id} SUCCEEDED with wrong result {trail:?}"));
-                }
-            }
-            Status::Failed => {
-                let code = record
+        let timed_out: BTreeSet<(u32, u32)> = w
+            .attempt_ends
+            .get(&id)
+            .into_iter()
+            .flatten()
+            .filter(|(_, code)| code.as_str() == "STEP_TIMEOUT")
+            .map(|(attempt, _)| *attempt)
+            .collect();
+        let redrives = w.redrives.get(&id).copied().unwrap_or(0);
+        let expected = expected_end(plan, &timed_out, redrives, config.max_attempts);
+        let cancel = w.cancels.get(&id).copied();
+        let ended = match record.status {
+            Status::Succeeded => Some(End::Succeeded),
+            Status::Failed => Some(End::Failed {
+                step: record.step,
+                code: record
                     .error
                     .as_ref()
                     .map(|e| e.code.clone())
-                    .unwrap_or_default();
-                let step = u64::from(record.step);
-                let expected = match doomed {
-                    Some(k) if step == k && *fatal == Some(k) => code == "FATAL",
-                    Some(k) if step == k => code == "FLAKY" || code == "STEP_TIMEOUT",
-                    _ => false,
-                };
-                // Timeouts are real failures too: legitimate when they used up the step's budget.
-                let timed_out = code == "STEP_TIMEOUT"
-                    && record.attempts_in_budget() >= config.max_attempts
-                    && doomed.is_none_or(|k| step <= k);
-                if !expected && !timed_out {
-                    violations.push(format!(
-                        "{id} FAILED at step {step} with {code}; plan fail={fail:?} fatal={fatal:?}"
-                    ));
-                }
-                match &record.dead_letter {
-                    Some(mark) if mark.sent => {
-                        let in_dlq = w.queues[EXECUTION_DLQ].messages.iter().any(|m| {
-                            serde_json::from_str::<DeadLetterEnvelope>(&m.body)
-                                .is_ok_and(|e| e.dead_letter_id == mark.id && e.execution_id == *id)
-                        });
-                        if !in_dlq {
-                            violations.push(format!(
-                                "{id} FAILED but its envelope is not in the execution DLQ"
-                            ));
-                        }
-                    }
-                    other => {
-                        violations.push(format!("{id} FAILED with dead letter {other:?} not sent"))
-                    }
-                }
+                    .unwrap_or_default(),
+            }),
+            _ => None,
+        };
+        match (record.status, cancel) {
+            (Status::Cancelled, Some(_)) | (Status::Cancelled, None) if plan.cancel_at.is_some() => {
             }
-            other => violations.push(format!("{id} ended {other}, not terminal")),
+            (Status::Cancelled, _) => violations.push(format!("{id} CANCELLED, never cancelled")),
+            (_, Some(true)) => violations.push(format!(
+                "{id} ended {} although its cancel was committed",
+                record.status
+            )),
+            _ if ended.as_ref() != Some(&expected) => violations.push(format!(
+                "{id} ended {} ({ended:?}), its plan {plan:?} says {expected:?}",
+                record.status
+            )),
+            _ => {}
+        }
+        if record.status == Status::Succeeded {
+            let trail = record.result.as_ref().map(|r| r.value()["trail"].clone());
+            if trail != Some(json!(STEP_IDS)) {
+                violations.push(format!("{id} SUCCEEDED with wrong result {trail:?}"));
+            }
+        }
+        if record.status == Status::Failed {
+            match &record.dead_letter {
+                Some(mark) if mark.sent => {
+                    let in_dlq = w.queues[EXECUTION_DLQ].messages.iter().any(|m| {
+                        serde_json::from_str::<DeadLetterEnvelope>(&m.body)
+                            .is_ok_and(|e| e.dead_letter_id == mark.id && e.execution_id == id)
+                    });
+                    if !in_dlq {
+                        violations.push(format!(
+                            "{id} FAILED but its envelope is not in the execution DLQ"
+                        ));
+                    }
+                }
+                other => violations.push(format!("{id} FAILED with dead letter {other:?} not sent")),
+            }
         }
         let done_steps = match record.status {
             Status::Succeeded => 3,
             _ => record.step,
         };
         for k in 0..3u32 {
-            let applied = w.applied.get(&(*id, k)).copied().unwrap_or(0);
+            let applied = w.applied.get(&(id, k)).copied().unwrap_or(0);
             let expected = u32::from(k < done_steps);
             if applied != expected {
                 violations.push(format!(
@@ -1002,6 +1730,12 @@ fn check(world: &Shared, plans: &[(Uuid, [u64; 3], Option<u64>)], config: &SimCo
         if record.event_seq == 0 {
             violations.push(format!("{id} recorded no lifecycle event"));
         }
+        match record.status {
+            Status::Succeeded => w.report.counts.succeeded += 1,
+            Status::Failed => w.report.counts.failed += 1,
+            Status::Cancelled => w.report.counts.cancelled += 1,
+            _ => {}
+        }
     }
     for q in [LAUNCH, REPLY, REQUEST] {
         let left = w.queues[q].messages.len();
@@ -1009,20 +1743,21 @@ fn check(world: &Shared, plans: &[(Uuid, [u64; 3], Option<u64>)], config: &SimCo
             violations.push(format!("{left} messages left on {q}"));
         }
     }
-    // Every garbage message injected sits in a DLQ (duplicated deliveries may put it there twice).
+    // Every garbage and forged message sits in a DLQ (duplicated deliveries may put it there twice).
+    let in_a_dlq = |tag: &str| {
+        DLQS.into_iter()
+            .any(|q| w.queues[q].messages.iter().any(|m| m.body.contains(tag)))
+    };
     for n in 0..w.report.counts.garbage {
-        let tag = format!("{GARBAGE} #{n}#");
-        let parked = ["launch-dlq", "reply-dlq", "request-dlq"]
-            .into_iter()
-            .any(|q| w.queues[q].messages.iter().any(|m| m.body.contains(&tag)));
-        if !parked {
+        if !in_a_dlq(&format!("{GARBAGE} #{n}#")) {
             violations.push(format!("garbage message #{n} lost: in no DLQ"));
         }
     }
-    let count = |status| w.records.values().filter(|r| r.status == status).count();
-    let (succeeded, failed) = (count(Status::Succeeded), count(Status::Failed));
-    w.report.counts.succeeded += succeeded;
-    w.report.counts.failed += failed;
+    for n in 0..w.report.counts.forged {
+        if !in_a_dlq(&format!("{FORGED} #{n}#")) {
+            violations.push(format!("forged reply #{n} lost: in no DLQ"));
+        }
+    }
     w.violations.extend(violations);
 }
 

@@ -5,6 +5,7 @@
 
 use std::io::Write;
 
+use stepline::planted::Bug;
 use stepline::sim::{campaign, run, SimConfig};
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -30,18 +31,7 @@ fn fault_campaign_finds_no_violation() {
         report.schedules,
         report.violations.len()
     ));
-    say(&format!(
-        "fault campaign: {} invocations, {} crashes, {} duplicates, {} garbage messages, \
-         {} fenced writes, {} step timeouts, {} executions succeeded, {} failed as planned",
-        report.counts.invocations,
-        report.counts.crashes,
-        report.counts.duplicates,
-        report.counts.garbage,
-        report.counts.fenced_writes,
-        report.counts.timeouts,
-        report.counts.succeeded,
-        report.counts.failed
-    ));
+    say(&format!("fault campaign coverage: {}", report.counts.line()));
     for (seed, violation) in report.violations.iter().take(20) {
         say(&format!("  seed {seed}: {violation}"));
     }
@@ -102,4 +92,72 @@ fn the_checker_catches_a_store_that_drops_the_version_condition() {
         "the broken store went unnoticed: {:?}",
         report.violations.iter().take(5).collect::<Vec<_>>()
     );
+}
+
+/// Runs the campaign against `bug` until it reports a violation (at most `seeds` schedules) and
+/// returns the first one found.
+fn caught(bug: Bug, config: SimConfig, seeds: u64) -> Option<(u64, String)> {
+    let config = SimConfig {
+        planted: Some(bug),
+        ..config
+    };
+    (0..seeds).step_by(100).find_map(|first| {
+        let report = campaign(first..first + 100, &config, 2);
+        report.violations.into_iter().next()
+    })
+}
+
+fn assert_caught(bug: Bug, config: SimConfig) {
+    match caught(bug, config, 2_000) {
+        Some((seed, violation)) => say(&format!("planted bug {bug:?} caught: seed {seed}: {violation}")),
+        None => panic!("planted bug {bug:?} went unnoticed in 2,000 schedules"),
+    }
+}
+
+#[test]
+fn the_campaign_catches_launch_work_that_ignores_fencing() {
+    assert_caught(Bug::LaunchIgnoresFencing, SimConfig::default());
+}
+
+#[test]
+fn the_campaign_catches_a_dropped_reply() {
+    assert_caught(Bug::DropsReplies, SimConfig::default());
+}
+
+#[test]
+fn the_campaign_catches_an_unauthenticated_reply_accepted() {
+    assert_caught(Bug::AcceptsUnauthenticatedReplies, SimConfig::default());
+}
+
+#[test]
+fn the_campaign_catches_a_sweep_that_ignores_last_evaluated_key() {
+    assert_caught(Bug::SweepIgnoresLastEvaluatedKey, SimConfig::default());
+}
+
+#[test]
+fn the_campaign_catches_a_retry_after_a_lost_response_that_drops_the_send() {
+    assert_caught(Bug::LostResponseDropsSend, SimConfig::default());
+}
+
+#[test]
+fn the_campaign_catches_a_dropped_fan_out_notice() {
+    // Fan-out schedules only.
+    let config = SimConfig {
+        fan_out_every: 1,
+        ..SimConfig::default()
+    };
+    assert_caught(Bug::DropsFanOutNotices, config);
+}
+
+#[test]
+fn without_a_planted_bug_those_schedules_are_clean() {
+    // The schedules the planted-bug tests run, as they are: no violation.
+    let report = campaign(0..200, &SimConfig::default(), 2);
+    assert!(report.violations.is_empty(), "{:?}", report.violations.first());
+    let fan_outs = SimConfig {
+        fan_out_every: 1,
+        ..SimConfig::default()
+    };
+    let report = campaign(0..200, &fan_outs, 2);
+    assert!(report.violations.is_empty(), "{:?}", report.violations.first());
 }

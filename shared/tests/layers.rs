@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 /// The layers, lowest first. A module may use modules of lower layers only.
 const LAYERS: &[&[&str]] = &[
+    // Switches for the defects the fault campaign plants (off in every function binary).
+    &["planted"],
     &["domain"],
     &[
         "ports",

@@ -18,6 +18,7 @@ use crate::domain::{
     UnitProgress,
 };
 use crate::envelope::ChildEnded;
+use crate::planted::{self, Bug};
 use crate::ports::{FanOutLedger, OutMessage, StoreError};
 
 /// Child ends read from the ledger per request batch when a fan-out settles.
@@ -32,6 +33,9 @@ pub async fn count_child(
     items: u32,
     end: &ChildEnd,
 ) -> Result<Counted, StoreError> {
+    if planted::active(Bug::DropsFanOutNotices) && end.item % 7 == 3 {
+        return Ok(Counted::default());
+    }
     ledger.keep(unit, end).await?;
     let succeeded = end.succeeded();
     let block = block_of(end.item);

@@ -40,6 +40,7 @@ use uuid::Uuid;
 use crate::cache::{byte_budget, json_size, BoundedCache};
 use crate::claims::{ClaimCheck, ClaimError};
 use crate::config::CoordinatorConfig;
+use crate::planted::{self, Bug};
 use crate::domain::{
     self, Action, Code, Context, Decision, Event, Execution, NewExecution, ParentLink, PipelineDef,
     Rejection, Skip,
@@ -524,7 +525,8 @@ impl Coordinator {
             Ok(()) => Ok(Written::Committed),
             Err(StoreError::Conflict) => {
                 let current = self.get(next.id).await?;
-                if current.version == next.version && current.write_id == next.write_id {
+                let own = current.version == next.version && current.write_id == next.write_id;
+                if own && !planted::active(Bug::LostResponseDropsSend) {
                     tracing::info!(execution_id = %next.id, version = next.version, "own write recognised after a lost response");
                     Ok(Written::Committed)
                 } else {
@@ -678,3 +680,4 @@ enum Written {
     /// Another writer got there first: the record as it is now.
     Lost(Box<Execution>),
 }
+

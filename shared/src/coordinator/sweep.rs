@@ -6,6 +6,7 @@ use uuid::Uuid;
 use super::{Coordinator, CoordinatorError, Decided, Outbox};
 use crate::domain::Event;
 use crate::metrics::{emit, Metric};
+use crate::planted::{self, Bug};
 use crate::ports::{Backoff, DueQuery};
 
 impl Coordinator {
@@ -58,8 +59,10 @@ impl Coordinator {
                 self.claim_page(&page.ids, now, &mut report).await;
                 longest_page = longest_page.max(self.clock.now_ms() - started);
                 match page.next {
-                    Some(cursor) => after = Some(cursor),
-                    None => break,
+                    Some(cursor) if !planted::active(Bug::SweepIgnoresLastEvaluatedKey) => {
+                        after = Some(cursor)
+                    }
+                    _ => break,
                 }
             }
         }

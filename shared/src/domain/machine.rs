@@ -84,6 +84,7 @@ use super::fan_out::{item_name, FanOutUnit, Tally};
 use super::ids::{fan_out_token, launch_id, new_secret, reply_token};
 use super::payload::{Payload, REF_FIELD};
 use super::pipeline::{PipelineDef, StepKind};
+use crate::planted::{self, Bug};
 
 mod transitions;
 
@@ -700,6 +701,7 @@ fn authenticate(record: &Execution, sender: &Sender, event: &Event) -> Result<()
         _ => return Err(Rejection::Unauthenticated(Uuid::nil())),
     };
     if !record.secret.is_empty()
+        && !planted::active(Bug::AcceptsUnauthenticatedReplies)
         && !constant_time_eq(
             reply_token(&record.secret, launch).as_bytes(),
             sender.token.as_bytes(),
@@ -789,7 +791,8 @@ fn launch_work(
         return Decision::Skip(Skip::Terminal);
     }
     let holds = matches!(&record.lease, Some(lease) if lease.token == token)
-        && record.generation == generation;
+        && record.generation == generation
+        || planted::active(Bug::LaunchIgnoresFencing);
     if !holds {
         return Decision::Skip(Skip::Fenced);
     }

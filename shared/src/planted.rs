@@ -1,0 +1,78 @@
+//! Planted bugs: deliberate defects the fault campaign must catch, each switched on for one simulated
+//! schedule at a time (a thread's own setting). Only the `testing` build can switch one on; every
+//! other build compiles [`active`] to `false`, so no planted bug is ever present in a function binary.
+
+/// A deliberate defect, named by what it breaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Bug {
+    /// Launch work is carried out without checking that its lease's token and generation are the
+    /// record's (fencing ignored).
+    LaunchIgnoresFencing,
+    /// The completion handler acknowledges every other reply without applying it.
+    DropsReplies,
+    /// A worker's message is accepted without checking its reply token.
+    AcceptsUnauthenticatedReplies,
+    /// The sweep reads the first page of each shard only (`LastEvaluatedKey` ignored).
+    SweepIgnoresLastEvaluatedKey,
+    /// A write whose response was lost, once recognised as its own, is treated as lost: what it
+    /// committed is never sent.
+    LostResponseDropsSend,
+    /// Every seventh child's end is acknowledged without being counted in the fan-out ledger.
+    DropsFanOutNotices,
+}
+
+impl Bug {
+    pub const ALL: [Bug; 6] = [
+        Bug::LaunchIgnoresFencing,
+        Bug::DropsReplies,
+        Bug::AcceptsUnauthenticatedReplies,
+        Bug::SweepIgnoresLastEvaluatedKey,
+        Bug::LostResponseDropsSend,
+        Bug::DropsFanOutNotices,
+    ];
+}
+
+#[cfg(feature = "testing")]
+mod switch {
+    use super::Bug;
+    use std::cell::Cell;
+
+    thread_local! {
+        static PLANTED: Cell<Option<Bug>> = const { Cell::new(None) };
+    }
+
+    pub fn active(bug: Bug) -> bool {
+        PLANTED.with(|p| p.get() == Some(bug))
+    }
+
+    /// Plants `bug` (or none) in this thread until the guard is dropped.
+    pub fn plant(bug: Option<Bug>) -> Guard {
+        let before = PLANTED.with(|p| p.replace(bug));
+        Guard(before)
+    }
+
+    pub struct Guard(Option<Bug>);
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            PLANTED.with(|p| p.set(self.0));
+        }
+    }
+}
+
+#[cfg(feature = "testing")]
+pub use switch::{plant, Guard};
+
+/// Whether `bug` is planted in this thread.
+#[inline(always)]
+pub fn active(bug: Bug) -> bool {
+    #[cfg(feature = "testing")]
+    {
+        switch::active(bug)
+    }
+    #[cfg(not(feature = "testing"))]
+    {
+        let _ = bug;
+        false
+    }
+}
