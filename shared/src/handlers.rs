@@ -21,8 +21,8 @@ use crate::envelope::{
     StartEvent, CANCEL_CHILD_KIND, CHILD_ENDED_KIND, INTERACTION_KIND, REPLY_KIND,
 };
 pub use crate::envelope::{StartDetail, START_DETAIL_TYPE};
-use crate::ports::DeadLetterQueue;
 use crate::planted::{self, Bug};
+use crate::ports::DeadLetterQueue;
 
 /// Claim (EventBridge schedule): one sweep of the due-time index.
 pub async fn claim(

@@ -263,11 +263,7 @@ pub fn schedule(seed: u64, config: &SimConfig) -> SimReport {
         window: rng.bool().then(|| rng.u32(1..6)),
     };
     let report = fan_out::run(seed, &fan_out);
-    let failing = if failing_every == 0 {
-        0
-    } else {
-        (children / failing_every) as usize
-    };
+    let failing = children.checked_div(failing_every).unwrap_or(0) as usize;
     SimReport {
         seed,
         violations: report.violations,
@@ -1211,7 +1207,13 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
 
     // Faulty phase.
     world.lock().expect("world").faults = true;
-    let plans: Vec<Plan> = world.lock().expect("world").plans.values().cloned().collect();
+    let plans: Vec<Plan> = world
+        .lock()
+        .expect("world")
+        .plans
+        .values()
+        .cloned()
+        .collect();
     for action in 0..config.faulty_actions {
         for plan in plans.iter().filter(|p| p.cancel_at == Some(action)) {
             scheduler.start_cancel(plan.id);
@@ -1244,7 +1246,9 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
                 w.report.counts.redrives += 1;
                 *w.redrives.entry(id).or_default() += 1;
             }
-            Err(e) => w.violations.push(format!("re-drive of failed {id} refused: {e}")),
+            Err(e) => w
+                .violations
+                .push(format!("re-drive of failed {id} refused: {e}")),
         }
     }
     scheduler.settle();
@@ -1664,8 +1668,8 @@ fn check(world: &Shared, config: &SimConfig) {
             _ => None,
         };
         match (record.status, cancel) {
-            (Status::Cancelled, Some(_)) | (Status::Cancelled, None) if plan.cancel_at.is_some() => {
-            }
+            (Status::Cancelled, Some(_)) | (Status::Cancelled, None)
+                if plan.cancel_at.is_some() => {}
             (Status::Cancelled, _) => violations.push(format!("{id} CANCELLED, never cancelled")),
             (_, Some(true)) => violations.push(format!(
                 "{id} ended {} although its cancel was committed",
@@ -1696,7 +1700,9 @@ fn check(world: &Shared, config: &SimConfig) {
                         ));
                     }
                 }
-                other => violations.push(format!("{id} FAILED with dead letter {other:?} not sent")),
+                other => {
+                    violations.push(format!("{id} FAILED with dead letter {other:?} not sent"))
+                }
             }
         }
         let done_steps = match record.status {

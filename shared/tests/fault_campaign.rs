@@ -1,6 +1,6 @@
 //! The fault campaign: thousands of seeded schedules of the real handlers over simulated DynamoDB and
 //! SQS, with crashes before and after every port call, duplicates, reordering, garbage and zombie lease
-//! holders. `STEPLINE_CAMPAIGN_SEEDS` sets the number of schedules (default 10,000),
+//! holders. `STEPLINE_CAMPAIGN_SEEDS` sets the number of schedules (default 100,000),
 //! `STEPLINE_CAMPAIGN_FIRST_SEED` the first seed (to reproduce a failure: the seed and a count of 1).
 
 use std::io::Write;
@@ -23,7 +23,7 @@ fn say(line: &str) {
 #[test]
 fn fault_campaign_finds_no_violation() {
     let first = env_u64("STEPLINE_CAMPAIGN_FIRST_SEED", 0);
-    let count = env_u64("STEPLINE_CAMPAIGN_SEEDS", 10_000);
+    let count = env_u64("STEPLINE_CAMPAIGN_SEEDS", 100_000);
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let report = campaign(first..first + count, &SimConfig::default(), threads);
     say(&format!(
@@ -31,15 +31,45 @@ fn fault_campaign_finds_no_violation() {
         report.schedules,
         report.violations.len()
     ));
-    say(&format!("fault campaign coverage: {}", report.counts.line()));
+    say(&format!(
+        "fault campaign coverage: {}",
+        report.counts.line()
+    ));
     for (seed, violation) in report.violations.iter().take(20) {
         say(&format!("  seed {seed}: {violation}"));
     }
     assert_eq!(report.schedules as u64, count);
-    // The campaign must actually exercise the faults it claims to.
-    assert!(report.counts.crashes > 0 && report.counts.duplicates > 0 && report.counts.garbage > 0);
-    assert!(report.counts.fenced_writes > 0, "no write ever lost a race");
-    assert!(report.counts.succeeded > 0 && report.counts.failed > 0);
+    // A large campaign must exercise every fault and feature it claims to (a single seed, run to
+    // reproduce a failure, need not).
+    if count >= 1_000 {
+        let c = &report.counts;
+        for (name, n) in [
+            ("crashes", c.crashes),
+            ("lost responses", c.lost_responses),
+            ("duplicates", c.duplicates),
+            ("garbage", c.garbage),
+            ("forged replies", c.forged),
+            ("lost races", c.fenced_writes),
+            ("zombie-making jumps", c.lease_expiries),
+            ("parked messages", c.parked),
+            ("stale index reads", c.stale_index_reads),
+            ("paged queries", c.paged_queries),
+            ("sweeps cut short", c.sweeps_cut_short),
+            ("shard count changes", c.shard_changes),
+            ("retries", c.retries),
+            ("step timeouts", c.timeouts),
+            ("oversized outputs", c.oversized),
+            ("cancels", c.cancels),
+            ("re-drives", c.redrives),
+            ("successes", c.succeeded),
+            ("planned failures", c.failed),
+            ("cancelled executions", c.cancelled),
+            ("fan-outs", c.fan_outs),
+            ("tolerated child failures", c.tolerated),
+        ] {
+            assert!(n > 0, "the campaign exercised no {name}");
+        }
+    }
     assert!(
         report.violations.is_empty(),
         "violations found; reproduce one with STEPLINE_CAMPAIGN_FIRST_SEED=<seed> STEPLINE_CAMPAIGN_SEEDS=1"
@@ -109,7 +139,9 @@ fn caught(bug: Bug, config: SimConfig, seeds: u64) -> Option<(u64, String)> {
 
 fn assert_caught(bug: Bug, config: SimConfig) {
     match caught(bug, config, 2_000) {
-        Some((seed, violation)) => say(&format!("planted bug {bug:?} caught: seed {seed}: {violation}")),
+        Some((seed, violation)) => say(&format!(
+            "planted bug {bug:?} caught: seed {seed}: {violation}"
+        )),
         None => panic!("planted bug {bug:?} went unnoticed in 2,000 schedules"),
     }
 }
@@ -153,11 +185,19 @@ fn the_campaign_catches_a_dropped_fan_out_notice() {
 fn without_a_planted_bug_those_schedules_are_clean() {
     // The schedules the planted-bug tests run, as they are: no violation.
     let report = campaign(0..200, &SimConfig::default(), 2);
-    assert!(report.violations.is_empty(), "{:?}", report.violations.first());
+    assert!(
+        report.violations.is_empty(),
+        "{:?}",
+        report.violations.first()
+    );
     let fan_outs = SimConfig {
         fan_out_every: 1,
         ..SimConfig::default()
     };
     let report = campaign(0..200, &fan_outs, 2);
-    assert!(report.violations.is_empty(), "{:?}", report.violations.first());
+    assert!(
+        report.violations.is_empty(),
+        "{:?}",
+        report.violations.first()
+    );
 }

@@ -40,11 +40,11 @@ use uuid::Uuid;
 use crate::cache::{byte_budget, json_size, BoundedCache};
 use crate::claims::{ClaimCheck, ClaimError};
 use crate::config::CoordinatorConfig;
-use crate::planted::{self, Bug};
 use crate::domain::{
     self, Action, Code, Context, Decision, Event, Execution, NewExecution, ParentLink, PipelineDef,
     Rejection, Skip,
 };
+use crate::planted::{self, Bug};
 use crate::ports::{
     Clock, EventPublisher, ExecutionStore, FanOutLedger, MessageSender, ReleaseRegistry, StoreError,
 };
@@ -680,4 +680,3 @@ enum Written {
     /// Another writer got there first: the record as it is now.
     Lost(Box<Execution>),
 }
-
