@@ -492,7 +492,8 @@ impl World {
         let id = self.next_id;
         self.next_id += 1;
         let visible_at = self.now + delay_ms;
-        if DLQS.contains(&queue) {
+        // (A forged reply parked explains nothing: it names an attempt it does not answer.)
+        if DLQS.contains(&queue) && !body.contains(FORGED) {
             self.note_parked(&body);
         }
         if queue == REQUEST {
