@@ -372,9 +372,77 @@ impl Plan {
 
 /// How an execution must end.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum End {
+pub enum End {
     Succeeded,
-    Failed { step: u32, code: String },
+    /// FAILED at this step with this code.
+    Failed {
+        step: u32,
+        code: String,
+    },
+}
+
+impl End {
+    /// How `record` ended (`None`: not SUCCEEDED or FAILED).
+    pub fn of(record: &Execution) -> Option<End> {
+        match record.status {
+            Status::Succeeded => Some(End::Succeeded),
+            Status::Failed => Some(End::Failed {
+                step: record.step,
+                code: record
+                    .error
+                    .as_ref()
+                    .map(|e| e.code.clone())
+                    .unwrap_or_default(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The end-state checks every campaign makes of an execution, in the simulation and on the emulator:
+/// it ended as `expected` (when given), is off the due index, left no lifecycle event unpublished, and,
+/// if it failed, marked its dead letter sent and has its envelope among `execution_dlq` (the bodies of
+/// the execution DLQ's messages).
+pub fn judge_end(
+    record: &Execution,
+    expected: Option<&End>,
+    execution_dlq: &[&str],
+) -> Vec<String> {
+    let id = record.id;
+    let mut violations = Vec::new();
+    let ended = End::of(record);
+    if let Some(expected) = expected.filter(|e| ended.as_ref() != Some(*e)) {
+        violations.push(format!(
+            "{id} ended {} ({ended:?}), expected {expected:?}",
+            record.status
+        ));
+    }
+    if record.due_at().is_some() {
+        violations.push(format!("{id} still due at the end"));
+    }
+    if !record.events.is_empty() {
+        violations.push(format!(
+            "{id} kept {} unpublished lifecycle events",
+            record.events.len()
+        ));
+    }
+    if record.status == Status::Failed {
+        match &record.dead_letter {
+            Some(mark) if mark.sent => {
+                let in_dlq = execution_dlq.iter().any(|body| {
+                    serde_json::from_str::<DeadLetterEnvelope>(body)
+                        .is_ok_and(|e| e.dead_letter_id == mark.id && e.execution_id == id)
+                });
+                if !in_dlq {
+                    violations.push(format!(
+                        "{id} FAILED but its envelope is not in the execution DLQ"
+                    ));
+                }
+            }
+            other => violations.push(format!("{id} FAILED with dead letter {other:?} not sent")),
+        }
+    }
+    violations
 }
 
 fn retryable(code: &str) -> bool {
@@ -1656,54 +1724,33 @@ fn check(world: &Shared, config: &SimConfig) {
         let redrives = w.redrives.get(&id).copied().unwrap_or(0);
         let expected = expected_end(plan, &timed_out, redrives, config.max_attempts);
         let cancel = w.cancels.get(&id).copied();
-        let ended = match record.status {
-            Status::Succeeded => Some(End::Succeeded),
-            Status::Failed => Some(End::Failed {
-                step: record.step,
-                code: record
-                    .error
-                    .as_ref()
-                    .map(|e| e.code.clone())
-                    .unwrap_or_default(),
-            }),
-            _ => None,
+        let expect_end = match (record.status, cancel) {
+            (Status::Cancelled, _) if plan.cancel_at.is_some() => None,
+            (Status::Cancelled, _) => {
+                violations.push(format!("{id} CANCELLED, never cancelled"));
+                None
+            }
+            (_, Some(true)) => {
+                violations.push(format!(
+                    "{id} ended {} although its cancel was committed",
+                    record.status
+                ));
+                None
+            }
+            _ => Some(&expected),
         };
-        match (record.status, cancel) {
-            (Status::Cancelled, Some(_)) | (Status::Cancelled, None)
-                if plan.cancel_at.is_some() => {}
-            (Status::Cancelled, _) => violations.push(format!("{id} CANCELLED, never cancelled")),
-            (_, Some(true)) => violations.push(format!(
-                "{id} ended {} although its cancel was committed",
-                record.status
-            )),
-            _ if ended.as_ref() != Some(&expected) => violations.push(format!(
-                "{id} ended {} ({ended:?}), its plan {plan:?} says {expected:?}",
-                record.status
-            )),
-            _ => {}
+        let dlq: Vec<&str> = w.queues[EXECUTION_DLQ]
+            .messages
+            .iter()
+            .map(|m| m.body.as_str())
+            .collect();
+        for violation in judge_end(&record, expect_end, &dlq) {
+            violations.push(format!("{violation}; plan {plan:?}"));
         }
         if record.status == Status::Succeeded {
             let trail = record.result.as_ref().map(|r| r.value()["trail"].clone());
             if trail != Some(json!(STEP_IDS)) {
                 violations.push(format!("{id} SUCCEEDED with wrong result {trail:?}"));
-            }
-        }
-        if record.status == Status::Failed {
-            match &record.dead_letter {
-                Some(mark) if mark.sent => {
-                    let in_dlq = w.queues[EXECUTION_DLQ].messages.iter().any(|m| {
-                        serde_json::from_str::<DeadLetterEnvelope>(&m.body)
-                            .is_ok_and(|e| e.dead_letter_id == mark.id && e.execution_id == id)
-                    });
-                    if !in_dlq {
-                        violations.push(format!(
-                            "{id} FAILED but its envelope is not in the execution DLQ"
-                        ));
-                    }
-                }
-                other => {
-                    violations.push(format!("{id} FAILED with dead letter {other:?} not sent"))
-                }
             }
         }
         let done_steps = match record.status {
@@ -1719,16 +1766,7 @@ fn check(world: &Shared, config: &SimConfig) {
                 ));
             }
         }
-        if record.due_at().is_some() {
-            violations.push(format!("{id} still due at the end"));
-        }
-        // Lifecycle events: every one committed was published (at least once), none left waiting.
-        if !record.events.is_empty() {
-            violations.push(format!(
-                "{id} kept {} unpublished lifecycle events",
-                record.events.len()
-            ));
-        }
+        // Every lifecycle event committed was published (at least once).
         for seq in 0..record.event_seq {
             if !w.published.contains(&format!("{id}/{seq}")) {
                 violations.push(format!("{id} lifecycle event {seq} never published"));

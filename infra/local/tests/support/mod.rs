@@ -54,6 +54,23 @@ impl RunProcess {
         }
     }
 
+    /// Stops the process where it stands (SIGSTOP): it holds its leases and in-flight messages, and
+    /// carries on from the same point on [`RunProcess::resume`], like a stalled Lambda invocation.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let _ = Command::new("kill")
+            .args([format!("-{name}"), self.child.id().to_string()])
+            .status();
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill(); // SIGKILL
         let _ = self.child.wait();
