@@ -47,10 +47,11 @@ use uuid::Uuid;
 use crate::adapters::dynamodb::{due_key, due_shard};
 use crate::adapters::InMemoryReleaseRegistry;
 use crate::coordinator::{CancelRequest, Coordinator, RedriveRequest, Settings, SubmitRequest};
+use crate::domain::Verdict;
 use crate::domain::{Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError};
 use crate::envelope::{
-    DeadLetterEnvelope, Identity, LaunchWork, ReplyEnvelope, ReplyOutcome, RequestHeader,
-    REQUEST_KIND,
+    AwaitNotice, DeadLetterEnvelope, Identity, InteractionMessage, LaunchWork, ReplyEnvelope,
+    ReplyOutcome, RequestHeader, INTERACTION_KIND, REQUEST_KIND,
 };
 use crate::planted::Bug;
 use crate::ports::{
@@ -62,11 +63,18 @@ use crate::worker::{StepFunction, Worker};
 const LAUNCH: &str = "launch";
 const REPLY: &str = "reply";
 const REQUEST: &str = "request";
+const APPROVALS: &str = "approvals";
 const EXECUTION_DLQ: &str = "execution-dlq";
-const DLQS: [&str; 3] = ["launch-dlq", "reply-dlq", "request-dlq"];
+const DLQS: [&str; 4] = ["launch-dlq", "reply-dlq", "request-dlq", "approvals-dlq"];
+const WORK_QUEUES: [&str; 4] = [LAUNCH, REPLY, REQUEST, APPROVALS];
 const GARBAGE: &str = "\u{1f5d1} garbage";
 const FORGED: &str = "forged";
+/// The task steps, whose outputs make the result's trail.
 const STEP_IDS: [&str; 3] = ["validate", "price", "confirm"];
+/// The pipeline: `validate`, `price`, `approve` (an await step announced on `approvals`), `confirm`.
+const STEPS: u32 = 4;
+const AWAIT_STEP: u32 = 2;
+const TASK_STEPS: [u32; 3] = [0, 1, 3];
 /// The claim function's timeout: a sweep's deadline is this long after it starts.
 const CLAIM_TIMEOUT_MS: i64 = 10_000;
 /// The sweeper's schedule.
@@ -170,6 +178,10 @@ counts! {
     sweeps_cut_short: "sweeps cut short",
     shard_changes: "shard count changes",
     retries: "retried attempts",
+    approvals: "approvals",
+    rejections: "rejections",
+    await_timeouts: "await timeouts",
+    forged_interactions: "forged interaction tokens",
     hangs: "hung workers",
     timeouts: "step timeouts",
     oversized: "outputs over the item limit",
@@ -308,6 +320,8 @@ enum Role {
     Completion,
     Worker,
     Api,
+    /// The user's system taking await notices and answering them.
+    Approver,
 }
 
 #[derive(Default)]
@@ -342,7 +356,9 @@ struct IndexEntry {
 struct Plan {
     id: Uuid,
     /// Attempts of each step that fail with a retryable error.
-    fail: [u32; 3],
+    fail: [u32; STEPS as usize],
+    /// What the approver does with the await step's notices.
+    approval: Approval,
     /// A step that fails for good.
     fatal: Option<u32>,
     /// A step whose output does not fit in the record.
@@ -355,9 +371,28 @@ struct Plan {
     redrive: bool,
 }
 
+/// What the approver (the user's system, taking the await step's notices) does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Approval {
+    #[default]
+    Approve,
+    Reject,
+    /// Never answers: the await step times out.
+    Ignore,
+    /// Presents a forged token first (it must be refused), then approves.
+    ForgeThenApprove,
+}
+
 impl Plan {
     /// How attempt `a` of step `k` ends when it is answered: `None` for success, else the error code.
     fn answer(&self, k: u32, a: u32) -> Option<&'static str> {
+        if k == AWAIT_STEP {
+            return match self.approval {
+                Approval::Approve | Approval::ForgeThenApprove => None,
+                Approval::Reject => Some("REJECTED"),
+                Approval::Ignore => Some("AWAIT_TIMEOUT"),
+            };
+        }
         if self.fatal == Some(k) {
             Some("FATAL")
         } else if a <= self.fail[k as usize] {
@@ -445,6 +480,14 @@ pub fn judge_end(
     violations
 }
 
+fn timeout_code(k: u32) -> &'static str {
+    if k == AWAIT_STEP {
+        "AWAIT_TIMEOUT"
+    } else {
+        "STEP_TIMEOUT"
+    }
+}
+
 fn retryable(code: &str) -> bool {
     matches!(code, "FLAKY" | "STEP_TIMEOUT")
 }
@@ -453,13 +496,13 @@ fn retryable(code: &str) -> bool {
 /// and the re-drives committed.
 fn expected_end(plan: &Plan, timed_out: &BTreeSet<(u32, u32)>, redrives: u32, max: u32) -> End {
     let mut redrives_left = redrives;
-    for k in 0..3u32 {
+    for k in 0..STEPS {
         let mut limit = max;
         let mut a = 0;
         loop {
             a += 1;
             let code = if timed_out.contains(&(k, a)) {
-                Some("STEP_TIMEOUT")
+                Some(timeout_code(k))
             } else {
                 plan.answer(k, a)
             };
@@ -505,6 +548,8 @@ struct World {
     attempt_ends: BTreeMap<Uuid, BTreeMap<(u32, u32), String>>,
     /// Attempts with a request or reply parked in a DLQ: (execution, step, attempt).
     parked: BTreeSet<(Uuid, u32, u32)>,
+    /// Executions with an await notice or an interaction completion parked in a DLQ.
+    parked_awaits: BTreeSet<Uuid>,
     /// Request headers seen on the request queue (what an adversary reading it learns).
     overheard: Vec<RequestHeader>,
     /// Cancels that reached a result: execution -> committed.
@@ -602,6 +647,12 @@ impl World {
             });
         if let Some(attempt) = attempt {
             self.parked.insert(attempt);
+        }
+        let awaited = serde_json::from_str::<AwaitNotice>(body)
+            .map(|n| n.execution_id)
+            .or_else(|_| serde_json::from_str::<InteractionMessage>(body).map(|m| m.execution_id));
+        if let Ok(execution) = awaited {
+            self.parked_awaits.insert(execution);
         }
     }
 
@@ -797,7 +848,7 @@ impl World {
             *self.applied.entry((id, k)).or_default() += 1;
         }
         // An attempt ended in failure: it must end as its plan (or a parked message) says.
-        let ended = p.status == Status::Running
+        let ended = matches!(p.status, Status::Running | Status::WaitingExternal)
             && matches!(record.status, Status::WaitRetry | Status::Failed);
         if ended {
             let (k, a) = (record.step, record.attempt);
@@ -808,7 +859,11 @@ impl World {
                 .map(|e| e.code.clone())
                 .unwrap_or_default();
             let planned = self.plans.get(&id).and_then(|plan| plan.answer(k, a));
-            let explained = code == "STEP_TIMEOUT" && self.parked.contains(&(id, k, a));
+            let explained = match code.as_str() {
+                "STEP_TIMEOUT" => self.parked.contains(&(id, k, a)),
+                "AWAIT_TIMEOUT" => self.parked_awaits.contains(&id),
+                _ => false,
+            };
             if planned != Some(code.as_str()) && !explained {
                 self.violations.push(format!(
                     "{id} step {k} attempt {a} ended {code}, its plan says {planned:?}"
@@ -816,6 +871,8 @@ impl World {
             }
             match code.as_str() {
                 "STEP_TIMEOUT" => self.report.counts.timeouts += 1,
+                "AWAIT_TIMEOUT" => self.report.counts.await_timeouts += 1,
+                "REJECTED" => self.report.counts.rejections += 1,
                 "ITEM_TOO_LARGE" => self.report.counts.oversized += 1,
                 _ => {}
             }
@@ -1093,7 +1150,12 @@ fn pipeline(config: &SimConfig) -> PipelineDef {
             .timeout_secs(config.step_timeout_secs)
             .retry(RetryPolicy::doubling(config.max_attempts, 1_000, 8_000))
     };
-    PipelineDef::new("sim", "1", STEP_IDS.iter().map(step))
+    let approve = StepDef::await_step("approve", APPROVALS)
+        .types("sim.Input/1", "sim.Input/1")
+        .timeout_secs(config.step_timeout_secs);
+    let mut steps: Vec<StepDef> = STEP_IDS.iter().map(step).collect();
+    steps.insert(AWAIT_STEP as usize, approve);
+    PipelineDef::new("sim", "1", steps)
 }
 
 /// The processes of every role, each with caches of its own.
@@ -1103,6 +1165,8 @@ struct Processes {
     completion: [Arc<Coordinator>; 2],
     api: Arc<Coordinator>,
     workers: [Arc<Worker>; 2],
+    /// How the approver sends completions to the await-completion queue.
+    approver: Arc<SimSender>,
 }
 
 /// Runs one schedule.
@@ -1120,6 +1184,8 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         (LAUNCH, Some("launch-dlq")),
         (REPLY, Some("reply-dlq")),
         (REQUEST, Some("request-dlq")),
+        (APPROVALS, Some("approvals-dlq")),
+        ("approvals-dlq", None),
         ("launch-dlq", None),
         ("reply-dlq", None),
         ("request-dlq", None),
@@ -1151,6 +1217,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         applied: BTreeMap::new(),
         attempt_ends: BTreeMap::new(),
         parked: BTreeSet::new(),
+        parked_awaits: BTreeSet::new(),
         overheard: Vec::new(),
         cancels: BTreeMap::new(),
         redrives: BTreeMap::new(),
@@ -1211,6 +1278,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         completion: [coordinator("completion-1"), coordinator("completion-2")],
         api: coordinator("api"),
         workers: [worker(), worker()],
+        approver: Arc::new(SimSender(world.clone())),
     };
 
     block_on(registry.register(&crate::domain::release::Release::new(
@@ -1232,14 +1300,21 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         let mut plan = Plan::default();
         {
             let mut w = world.lock().expect("world");
+            let task = TASK_STEPS[w.rng.usize(0..TASK_STEPS.len())];
             match w.rng.u8(0..13) {
                 0..=4 => {}
-                5..=7 => plan.fail[w.rng.usize(0..3)] = w.rng.u32(1..3),
-                8 => plan.fatal = Some(w.rng.u32(0..3)),
-                9 => plan.huge = Some(w.rng.u32(0..3)),
-                10 => plan.hang = Some((w.rng.u32(0..3), w.rng.u32(1..3))),
-                _ => plan.fail[w.rng.usize(0..3)] = 99,
+                5..=7 => plan.fail[task as usize] = w.rng.u32(1..3),
+                8 => plan.fatal = Some(task),
+                9 => plan.huge = Some(task),
+                10 => plan.hang = Some((task, w.rng.u32(1..3))),
+                _ => plan.fail[task as usize] = 99,
             }
+            plan.approval = match w.rng.u8(0..20) {
+                0..=13 => Approval::Approve,
+                14 | 15 => Approval::Reject,
+                16 => Approval::Ignore,
+                _ => Approval::ForgeThenApprove,
+            };
             if w.rng.u8(0..8) == 0 {
                 plan.cancel_at = Some(w.rng.usize(0..config.faulty_actions.max(1)));
             }
@@ -1477,6 +1552,17 @@ impl Scheduler<'_> {
                     Box::pin(async move { Some(crate::handlers::completion(&c, event).await) }),
                 )
             }
+            APPROVALS => {
+                let approver = Approver {
+                    world: self.world.clone(),
+                    api: self.processes.api.clone(),
+                    sender: self.processes.approver.clone(),
+                };
+                (
+                    Role::Approver,
+                    Box::pin(async move { Some(approver.handle(event).await) }),
+                )
+            }
             _ => {
                 let w = self.processes.workers[pick].clone();
                 (
@@ -1556,7 +1642,7 @@ impl Scheduler<'_> {
                 self.poll(index);
             }
             42..=70 => {
-                let queue = [LAUNCH, REPLY, REQUEST][self.lock().rng.usize(0..3)];
+                let queue = WORK_QUEUES[self.lock().rng.usize(0..WORK_QUEUES.len())];
                 self.start_delivery(queue);
             }
             71..=77 => self.start_sweep(),
@@ -1620,7 +1706,7 @@ impl Scheduler<'_> {
             }
             let (now, visible, next_visible, claimable) = {
                 let w = self.lock();
-                let queues = [LAUNCH, REPLY, REQUEST];
+                let queues = WORK_QUEUES;
                 let visible = queues
                     .into_iter()
                     .find(|q| w.queues[q].messages.iter().any(|m| m.visible_at <= w.now));
@@ -1666,6 +1752,117 @@ impl Scheduler<'_> {
         self.lock()
             .violations
             .push("did not settle within 50,000 calm actions".into());
+    }
+}
+
+/// The approver: answers each await notice as the execution's plan says, through the API or through
+/// the await-completion queue (chosen at random), presenting a forged token first when planned.
+struct Approver {
+    world: Shared,
+    api: Arc<Coordinator>,
+    sender: Arc<SimSender>,
+}
+
+impl Approver {
+    async fn handle(&self, event: SqsEvent) -> SqsBatchResponse {
+        let mut response = SqsBatchResponse::default();
+        for message in event.records {
+            let id = message.message_id.clone().unwrap_or_default();
+            let notice = message
+                .body
+                .as_deref()
+                .and_then(|b| serde_json::from_str::<AwaitNotice>(b).ok());
+            let Some(notice) = notice else { continue };
+            if !self.answer(&notice).await {
+                let mut failure = aws_lambda_events::event::sqs::BatchItemFailure::default();
+                failure.item_identifier = id;
+                response.batch_item_failures.push(failure);
+            }
+        }
+        response
+    }
+
+    /// Answers one notice; `false` if it must be delivered again.
+    async fn answer(&self, notice: &AwaitNotice) -> bool {
+        let (approval, by_queue, tag) = {
+            let mut w = self.world.lock().expect("world");
+            let approval = w
+                .plans
+                .get(&notice.execution_id)
+                .map_or(Approval::Approve, |p| p.approval);
+            let by_queue = w.rng.bool();
+            let tag = format!("{FORGED} #{}#", w.report.counts.forged);
+            (approval, by_queue, tag)
+        };
+        let Some(interaction) = notice.interactions.first() else {
+            return true;
+        };
+        let message = |verdict, token: &str, payload: Value| InteractionMessage {
+            kind: INTERACTION_KIND.to_string(),
+            execution_id: notice.execution_id,
+            interaction: interaction.id.clone(),
+            token: token.to_string(),
+            verdict,
+            payload,
+            unit: Some(notice.await_unit_id),
+        };
+        if approval == Approval::ForgeThenApprove {
+            let forged = message(
+                Verdict::Approved,
+                &"0".repeat(interaction.token.len().max(16)),
+                json!({"forged": tag}),
+            );
+            // (Sent by an adversary, beside the approver: not subject to the approver's faults.)
+            let refused = if by_queue {
+                let mut w = self.world.lock().expect("world");
+                w.report.counts.forged += 1;
+                let body = serde_json::to_string(&forged).expect("interaction");
+                w.push(REPLY, body, None, 0);
+                true
+            } else {
+                let result = self.api.complete_interaction(forged).await;
+                if result.is_ok() {
+                    self.world.lock().expect("world").violations.push(format!(
+                        "a forged interaction token was accepted for {}",
+                        notice.execution_id
+                    ));
+                }
+                true
+            };
+            self.world
+                .lock()
+                .expect("world")
+                .report
+                .counts
+                .forged_interactions += 1;
+            if !refused {
+                return false;
+            }
+        }
+        let verdict = match approval {
+            Approval::Ignore => return true,
+            Approval::Reject => Verdict::Rejected,
+            Approval::Approve | Approval::ForgeThenApprove => Verdict::Approved,
+        };
+        let answer = message(verdict, &interaction.token, json!({"by": "sim"}));
+        let done = if by_queue {
+            self.send(&answer).await
+        } else {
+            self.api
+                .complete_interaction(answer)
+                .await
+                .map_or_else(|e| !e.is_retryable(), |_| true)
+        };
+        if done && verdict == Verdict::Approved {
+            self.world.lock().expect("world").report.counts.approvals += 1;
+        }
+        done
+    }
+
+    async fn send(&self, message: &InteractionMessage) -> bool {
+        let body = serde_json::to_string(message).expect("interaction");
+        let results = self.sender.send(REPLY, &[OutMessage::new(body)]).await;
+        results.iter().all(Result::is_ok)
     }
 }
 
@@ -1718,7 +1915,7 @@ fn check(world: &Shared, config: &SimConfig) {
             .get(&id)
             .into_iter()
             .flatten()
-            .filter(|(_, code)| code.as_str() == "STEP_TIMEOUT")
+            .filter(|(_, code)| matches!(code.as_str(), "STEP_TIMEOUT" | "AWAIT_TIMEOUT"))
             .map(|(attempt, _)| *attempt)
             .collect();
         let redrives = w.redrives.get(&id).copied().unwrap_or(0);
@@ -1754,10 +1951,10 @@ fn check(world: &Shared, config: &SimConfig) {
             }
         }
         let done_steps = match record.status {
-            Status::Succeeded => 3,
+            Status::Succeeded => STEPS,
             _ => record.step,
         };
-        for k in 0..3u32 {
+        for k in 0..STEPS {
             let applied = w.applied.get(&(id, k)).copied().unwrap_or(0);
             let expected = u32::from(k < done_steps);
             if applied != expected {
@@ -1782,7 +1979,7 @@ fn check(world: &Shared, config: &SimConfig) {
             _ => {}
         }
     }
-    for q in [LAUNCH, REPLY, REQUEST] {
+    for q in WORK_QUEUES {
         let left = w.queues[q].messages.len();
         if left > 0 {
             violations.push(format!("{left} messages left on {q}"));
