@@ -46,7 +46,10 @@ use uuid::Uuid;
 
 use crate::adapters::dynamodb::{due_key, due_shard};
 use crate::adapters::InMemoryReleaseRegistry;
-use crate::coordinator::{CancelRequest, Coordinator, RedriveRequest, Settings, SubmitRequest};
+use crate::coordinator::{
+    CancelRequest, Coordinator, RedriveRequest, ReplayFilter, ReplayRequest, Settings,
+    SubmitRequest,
+};
 use crate::domain::Verdict;
 use crate::domain::{Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError};
 use crate::envelope::{
@@ -55,8 +58,8 @@ use crate::envelope::{
 };
 use crate::planted::Bug;
 use crate::ports::{
-    Backoff, BusEvent, Clock, DuePage, DueQuery, EventPublisher, ExecutionStore, MessageSender,
-    OutMessage, ReleaseRegistry, SendError, StoreError,
+    Backoff, BusEvent, Clock, DeadLetter, DeadLetterQueue, DuePage, DueQuery, EventPublisher,
+    ExecutionStore, MessageSender, OutMessage, ReleaseRegistry, SendError, StoreError,
 };
 use crate::worker::{StepFunction, Worker};
 
@@ -187,6 +190,8 @@ counts! {
     oversized: "outputs over the item limit",
     cancels: "cancels",
     redrives: "re-drives",
+    bulk_replays: "bulk replays",
+    replayed: "executions re-driven by replay",
     succeeded: "executions succeeded",
     failed: "failed as planned",
     cancelled: "cancelled",
@@ -300,6 +305,8 @@ pub fn schedule(seed: u64, config: &SimConfig) -> SimReport {
 
 struct Message {
     id: u64,
+    /// When it was sent (SQS `SentTimestamp`).
+    sent_at: i64,
     body: String,
     reason: Option<String>,
     visible_at: i64,
@@ -627,6 +634,7 @@ impl World {
         if let Some(q) = self.queues.get_mut(queue) {
             q.messages.push(Message {
                 id,
+                sent_at: self.now,
                 body,
                 reason,
                 visible_at,
@@ -676,8 +684,10 @@ impl World {
         for index in visible {
             let receipt = self.next_id;
             self.next_id += 1;
-            let message = &mut self.queues.get_mut(queue).expect("queue").messages[index];
-            if message.receives >= max_receives {
+            let q = self.queues.get_mut(queue).expect("queue");
+            let has_dlq = q.dlq.is_some();
+            let message = &mut q.messages[index];
+            if has_dlq && message.receives >= max_receives {
                 moved.push(message.id);
                 continue;
             }
@@ -846,6 +856,11 @@ impl World {
         }
         for k in record.steps_succeeded_since(p) {
             *self.applied.entry((id, k)).or_default() += 1;
+        }
+        // A re-drive (by an operator or a bulk replay of the execution DLQ): a new budget.
+        if matches!(p.status, Status::Failed | Status::Dlq) && !record.status.is_terminal() {
+            self.report.counts.redrives += 1;
+            *self.redrives.entry(id).or_default() += 1;
         }
         // An attempt ended in failure: it must end as its plan (or a parked message) says.
         let ended = matches!(p.status, Status::Running | Status::WaitingExternal)
@@ -1018,6 +1033,82 @@ impl ExecutionStore for SimStore {
     fn shards(&self) -> u32 {
         self.0.lock().expect("world").shards
     }
+}
+
+/// A DLQ as bulk replay reads it: received messages are hidden until deleted or released.
+struct SimDeadLetterQueue {
+    world: Shared,
+    queue: &'static str,
+}
+
+#[async_trait]
+impl DeadLetterQueue for SimDeadLetterQueue {
+    async fn receive(&self, max: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.world.lock().expect("world");
+        match w.fate() {
+            Fate::Proceed | Fate::LostResponse => {}
+            _ => return Err(crashed()),
+        }
+        let sent: BTreeMap<u64, i64> = w.queues[self.queue]
+            .messages
+            .iter()
+            .map(|m| (m.id, m.sent_at))
+            .collect();
+        let received = w.receive(self.queue, max.min(10));
+        Ok(received
+            .into_iter()
+            .map(|(id, receipt, body)| DeadLetter {
+                handle: format!("{id}:{receipt}"),
+                body,
+                attributes: Default::default(),
+                sent_at: sent.get(&id).copied(),
+            })
+            .collect())
+    }
+
+    async fn delete(&self, handle: &str) -> Result<(), StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.world.lock().expect("world");
+        match w.fate() {
+            Fate::Proceed | Fate::LostResponse => {
+                let (id, receipt) = parse_handle(handle);
+                w.delete(self.queue, id, receipt);
+                Ok(())
+            }
+            Fate::CrashAfter => {
+                let (id, receipt) = parse_handle(handle);
+                w.delete(self.queue, id, receipt);
+                Err(crashed())
+            }
+            _ => Err(crashed()),
+        }
+    }
+
+    async fn release(&self, handle: &str) -> Result<(), StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.world.lock().expect("world");
+        match w.fate() {
+            Fate::Proceed | Fate::LostResponse => {
+                let (id, receipt) = parse_handle(handle);
+                let now = w.now;
+                if let Some(q) = w.queues.get_mut(self.queue) {
+                    for m in q.messages.iter_mut() {
+                        if m.id == id && m.receipt == receipt {
+                            m.visible_at = now;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            _ => Err(crashed()),
+        }
+    }
+}
+
+fn parse_handle(handle: &str) -> (u64, u64) {
+    let (id, receipt) = handle.split_once(':').unwrap_or_default();
+    (id.parse().unwrap_or(0), receipt.parse().unwrap_or(0))
 }
 
 struct SimSender(Shared);
@@ -1358,9 +1449,21 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         .values()
         .cloned()
         .collect();
+    // Half the schedules replay the execution DLQ in bulk at some point (re-driving every failed
+    // execution whose envelope is there), racing everything else.
+    let replay_at = {
+        let mut w = world.lock().expect("world");
+        w.rng.bool().then(|| {
+            w.rng
+                .usize(config.faulty_actions / 2..config.faulty_actions.max(1))
+        })
+    };
     for action in 0..config.faulty_actions {
         for plan in plans.iter().filter(|p| p.cancel_at == Some(action)) {
             scheduler.start_cancel(plan.id);
+        }
+        if replay_at == Some(action) {
+            scheduler.start_replay();
         }
         scheduler.faulty_action();
     }
@@ -1386,10 +1489,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         }));
         let mut w = world.lock().expect("world");
         match result {
-            Ok(_) => {
-                w.report.counts.redrives += 1;
-                *w.redrives.entry(id).or_default() += 1;
-            }
+            Ok(_) => {}
             Err(e) => w
                 .violations
                 .push(format!("re-drive of failed {id} refused: {e}")),
@@ -1503,6 +1603,39 @@ impl Scheduler<'_> {
             w.report.counts.cancels += 1;
             if !w.invocations[&id].killed {
                 w.cancels.insert(execution, result.is_ok());
+            }
+            None
+        });
+        self.running.push(Running {
+            id,
+            task,
+            queue: None,
+            receipts: Vec::new(),
+        });
+    }
+
+    /// An operator's bulk replay of the execution DLQ.
+    fn start_replay(&mut self) {
+        let api = self.processes.api.clone();
+        let id = self.begin(Role::Api, Vec::new());
+        let world = self.world.clone();
+        let task: Task = Box::pin(async move {
+            let dlq = SimDeadLetterQueue {
+                world: world.clone(),
+                queue: EXECUTION_DLQ,
+            };
+            let request = ReplayRequest {
+                filter: ReplayFilter::default(),
+                dry_run: false,
+                max_messages: 100,
+                rate_per_second: None,
+                reason: "bulk replay in the sim".into(),
+            };
+            let report = api.replay(&dlq, &request).await;
+            let mut w = world.lock().expect("world");
+            w.report.counts.bulk_replays += 1;
+            if let Ok(report) = report {
+                w.report.counts.replayed += report.replayed;
             }
             None
         });

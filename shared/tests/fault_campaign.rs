@@ -65,6 +65,7 @@ fn fault_campaign_finds_no_violation() {
             ("oversized outputs", c.oversized),
             ("cancels", c.cancels),
             ("re-drives", c.redrives),
+            ("executions re-driven by bulk replay", c.replayed),
             ("successes", c.succeeded),
             ("planned failures", c.failed),
             ("cancelled executions", c.cancelled),
