@@ -186,6 +186,7 @@ counts! {
     await_timeouts: "await timeouts",
     forged_interactions: "forged interaction tokens",
     hangs: "hung workers",
+    heartbeats: "heartbeats",
     timeouts: "step timeouts",
     oversized: "outputs over the item limit",
     cancels: "cancels",
@@ -651,6 +652,8 @@ impl World {
             .or_else(|| {
                 serde_json::from_str::<ReplyEnvelope>(body)
                     .ok()
+                    // (A heartbeat answers nothing.)
+                    .filter(|r| r.outcome != ReplyOutcome::Running)
                     .map(|r| (r.execution_id, r.step_index, r.attempt))
             });
         if let Some(attempt) = attempt {
@@ -1802,7 +1805,8 @@ impl Scheduler<'_> {
                     w.push(queue, body, None, 0);
                 }
             }
-            92..=94 => self.lock().forge_reply(),
+            92..=93 => self.lock().forge_reply(),
+            94 => self.lock().heartbeat(),
             95 => {
                 let mut w = self.lock();
                 let shards = w.rng.u32(1..=4);
@@ -2004,6 +2008,19 @@ fn round_up(t: i64, step: i64) -> i64 {
 }
 
 impl World {
+    /// A worker's heartbeat for a request it holds (what the worker runtime sends while a step runs):
+    /// it extends the attempt's deadline if the attempt is current, and is ignored otherwise.
+    fn heartbeat(&mut self) {
+        if self.overheard.is_empty() {
+            return;
+        }
+        let header = self.overheard[self.rng.usize(0..self.overheard.len())].clone();
+        let beat = ReplyEnvelope::for_request(&header, ReplyOutcome::Running);
+        self.report.counts.heartbeats += 1;
+        let body = serde_json::to_string(&beat).expect("heartbeat");
+        self.push(REPLY, body, None, 0);
+    }
+
     /// An adversary who read a request replies to it with a wrong token: a forged success or a forged
     /// permanent failure. It must be refused and parked, never applied.
     fn forge_reply(&mut self) {

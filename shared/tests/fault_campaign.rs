@@ -57,6 +57,7 @@ fn fault_campaign_finds_no_violation() {
             ("sweeps cut short", c.sweeps_cut_short),
             ("shard count changes", c.shard_changes),
             ("retries", c.retries),
+            ("heartbeats", c.heartbeats),
             ("approvals", c.approvals),
             ("rejections", c.rejections),
             ("await timeouts", c.await_timeouts),
