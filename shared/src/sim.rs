@@ -198,6 +198,7 @@ counts! {
     cancelled: "cancelled",
     fan_outs: "fan-outs",
     children: "fan-out children",
+    fan_out_cancels: "fan-outs cancelled",
     tolerated: "tolerated child failures",
 }
 
@@ -279,6 +280,7 @@ pub fn schedule(seed: u64, config: &SimConfig) -> SimReport {
         duplicate_rate: 0.1,
         broken_store: config.broken_store,
         window: rng.bool().then(|| rng.u32(1..6)),
+        cancel_after: (rng.u8(0..4) == 0).then(|| rng.u64(1..80)),
     };
     let report = fan_out::run(seed, &fan_out);
     let failing = children.checked_div(failing_every).unwrap_or(0) as usize;
@@ -291,6 +293,7 @@ pub fn schedule(seed: u64, config: &SimConfig) -> SimReport {
             duplicates: report.duplicates as usize,
             sweeps: report.sweeps as usize,
             fan_outs: 1,
+            fan_out_cancels: usize::from(report.cancelled),
             children: children as usize,
             tolerated: if failing <= fan_out.tolerated as usize {
                 failing

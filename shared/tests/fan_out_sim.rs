@@ -68,6 +68,7 @@ fn small_fan_outs_settle_once_under_many_schedules() {
                 duplicate_rate: 0.1,
                 broken_store: false,
                 window: None,
+                cancel_after: None,
             };
             let report = run(seed, &config);
             assert!(

@@ -71,6 +71,7 @@ fn fault_campaign_finds_no_violation() {
             ("planned failures", c.failed),
             ("cancelled executions", c.cancelled),
             ("fan-outs", c.fan_outs),
+            ("fan-outs cancelled", c.fan_out_cancels),
             ("tolerated child failures", c.tolerated),
         ] {
             assert!(n > 0, "the campaign exercised no {name}");

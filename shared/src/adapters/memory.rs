@@ -133,6 +133,12 @@ impl InMemoryExecutionStore {
     pub fn snapshot(&self, id: Uuid) -> Option<Execution> {
         self.records.lock().expect("store").get(&id).cloned()
     }
+
+    /// How many records held match `predicate`.
+    pub fn count(&self, predicate: impl Fn(&Execution) -> bool) -> usize {
+        let records = self.records.lock().expect("store");
+        records.values().filter(|r| predicate(r)).count()
+    }
 }
 
 #[async_trait]

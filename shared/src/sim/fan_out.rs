@@ -25,7 +25,7 @@ use crate::adapters::{
     InMemoryExecutionStore, InMemoryFanOutLedger, InMemoryPayloadStore, InMemoryReleaseRegistry,
 };
 use crate::claims::ClaimCheck;
-use crate::coordinator::{Coordinator, Settings};
+use crate::coordinator::{CancelRequest, Coordinator, Settings};
 use crate::domain::release::Release;
 use crate::domain::{
     ChildEnd, Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError, Tally,
@@ -63,6 +63,8 @@ pub struct FanOutConfig {
     pub broken_store: bool,
     /// The fan-out step's `maxConcurrency`.
     pub window: Option<u32>,
+    /// An operator cancels the parent after this many deliveries (racing its children).
+    pub cancel_after: Option<u64>,
 }
 
 impl Default for FanOutConfig {
@@ -75,6 +77,7 @@ impl Default for FanOutConfig {
             duplicate_rate: 0.05,
             broken_store: false,
             window: None,
+            cancel_after: None,
         }
     }
 }
@@ -100,6 +103,11 @@ pub struct FanOutReport {
     pub ledger_writes: u64,
     pub status: Option<Status>,
     pub tally: Tally,
+    /// The operator cancelled the parent, and was told the cancel was committed.
+    pub cancel_tried: bool,
+    pub cancel_committed: bool,
+    /// The parent ended cancelled.
+    pub cancelled: bool,
     pub violations: Vec<String>,
 }
 
@@ -555,7 +563,10 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
                 .inner
                 .snapshot(parent)
                 .is_some_and(|r| r.status.is_terminal() || r.step > 0);
-            if moved_on || idle_sweeps > 50 {
+            // Children ended and their parent told (a notice lost in a crash is sent again by a
+            // sweep).
+            let children_ended = store.inner.count(open_child) == 0;
+            if moved_on && children_ended || idle_sweeps > 50 {
                 break;
             }
             // A lease later: what a crash left is due by then (a lease, a re-send check), or some
@@ -574,10 +585,25 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
             message.event_source_arn = Some(format!("arn:aws:sqs:eu-west-1:0:{queue}"));
             event.records.push(message);
         }
-        {
+        let cancel_now = {
             let mut w = world.lock().expect("world");
             w.report.invocations += 1;
+            let before = w.report.deliveries;
             w.report.deliveries += batch.len() as u64;
+            config
+                .cancel_after
+                .is_some_and(|at| before < at && at <= w.report.deliveries)
+        };
+        if cancel_now {
+            let cancel = CancelRequest {
+                execution_id: parent,
+                reason: "operator cancel in the sim".into(),
+            };
+            let committed = coordinator.cancel(cancel).await.is_ok();
+            let mut w = world.lock().expect("world");
+            w.report.cancel_tried = true;
+            w.report.cancel_committed = committed && !w.dead;
+            w.dead = false;
         }
         let response = match queue {
             LAUNCH | START => crate::handlers::launch(&coordinator, event).await,
@@ -643,6 +669,11 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
     report
 }
 
+/// A child not yet ended, or whose parent is not yet told.
+fn open_child(record: &Execution) -> bool {
+    record.parent.is_some() && (!record.status.is_terminal() || record.due_at().is_some())
+}
+
 async fn sweep(coordinator: &Coordinator, world: &Shared) {
     world.lock().expect("world").report.sweeps += 1;
     let _ = crate::handlers::claim(coordinator, EventBridgeEvent::default()).await;
@@ -666,6 +697,16 @@ async fn check(
         return;
     };
     report.status = Some(record.status);
+    report.cancelled = record.status == Status::Cancelled;
+    if report.cancelled && !report.cancel_tried {
+        violations.push("the parent is CANCELLED, never cancelled".into());
+    }
+    if report.cancel_committed && !report.cancelled {
+        violations.push(format!(
+            "the parent is {} although its cancel was committed",
+            record.status
+        ));
+    }
     let failing = config
         .children
         .checked_div(config.failing_every)
@@ -676,7 +717,10 @@ async fn check(
         .filter(|u| u.fan_out.is_some())
         .map(|u| (u.id, u.fan_out.expect("sized")));
     let Some((unit, fan_out)) = unit else {
-        report.violations.push("the fan-out was never sized".into());
+        if !report.cancelled {
+            violations.push("the fan-out was never sized".into());
+        }
+        report.violations.extend(violations);
         return;
     };
     if fan_out.items != config.children {
@@ -687,8 +731,17 @@ async fn check(
     }
     let tally = ledger.tally(unit, fan_out.items).await.unwrap_or_default();
     report.tally = tally;
+    // Every child ended (a cancel reaches those still running; a failed fan-out cancels its own).
+    let open = store.count(open_child);
+    if open > 0 {
+        violations.push(format!("{open} children left running or due"));
+    }
     let expect_success = failing <= config.tolerated;
-    if expect_success {
+    if report.cancelled {
+        if report.resumptions > 1 {
+            violations.push(format!("the parent resumed {} times", report.resumptions));
+        }
+    } else if expect_success {
         // Resumed at the summary step: its request went out (the sim's worker does not run it).
         if record.step != 1 || record.status != Status::Running {
             violations.push(format!(
@@ -744,7 +797,7 @@ async fn check(
             record.status, record.error
         ));
     }
-    if report.resumptions != 1 {
+    if report.resumptions != 1 && !report.cancelled {
         violations.push(format!("the parent resumed {} times", report.resumptions));
     }
     // Sized, children started, settled: a constant number, and a claim and its launch work for each
