@@ -343,15 +343,9 @@ struct Invocation {
     batch: Vec<String>,
     /// Records it read.
     reads: BTreeSet<Uuid>,
-    /// Leases it committed (execution, generation), and the launch work it sent.
-    leases: Vec<(Uuid, u64)>,
+    /// Leases it committed (execution, generation, token), and the launch work it sent.
+    leases: Vec<(Uuid, u64, Uuid)>,
     launches: BTreeSet<(Uuid, u64)>,
-    /// Records it wrote without being told so (a lost response).
-    unconfirmed: BTreeSet<Uuid>,
-    /// Of those, the ones another invocation wrote over before it ended: its read-back may have found
-    /// the newer version and taken the write for lost. Like a crash after the write, that leaves the
-    /// lease's launch to the sweeper.
-    superseded: BTreeSet<Uuid>,
 }
 
 /// The due index's view of one record, from the time a write becomes visible in it.
@@ -541,8 +535,6 @@ struct World {
     faults: bool,
     config: SimConfig,
     records: BTreeMap<Uuid, Execution>,
-    /// The invocation that wrote each record last.
-    writers: BTreeMap<Uuid, u64>,
     deferrals: crate::adapters::memory::Deferrals,
     index: BTreeMap<Uuid, Vec<IndexEntry>>,
     shards: u32,
@@ -798,16 +790,11 @@ impl World {
                 .is_none_or(|pl| pl.token != l.token)
         });
         if new_lease && !record.status.is_terminal() {
+            let token = record.lease.as_ref().map(|l| l.token).unwrap_or_default();
             if let Some(invocation) = self.invocation() {
-                invocation.leases.push((record.id, record.generation));
-            }
-        }
-        if let Some(current) = self.current {
-            let before = self.writers.insert(record.id, current);
-            if let Some(writer) = before.and_then(|w| self.invocations.get_mut(&w)) {
-                if writer.unconfirmed.remove(&record.id) {
-                    writer.superseded.insert(record.id);
-                }
+                invocation
+                    .leases
+                    .push((record.id, record.generation, token));
             }
         }
         self.records.insert(record.id, record.clone());
@@ -950,9 +937,6 @@ impl SimStore {
             Fate::Proceed => w.write(record, expected),
             Fate::LostResponse => {
                 w.write(record, expected)?;
-                if let Some(invocation) = w.invocation() {
-                    invocation.unconfirmed.insert(record.id);
-                }
                 Err(StoreError::Conflict)
             }
             Fate::CrashAfter => {
@@ -1302,7 +1286,6 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         faults: false,
         config: config.clone(),
         records: BTreeMap::new(),
-        writers: BTreeMap::new(),
         deferrals: Default::default(),
         index: BTreeMap::new(),
         shards: 2,
@@ -1748,10 +1731,10 @@ impl Scheduler<'_> {
         if invocation.killed {
             return;
         }
-        for (execution, generation) in &invocation.leases {
-            if !invocation.launches.contains(&(*execution, *generation))
-                && !invocation.superseded.contains(execution)
-            {
+        // (A lease no longer in the record was taken over or ended: its launch is moot.)
+        for (execution, generation, token) in &invocation.leases {
+            let held = w.records[execution].lease.as_ref().map(|l| l.token) == Some(*token);
+            if held && !invocation.launches.contains(&(*execution, *generation)) {
                 w.violations.push(format!(
                     "a live {:?} invocation committed lease {generation} of {execution} and never \
                      sent its launch",

@@ -13,10 +13,13 @@ use async_trait::async_trait;
 use common::{coordinator_of, sqs, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, RecordingSender};
-use stepline::domain::{launch_id, PipelineDef};
-use stepline::envelope::{ReplyEnvelope, ReplyOutcome, RequestHeader};
-use stepline::ports::{MessageSender, OutMessage, SendError};
+use stepline::domain::{launch_id, Execution, PipelineDef, StepError};
+use stepline::envelope::{LaunchWork, ReplyEnvelope, ReplyOutcome, RequestHeader};
+use stepline::ports::{
+    Backoff, DuePage, DueQuery, ExecutionStore, MessageSender, OutMessage, SendError, StoreError,
+};
 use stepline::{handlers, SubmitRequest};
+use uuid::Uuid;
 
 /// Records what is sent; fails every send while `down` is set.
 #[derive(Default)]
@@ -141,4 +144,84 @@ async fn a_duplicate_submit_re_sends_a_first_request_that_may_not_have_gone_out(
     requests(&sender);
     coordinator.submit(submit_request()).await.unwrap();
     assert!(requests(&sender).is_empty());
+}
+
+/// A store whose next replace is applied, then written over by someone else (a write that keeps the
+/// lease, as an incident note does) before its response, lost, comes back as the SDK retry's conflict.
+#[derive(Default)]
+struct OverwrittenStore {
+    inner: InMemoryExecutionStore,
+    armed: AtomicBool,
+}
+
+#[async_trait]
+impl ExecutionStore for OverwrittenStore {
+    async fn get(&self, id: Uuid) -> Result<Option<Execution>, StoreError> {
+        self.inner.get(id).await
+    }
+    async fn create(&self, record: &Execution) -> Result<(), StoreError> {
+        self.inner.create(record).await
+    }
+    async fn replace(&self, record: &Execution, expected: u64) -> Result<(), StoreError> {
+        self.inner.replace(record, expected).await?;
+        if !self.armed.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let mut later = record.clone();
+        later.version += 1;
+        later.write_id = "someone-else".into();
+        self.inner.replace(&later, record.version).await?;
+        Err(StoreError::Conflict)
+    }
+    async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError> {
+        self.inner.due(query).await
+    }
+    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
+        self.inner.defer(id, now, backoff).await
+    }
+    fn shards(&self) -> u32 {
+        self.inner.shards()
+    }
+}
+
+#[tokio::test]
+async fn a_lost_write_written_over_before_its_read_back_is_known_by_its_lease_and_its_launch_sent()
+{
+    let store = Arc::new(OverwrittenStore::default());
+    let sender = Arc::new(FlakySender::default());
+    let coordinator = coordinator_of(def(), store.clone(), sender.clone()).await;
+    let id = coordinator
+        .submit(submit_request())
+        .await
+        .unwrap()
+        .execution;
+    let first = requests(&sender).pop().expect("the first request");
+    // A retryable failure: the retry is scheduled under a fresh lease and its launch work enqueued.
+    let error = StepError::new("FLAKY", "try again", true);
+    let reply = ReplyEnvelope::for_request(&first, ReplyOutcome::Failed { error });
+
+    store.armed.store(true, Ordering::SeqCst);
+    let response =
+        handlers::completion(&coordinator, sqs(serde_json::to_string(&reply).unwrap())).await;
+
+    assert!(response.batch_item_failures.is_empty());
+    let record = store.inner.snapshot(id).unwrap();
+    assert_eq!(record.version, 3, "the reply's write and the one over it");
+    let lease = record.lease.clone().expect("the retry's lease");
+    let launches: Vec<LaunchWork> = sender
+        .inner
+        .drain()
+        .into_iter()
+        .filter(|(q, _)| q == "launch")
+        .map(|(_, m)| serde_json::from_str(&m.body).unwrap())
+        .collect();
+    assert_eq!(
+        launches,
+        vec![LaunchWork {
+            execution_id: id,
+            generation: record.generation,
+            token: lease.token,
+        }],
+        "the retry's launch went out under the lease the write took"
+    );
 }

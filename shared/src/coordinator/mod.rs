@@ -487,7 +487,10 @@ impl Coordinator {
                 }
                 Decision::Reject(rejection) => return Ok(Attempt::Rejected(rejection)),
             };
-            let written = match self.commit(&next, record.version).await {
+            // A lease this decision takes is fresh: its token names this write alone.
+            let lease = |r: &Execution| r.lease.as_ref().map(|l| l.token);
+            let fresh_lease = lease(&next).filter(|token| lease(&record) != Some(*token));
+            let written = match self.commit(&next, record.version, fresh_lease).await {
                 Err(CoordinatorError::Store(StoreError::TooLarge(detail)))
                     if substitute.is_none() =>
                 {
@@ -519,13 +522,25 @@ impl Coordinator {
 
     /// A conditional write of `next` over version `expected`. A failed condition is read back: a record
     /// carrying this write's id is this write, applied although its response was lost (the SDK's retry
-    /// then met its own version); anything else lost the race to another writer.
-    async fn commit(&self, next: &Execution, expected: u64) -> Result<Written, CoordinatorError> {
+    /// then met its own version); so is a later version still holding the lease this write took
+    /// (`fresh_lease`): another writer wrote over it in between, and nobody has acted on the lease yet,
+    /// so what this write decided is still to be sent. Anything else lost the race to another writer.
+    async fn commit(
+        &self,
+        next: &Execution,
+        expected: u64,
+        fresh_lease: Option<Uuid>,
+    ) -> Result<Written, CoordinatorError> {
         match self.store.replace(next, expected).await {
             Ok(()) => Ok(Written::Committed),
             Err(StoreError::Conflict) => {
                 let current = self.get(next.id).await?;
-                let own = current.version == next.version && current.write_id == next.write_id;
+                let under_later = fresh_lease.is_some()
+                    && current.version > next.version
+                    && current.generation == next.generation
+                    && current.lease.as_ref().map(|l| l.token) == fresh_lease;
+                let own = current.version == next.version && current.write_id == next.write_id
+                    || under_later;
                 if own && !planted::active(Bug::LostResponseDropsSend) {
                     tracing::info!(execution_id = %next.id, version = next.version, "own write recognised after a lost response");
                     Ok(Written::Committed)
