@@ -1,6 +1,8 @@
 //! Stepline: a durable pipeline coordinator built from single-shot AWS Lambda handlers.
 //!
 //! Layers, each importing only from those below it:
+//! - [`planted`]: the switches of the deliberate defects the fault campaign must catch (`sim`, feature
+//!   `testing`); every other build compiles them off.
 //! - [`domain`]: pipeline definitions, contracts, releases, the execution record, the pure state
 //!   machine and the catalogue of stable codes. No I/O.
 //! - [`ports`]: the narrow interfaces the coordinator uses; [`adapters`]: DynamoDB, SQS, EventBridge
