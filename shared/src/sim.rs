@@ -45,7 +45,8 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::adapters::dynamodb::{due_key, due_shard};
-use crate::adapters::InMemoryReleaseRegistry;
+use crate::adapters::{InMemoryPayloadStore, InMemoryReleaseRegistry};
+use crate::claims::ClaimCheck;
 use crate::coordinator::{
     CancelRequest, Coordinator, RedriveRequest, ReplayFilter, ReplayRequest, Settings,
     SubmitRequest,
@@ -59,7 +60,8 @@ use crate::envelope::{
 use crate::planted::Bug;
 use crate::ports::{
     Backoff, BusEvent, Clock, DeadLetter, DeadLetterQueue, DuePage, DueQuery, EventPublisher,
-    ExecutionStore, MessageSender, OutMessage, ReleaseRegistry, SendError, StoreError,
+    ExecutionStore, MessageSender, OutMessage, PayloadStore, ReleaseRegistry, SendError,
+    StoreError,
 };
 use crate::worker::{StepFunction, Worker};
 
@@ -114,6 +116,9 @@ pub struct SimConfig {
     pub index_lag_ms: i64,
     /// The store refuses records larger than this (JSON bytes).
     pub item_limit: usize,
+    /// Payloads (inputs, outputs) larger than this are claim-checked to the payload store, in the
+    /// schedules that claim-check (every other one).
+    pub claim_threshold: usize,
     /// Every `fan_out_every`-th seed of a campaign is a fan-out schedule (0: none).
     pub fan_out_every: u64,
 }
@@ -137,6 +142,7 @@ impl Default for SimConfig {
             due_granularity_ms: 1_000,
             index_lag_ms: 2_000,
             item_limit: 24 * 1024,
+            claim_threshold: 4 * 1024,
             fan_out_every: 10,
         }
     }
@@ -189,6 +195,7 @@ counts! {
     heartbeats: "heartbeats",
     timeouts: "step timeouts",
     oversized: "outputs over the item limit",
+    claim_checked: "claim-checked payloads stored",
     cancels: "cancels",
     redrives: "re-drives",
     bulk_replays: "bulk replays",
@@ -346,6 +353,8 @@ struct Invocation {
     /// Leases it committed (execution, generation, token), and the launch work it sent.
     leases: Vec<(Uuid, u64, Uuid)>,
     launches: BTreeSet<(Uuid, u64)>,
+    /// The worker process it ran on.
+    worker: Option<usize>,
 }
 
 /// The due index's view of one record, from the time a write becomes visible in it.
@@ -354,6 +363,109 @@ struct IndexEntry {
     visible_at: i64,
     /// Rounded due key and shard; `None`: not in the index.
     key: Option<(i64, u32)>,
+}
+
+/// Claim checks where a schedule has them.
+trait WithClaims: Sized {
+    fn with_claims(self, claims: Option<&ClaimCheck>) -> Self;
+}
+
+impl WithClaims for Coordinator {
+    fn with_claims(self, claims: Option<&ClaimCheck>) -> Self {
+        match claims {
+            Some(claims) => self.with_claim_check(claims.clone()),
+            None => self,
+        }
+    }
+}
+
+impl WithClaims for Worker {
+    fn with_claims(self, claims: Option<&ClaimCheck>) -> Self {
+        match claims {
+            Some(claims) => self.with_claim_check(claims.clone()),
+            None => self,
+        }
+    }
+}
+
+/// The payload store (S3): claim-checked payloads under content addresses, with crashes like every
+/// port.
+struct SimPayloads {
+    world: Shared,
+    inner: InMemoryPayloadStore,
+}
+
+impl SimPayloads {
+    /// A crash of the current invocation at the payload store: a worker's failure to read or store
+    /// the payloads of its requests (which it may answer with `PAYLOAD_UNAVAILABLE`).
+    fn failed(&self) -> StoreError {
+        let mut w = self.world.lock().expect("world");
+        let requests: Vec<(Uuid, u32, u32)> = w
+            .invocation()
+            .filter(|i| i.role == Some(Role::Worker))
+            .map(|i| {
+                i.batch
+                    .iter()
+                    .filter_map(|b| request_header(b))
+                    .map(|h| (h.execution_id, h.step_index, h.attempt))
+                    .collect()
+            })
+            .unwrap_or_default();
+        w.payload_faults.extend(requests);
+        crashed()
+    }
+}
+
+#[async_trait]
+impl PayloadStore for SimPayloads {
+    async fn put(&self, bucket: &str, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        YieldOnce(false).await;
+        let fate = self.world.lock().expect("world").fate();
+        match fate {
+            // (A lost response is retried by the SDK: the key is a content address, the retry puts
+            // the same bytes.)
+            Fate::Proceed | Fate::LostResponse => {
+                self.world
+                    .lock()
+                    .expect("world")
+                    .report
+                    .counts
+                    .claim_checked += 1;
+                self.inner.put(bucket, key, bytes).await
+            }
+            Fate::CrashAfter => {
+                self.inner.put(bucket, key, bytes).await?;
+                Err(self.failed())
+            }
+            _ => Err(self.failed()),
+        }
+    }
+
+    async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError> {
+        YieldOnce(false).await;
+        let fate = self.world.lock().expect("world").fate();
+        match fate {
+            Fate::Proceed | Fate::LostResponse => self.inner.get(bucket, key).await,
+            _ => Err(self.failed()),
+        }
+    }
+
+    async fn get_range(
+        &self,
+        bucket: &str,
+        key: &str,
+        start: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        YieldOnce(false).await;
+        let fate = self.world.lock().expect("world").fate();
+        match fate {
+            Fate::Proceed | Fate::LostResponse => {
+                self.inner.get_range(bucket, key, start, len).await
+            }
+            _ => Err(self.failed()),
+        }
+    }
 }
 
 /// What each execution is planned to do, and what the scheduler does to it.
@@ -368,6 +480,8 @@ struct Plan {
     fatal: Option<u32>,
     /// A step whose output does not fit in the record.
     huge: Option<u32>,
+    /// Large payloads are claim-checked (the huge output too).
+    claim_checked: bool,
     /// An attempt (step, attempt) whose worker hangs every time it gets the request.
     hang: Option<(u32, u32)>,
     /// The faulty action at which an operator cancels it.
@@ -402,7 +516,7 @@ impl Plan {
             Some("FATAL")
         } else if a <= self.fail[k as usize] {
             Some("FLAKY")
-        } else if self.huge == Some(k) {
+        } else if self.huge == Some(k) && !self.claim_checked {
             Some("ITEM_TOO_LARGE")
         } else {
             None
@@ -485,31 +599,30 @@ pub fn judge_end(
     violations
 }
 
-fn timeout_code(k: u32) -> &'static str {
-    if k == AWAIT_STEP {
-        "AWAIT_TIMEOUT"
-    } else {
-        "STEP_TIMEOUT"
-    }
-}
-
 fn retryable(code: &str) -> bool {
-    matches!(code, "FLAKY" | "STEP_TIMEOUT")
+    matches!(code, "FLAKY" | "STEP_TIMEOUT" | "PAYLOAD_UNAVAILABLE")
 }
 
-/// The end a plan leads to, given the attempts that timed out (each explained by a parked message)
-/// and the re-drives committed.
-fn expected_end(plan: &Plan, timed_out: &BTreeSet<(u32, u32)>, redrives: u32, max: u32) -> End {
+/// The codes of attempts that faults ended (each end explained by the fault, as it was committed).
+const FAULT_CODES: [&str; 3] = ["STEP_TIMEOUT", "AWAIT_TIMEOUT", "PAYLOAD_UNAVAILABLE"];
+
+/// The end a plan leads to, given the attempts that faults ended (a parked message, a payload store
+/// that failed the worker) and the re-drives committed.
+fn expected_end(
+    plan: &Plan,
+    faulted: &BTreeMap<(u32, u32), String>,
+    redrives: u32,
+    max: u32,
+) -> End {
     let mut redrives_left = redrives;
     for k in 0..STEPS {
         let mut limit = max;
         let mut a = 0;
         loop {
             a += 1;
-            let code = if timed_out.contains(&(k, a)) {
-                Some(timeout_code(k))
-            } else {
-                plan.answer(k, a)
+            let code = match faulted.get(&(k, a)) {
+                Some(code) => Some(code.as_str()),
+                None => plan.answer(k, a),
             };
             let Some(code) = code else { break };
             if retryable(code) && a < limit {
@@ -553,6 +666,8 @@ struct World {
     parked: BTreeSet<(Uuid, u32, u32)>,
     /// Executions with an await notice or an interaction completion parked in a DLQ.
     parked_awaits: BTreeSet<Uuid>,
+    /// Attempts whose worker the payload store failed (crashed) while it handled their request.
+    payload_faults: BTreeSet<(Uuid, u32, u32)>,
     /// Request headers seen on the request queue (what an adversary reading it learns).
     overheard: Vec<RequestHeader>,
     /// Cancels that reached a result: execution -> committed.
@@ -870,6 +985,7 @@ impl World {
             let explained = match code.as_str() {
                 "STEP_TIMEOUT" => self.parked.contains(&(id, k, a)),
                 "AWAIT_TIMEOUT" => self.parked_awaits.contains(&id),
+                "PAYLOAD_UNAVAILABLE" => self.payload_faults.contains(&(id, k, a)),
                 _ => false,
             };
             if planned != Some(code.as_str()) && !explained {
@@ -1194,6 +1310,12 @@ struct PlannedSteps {
 #[async_trait]
 impl StepFunction for PlannedSteps {
     async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        // After the await step, the input is the approved input with the answers beside it; one that
+        // was claim-checked comes nested under `input`.
+        let input = match input.get("input") {
+            Some(nested) if input.get("interactions").is_some() => nested.clone(),
+            _ => input,
+        };
         let k = u64::from(request.step_index);
         let plan = &input["plan"];
         if plan["fatal"].as_u64() == Some(k) {
@@ -1240,12 +1362,15 @@ fn pipeline(config: &SimConfig) -> PipelineDef {
 }
 
 /// The processes of every role, each with caches of its own.
-struct Processes {
+struct Processes<'a> {
     claim: [Arc<Coordinator>; 2],
     launch: [Arc<Coordinator>; 2],
     completion: [Arc<Coordinator>; 2],
     api: Arc<Coordinator>,
-    workers: [Arc<Worker>; 2],
+    /// Worker processes: one that crashed is replaced by a new one (its memory of the launches it
+    /// answered is gone with it).
+    workers: Mutex<[Arc<Worker>; 2]>,
+    new_worker: Box<dyn Fn() -> Arc<Worker> + 'a>,
     /// How the approver sends completions to the await-completion queue.
     approver: Arc<SimSender>,
 }
@@ -1298,6 +1423,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         attempt_ends: BTreeMap::new(),
         parked: BTreeSet::new(),
         parked_awaits: BTreeSet::new(),
+        payload_faults: BTreeSet::new(),
         overheard: Vec::new(),
         cancels: BTreeMap::new(),
         redrives: BTreeMap::new(),
@@ -1310,6 +1436,15 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
     }));
     let def = pipeline(config);
     let registry = Arc::new(InMemoryReleaseRegistry::default());
+    // Every other schedule claim-checks large payloads (an output too large for the record then
+    // succeeds); the others keep them inline.
+    let claims = world.lock().expect("world").rng.bool().then(|| {
+        let payloads = SimPayloads {
+            world: world.clone(),
+            inner: InMemoryPayloadStore::default(),
+        };
+        ClaimCheck::new(Arc::new(payloads), "payloads", config.claim_threshold)
+    });
     let coordinator = |role: &str| {
         Arc::new(
             Coordinator::new(
@@ -1331,7 +1466,8 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
                     instance: role.into(),
                 },
             )
-            .with_publisher(Arc::new(SimPublisher(world.clone()))),
+            .with_publisher(Arc::new(SimPublisher(world.clone())))
+            .with_claims(claims.as_ref()),
         )
     };
     let worker = || {
@@ -1349,7 +1485,8 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
             )
             .with_concurrency(1)
             .with_heartbeat(crate::worker::Heartbeat::Off)
-            .with_dead_letter_queue("request-dlq"),
+            .with_dead_letter_queue("request-dlq")
+            .with_claims(claims.as_ref()),
         )
     };
     let processes = Processes {
@@ -1357,7 +1494,8 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         launch: [coordinator("launch-1"), coordinator("launch-2")],
         completion: [coordinator("completion-1"), coordinator("completion-2")],
         api: coordinator("api"),
-        workers: [worker(), worker()],
+        workers: Mutex::new([worker(), worker()]),
+        new_worker: Box::new(worker),
         approver: Arc::new(SimSender(world.clone())),
     };
 
@@ -1377,7 +1515,10 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
     // Plans: mostly clean, some transient failures, some permanent, some exhausting the budget, some
     // too large; some cancelled on the way, some re-driven when they fail.
     for n in 0..config.executions {
-        let mut plan = Plan::default();
+        let mut plan = Plan {
+            claim_checked: claims.is_some(),
+            ..Plan::default()
+        };
         {
             let mut w = world.lock().expect("world");
             let task = TASK_STEPS[w.rng.usize(0..TASK_STEPS.len())];
@@ -1486,7 +1627,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
     }
     scheduler.settle();
 
-    check(&world, config);
+    check(&world, config, claims.as_ref());
     let w = world.lock().expect("world");
     let mut report = w.report.clone();
     report.violations = w.violations.clone();
@@ -1496,7 +1637,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
 /// Starts, polls and ends invocations.
 struct Scheduler<'a> {
     world: Shared,
-    processes: &'a Processes,
+    processes: &'a Processes<'a>,
     running: Vec<Running>,
     next_invocation: u64,
 }
@@ -1686,7 +1827,7 @@ impl Scheduler<'_> {
                 )
             }
             _ => {
-                let w = self.processes.workers[pick].clone();
+                let w = self.processes.workers.lock().expect("workers")[pick].clone();
                 (
                     Role::Worker,
                     Box::pin(async move { Some(w.handle(event).await) }),
@@ -1703,6 +1844,13 @@ impl Scheduler<'_> {
                 })
         };
         let id = self.begin(role, bodies);
+        if role == Role::Worker {
+            self.lock()
+                .invocations
+                .get_mut(&id)
+                .expect("invocation")
+                .worker = Some(pick);
+        }
         if hangs {
             let mut w = self.lock();
             w.report.counts.hangs += 1;
@@ -1729,6 +1877,11 @@ impl Scheduler<'_> {
         let done = self.running.swap_remove(index);
         let invocation = w.invocations.remove(&done.id).unwrap_or_default();
         if invocation.killed {
+            drop(w);
+            if let Some(slot) = invocation.worker {
+                let fresh = (self.processes.new_worker)();
+                self.processes.workers.lock().expect("workers")[slot] = fresh;
+            }
             return;
         }
         // (A lease no longer in the record was taken over or ended: its launch is moot.)
@@ -2036,7 +2189,29 @@ impl World {
 }
 
 /// The invariants, checked once the system has settled.
-fn check(world: &Shared, config: &SimConfig) {
+fn check(world: &Shared, config: &SimConfig, claims: Option<&ClaimCheck>) {
+    // Results, claim-checked ones read back as the API's caller would (before the world is locked:
+    // the payload store takes its lock).
+    let results: BTreeMap<Uuid, Value> = {
+        let records: Vec<Execution> = world
+            .lock()
+            .expect("world")
+            .records
+            .values()
+            .cloned()
+            .collect();
+        records
+            .into_iter()
+            .filter_map(|r| {
+                let value = r.result.as_ref()?.value().clone();
+                let value = match claims {
+                    Some(claims) => block_on(claims.resolve(value)).ok()?,
+                    None => value,
+                };
+                Some((r.id, value))
+            })
+            .collect()
+    };
     let mut w = world.lock().expect("world");
     let mut violations = Vec::new();
     let plans: Vec<Plan> = w.plans.values().cloned().collect();
@@ -2046,16 +2221,16 @@ fn check(world: &Shared, config: &SimConfig) {
             violations.push(format!("execution {id} lost"));
             continue;
         };
-        let timed_out: BTreeSet<(u32, u32)> = w
+        let faulted: BTreeMap<(u32, u32), String> = w
             .attempt_ends
             .get(&id)
             .into_iter()
             .flatten()
-            .filter(|(_, code)| matches!(code.as_str(), "STEP_TIMEOUT" | "AWAIT_TIMEOUT"))
-            .map(|(attempt, _)| *attempt)
+            .filter(|(_, code)| FAULT_CODES.contains(&code.as_str()))
+            .map(|(attempt, code)| (*attempt, code.clone()))
             .collect();
         let redrives = w.redrives.get(&id).copied().unwrap_or(0);
-        let expected = expected_end(plan, &timed_out, redrives, config.max_attempts);
+        let expected = expected_end(plan, &faulted, redrives, config.max_attempts);
         let cancel = w.cancels.get(&id).copied();
         let expect_end = match (record.status, cancel) {
             (Status::Cancelled, _) if plan.cancel_at.is_some() => None,
@@ -2081,7 +2256,7 @@ fn check(world: &Shared, config: &SimConfig) {
             violations.push(format!("{violation}; plan {plan:?}"));
         }
         if record.status == Status::Succeeded {
-            let trail = record.result.as_ref().map(|r| r.value()["trail"].clone());
+            let trail = results.get(&id).map(|r| r["trail"].clone());
             if trail != Some(json!(STEP_IDS)) {
                 violations.push(format!("{id} SUCCEEDED with wrong result {trail:?}"));
             }

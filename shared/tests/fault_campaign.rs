@@ -64,6 +64,7 @@ fn fault_campaign_finds_no_violation() {
             ("forged interaction tokens", c.forged_interactions),
             ("step timeouts", c.timeouts),
             ("oversized outputs", c.oversized),
+            ("claim-checked payloads", c.claim_checked),
             ("cancels", c.cancels),
             ("re-drives", c.redrives),
             ("executions re-driven by bulk replay", c.replayed),
