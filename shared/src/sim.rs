@@ -1,34 +1,39 @@
 //! Deterministic simulation of the coordinator under faults (the fault campaign).
 //!
 //! The real handlers (`handlers::claim_within`, `launch`, `completion`), the real coordinator API
-//! (submit, cancel, re-drive) and the real worker runtime run against in-memory ports that follow
-//! DynamoDB's conditional-write semantics (with its item size limit and a due index that is a
-//! separate, lagging view of rounded keys in shards, queried a page at a time) and SQS's at-least-once
-//! delivery with visibility timeouts, receive counts and redrive to DLQs. Every role runs as two
-//! processes with caches of their own (so steps run two at a time). A seeded scheduler
-//! interleaves invocations at every port call, and injects:
+//! (submit, cancel, re-drive, bulk replay, interaction completions) and the real worker runtime run
+//! against in-memory ports that follow DynamoDB's conditional-write semantics (with its item size limit
+//! and a due index that is a separate, lagging view of rounded keys in shards, queried a page at a
+//! time), SQS's at-least-once delivery with visibility timeouts, receive counts and redrive to DLQs,
+//! and, in every other schedule, a payload store for claim-checked payloads. The pipeline is three
+//! task steps around an await step answered by a simulated approver. Every role runs as two processes
+//! with caches of their own (so steps run two at a time); a crashed worker process is replaced. A
+//! seeded scheduler interleaves invocations at every port call, and injects:
 //! - crashes before and after any port call (the invocation dies: later calls fail, nothing is deleted,
 //!   its messages reappear after the visibility timeout);
 //! - responses lost after a commit (the write is applied, the SDK's retry meets its own version and
 //!   the invocation carries on), and sends whose response is lost;
-//! - duplicate deliveries and duplicate sends, random reordering, garbage messages, replies forged by
-//!   an adversary who can read the request queue (right launch, wrong token);
+//! - duplicate deliveries and duplicate sends, random reordering, garbage messages, replies and
+//!   interaction tokens forged by an adversary who can read the request queue (right launch, wrong
+//!   token), workers' heartbeats, workers that hang;
 //! - time jumps while invocations are stalled mid-flight, so leases expire under a still-running
 //!   ("zombie") holder, and sweeps run into their function's deadline;
-//! - a change of the due index's shard count; cancels racing completions; re-drives of failed
-//!   executions.
+//! - a change of the due index's shard count; cancels racing completions; a bulk replay of the
+//!   execution DLQ racing the rest; re-drives of failed executions.
 //!
 //! Each execution follows a plan (transient failures, a permanent one, an output too large for the
-//! record, a cancel, a re-drive) from which the checker knows how every attempt must end and how the
-//! execution must end; any other end is a violation, and so is an execution still running a bounded
-//! simulated time after the faults stop. Beside the end state it checks, as they happen: every write is
-//! based on the version it replaces; launch work is carried out only under the lease it names; a live
-//! invocation sends the launch of every lease it commits; a sweep that ran to its end read every entry
-//! due when it started; nothing is lost (garbage and forged messages sit in a DLQ, every failed
-//! execution's envelope in the execution DLQ). A schedule is a pure function of its seed.
+//! record, a hung attempt, an approval, rejection, silence or forged token, a cancel, a re-drive) from
+//! which the checker knows how every attempt must end and how the execution must end; any other end is
+//! a violation, and so is an execution still running a bounded simulated time after the faults stop.
+//! Beside the end state ([`judge_end`], which the emulator campaign uses too) it checks, as they
+//! happen: every write is based on the version it replaces; launch work is carried out only under the
+//! lease it names; a live invocation sends the launch of every lease it commits and still holds; a
+//! sweep that ran to its end read every entry due when it started; nothing is lost (garbage and forged
+//! messages sit in a DLQ, every failed execution's envelope in the execution DLQ). A schedule is a pure
+//! function of its seed; a planted bug ([`crate::planted`]) must make it report violations.
 //!
 //! One schedule in [`SimConfig::fan_out_every`] is a fan-out instead ([`fan_out`]): a parent over
-//! children, with a window or a tolerance, under the same kinds of faults.
+//! children, with a window or a tolerance, sometimes cancelled, under the same kinds of faults.
 
 pub mod fan_out;
 
