@@ -200,22 +200,42 @@ async fn a_re_driven_fan_out_runs_only_the_children_that_did_not_succeed() -> an
     // The bank accepts the row now.
     steps.declining.store(false, Ordering::SeqCst);
 
-    redrive(&api, id).await?;
-    let done = wait_for(&api, id, Duration::from_secs(90), |r| {
-        r.status.is_terminal()
-    })
-    .await?;
+    // The re-driven fan-out has the same 4 s deadline: on a machine too busy to finish it in time it
+    // fails with AWAIT_TIMEOUT again, and is re-driven again (what an operator would do).
+    let mut redrives = 0;
+    let done = loop {
+        redrive(&api, id).await?;
+        redrives += 1;
+        let done = wait_for(&api, id, Duration::from_secs(90), |r| {
+            r.status.is_terminal()
+        })
+        .await?;
+        let timed_out = done
+            .error
+            .as_ref()
+            .is_some_and(|e| e.code == "AWAIT_TIMEOUT");
+        if done.status == Status::Failed && timed_out && redrives < 10 {
+            continue;
+        }
+        break done;
+    };
     assert_eq!(done.status, Status::Succeeded, "{done:#?}");
     let summary = done.result.clone().expect("a summary").value().clone();
     assert_eq!(summary["paid"], 4, "{summary}");
     assert_eq!(summary["failed"], json!([]));
 
-    // Every row paid once, but the declined one, which ran again.
+    // The rows that succeeded ran once, however often the batch was re-driven; the declined one ran
+    // again.
     let runs = steps.runs.lock().unwrap().clone();
+    eprintln!("re-drives: {redrives}; runs of `pay` per line: {runs:?}");
     assert_eq!(
-        runs,
-        BTreeMap::from([(2, 1), (SLOW_LINE, 1), (DECLINED_LINE, 2), (5, 1)]),
-        "runs of `pay` per line"
+        [2, SLOW_LINE, 5].map(|line| runs.get(&line).copied()),
+        [Some(1); 3],
+        "runs of `pay` per line: {runs:?}"
+    );
+    assert!(
+        runs[&DECLINED_LINE] >= 2,
+        "runs of `pay` per line: {runs:?}"
     );
     Ok(())
 }
