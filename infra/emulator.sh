@@ -70,6 +70,7 @@ case "${1:-start}" in
   env)
     echo "export AWS_ENDPOINT_URL=$(endpoint)"
     echo "export AWS_REGION=${AWS_REGION:-us-east-1}"
+    echo "export AWS_DEFAULT_REGION=${AWS_REGION:-us-east-1}"
     echo "export AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-test}"
     echo "export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test}"
     ;;

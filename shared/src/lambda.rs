@@ -107,6 +107,51 @@ pub async fn run_worker(contract: Contract, steps: Arc<dyn StepFunction>) -> Res
     .await
 }
 
+/// Serves a worker where it runs: on Lambda, the requests of its SQS event source; anywhere else (a
+/// container, a laptop against an emulator) it polls `REQUEST_QUEUE_URL` as an event source mapping
+/// would, until interrupted.
+pub async fn serve_worker(contract: Contract, steps: Arc<dyn StepFunction>) -> Result<(), Error> {
+    if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
+        return run_worker(contract, steps).await;
+    }
+    crate::telemetry::init();
+    let queue_url = std::env::var("REQUEST_QUEUE_URL")
+        .map_err(|_| "REQUEST_QUEUE_URL: the request queue to poll (not running on Lambda)")?;
+    let sdk = aws::sdk_config().await;
+    let worker = Arc::new(aws::worker(
+        &sdk,
+        &WorkerConfig::from_env()?,
+        &contract,
+        steps,
+    ));
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let queue_arn = sqs
+        .get_queue_attributes()
+        .queue_url(&queue_url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await?
+        .attributes
+        .and_then(|mut a| a.remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn))
+        .unwrap_or_default();
+    let source = crate::adapters::sqs::EventSource {
+        name: queue_url.clone(),
+        queue_url,
+        queue_arn,
+        batch_size: 10,
+        wait_secs: 20,
+    };
+    tracing::info!(identity = %worker.identity(), queue = %source.queue_url, "worker polling");
+    let poll = crate::adapters::sqs::poll_event_source(&sqs, &source, |event| {
+        let worker = worker.clone();
+        async move { worker.handle(event).await }
+    });
+    tokio::select! {
+        () = poll => Ok(()),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    }
+}
+
 /// Serves the HTTP API function (a function URL or an HTTP API, payload format 2.0).
 #[cfg(feature = "http")]
 pub async fn serve_http() -> Result<(), Error> {

@@ -37,4 +37,4 @@ pub use aws_lambda_events;
 pub use coordinator::{
     Applied, ClaimReport, Coordinator, CoordinatorError, Settings, SubmitRequest, Submitted,
 };
-pub use domain::{contract, release, Code};
+pub use domain::{contract, pipeline_file, release, Code};

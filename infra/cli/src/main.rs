@@ -2,7 +2,7 @@
 //! AWS configuration and credentials) or on an emulator (`AWS_ENDPOINT_URL`). Human-readable output by
 //! default, `--json` for scripts.
 
-mod contracts;
+mod init;
 
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use stepline::handlers::{
 };
 use stepline::handlers::{ReplayFilter, ReplayRequest};
 use stepline::{Coordinator, SubmitRequest};
-use stepline_stage::releases::ReleaseAction;
+use stepline_stage::releases::{FilesOnly, ReleaseAction};
 use stepline_stage::{functions, Stage};
 use uuid::Uuid;
 
@@ -94,10 +94,30 @@ enum Command {
         #[arg(long)]
         expected_version: Option<u64>,
     },
-    /// Release registry: register, list, active, history, activate, rollback, drift.
-    Releases {
+    /// Check a pipeline file (YAML or JSON) and print its contract version.
+    Validate {
+        file: std::path::PathBuf,
+        /// Also write its contract (`pipeline-contract.json`) beside it, for its workers.
         #[arg(long)]
-        pipeline: String,
+        write_contract: bool,
+    },
+    /// Write a new pipeline: its file, a worker skeleton and the worker stack's SAM template.
+    Init {
+        name: String,
+        #[arg(long, value_enum, default_value = "python")]
+        lang: init::Lang,
+        /// Directory to create (default: NAME).
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Rust: the path of the `stepline` library the worker builds with.
+        #[arg(long)]
+        stepline_path: Option<std::path::PathBuf>,
+    },
+    /// Release registry: register, list, active, history, activate, rollback, diff, drift.
+    Releases {
+        /// The pipeline (with `register --file`: the file's).
+        #[arg(long)]
+        pipeline: Option<String>,
         #[command(subcommand)]
         action: ReleaseAction,
     },
@@ -181,6 +201,20 @@ async fn main() -> Result<()> {
     }
     stepline::telemetry::init_to_stderr();
     let cli = Cli::parse();
+    // What needs no stage.
+    match cli.command {
+        Command::Validate {
+            file,
+            write_contract,
+        } => return init::validate(&file, write_contract),
+        Command::Init {
+            name,
+            lang,
+            dir,
+            stepline_path,
+        } => return init::init(&name, lang, dir, stepline_path),
+        _ => {}
+    }
     let stage = Stage::find(&cli.stage)
         .await
         .with_context(|| format!("finding stage {}", cli.stage))?;
@@ -319,9 +353,9 @@ async fn main() -> Result<()> {
         }
         Command::Dlq { action } => dlq(&stage, &api, action, &out).await?,
         Command::Releases { pipeline, action } => {
-            stepline_stage::releases::run(&stage, &contracts::CommittedContracts, &pipeline, action)
-                .await?
+            stepline_stage::releases::run(&stage, &FilesOnly, pipeline.as_deref(), action).await?
         }
+        Command::Validate { .. } | Command::Init { .. } => unreachable!("run without a stage"),
     }
     Ok(())
 }

@@ -69,10 +69,26 @@ enum Command {
     Releases {
         #[arg(long, default_value = "local")]
         stage: String,
-        #[arg(long, default_value = order_worker::PIPELINE_ID)]
-        pipeline: String,
+        /// The pipeline (default: the example's, unless `--file` names a pipeline file).
+        #[arg(long)]
+        pipeline: Option<String>,
         #[command(subcommand)]
         action: ReleaseAction,
+    },
+    /// Create a pipeline file's request queues (each with a dead-letter queue) on a stage, as its
+    /// worker stack does on AWS, and print the environment its worker runs with (`eval` it).
+    Attach {
+        #[arg(long, default_value = "local")]
+        stage: String,
+        /// The pipeline file.
+        #[arg(long)]
+        file: std::path::PathBuf,
+        /// The release the worker serves.
+        #[arg(long, default_value = "1")]
+        release: String,
+        /// The queue the worker polls (default: the first step's).
+        #[arg(long)]
+        queue: Option<String>,
     },
     /// Provision a stage and print it as JSON.
     Provision {
@@ -116,6 +132,53 @@ impl Default for PipelineArgs {
 
 const PROVISIONING: &str =
     "provisioning the local stack (is the emulator running? see infra/emulator.sh)";
+
+/// Creates the request queues a pipeline file names, each with a dead-letter queue `<name>-dlq`
+/// (five receives), and prints the environment of the worker of `queue`.
+async fn attach(
+    stage: &str,
+    file: &std::path::Path,
+    release: &str,
+    queue: Option<String>,
+) -> Result<()> {
+    let local = LocalStack::find(stage).await.with_context(|| {
+        format!("finding stage {stage} (`stepline-local run --stage {stage}` creates it)")
+    })?;
+    let definition = stepline_local::releases::read_pipeline_file(file, release)?;
+    let sqs = aws_sdk_sqs::Client::new(&local.sdk);
+    let mut urls = BTreeMap::new();
+    for name in definition.steps.iter().map(|s| s.queue.as_str()) {
+        if name.is_empty() || urls.contains_key(name) {
+            continue;
+        }
+        urls.insert(
+            name.to_string(),
+            stepline_local::stack::worker_queue(&sqs, name).await?,
+        );
+    }
+    let name = match queue {
+        Some(name) => name,
+        None => definition
+            .steps
+            .iter()
+            .map(|s| s.queue.clone())
+            .find(|q| !q.is_empty())
+            .context("the pipeline names no queue")?,
+    };
+    let Some((url, dlq)) = urls.get(&name) else {
+        bail!("the pipeline has no queue {name}");
+    };
+    let env = local.stack.env_of(functions::ORDER_WORKER)?;
+    println!("export REQUEST_QUEUE_URL={url}");
+    println!("export REQUEST_DLQ_URL={dlq}");
+    println!("export RELEASE_VERSION={release}");
+    for name in ["PAYLOAD_BUCKET", "PAYLOAD_THRESHOLD_BYTES"] {
+        if let Some(value) = env(name) {
+            println!("export {name}={value}");
+        }
+    }
+    Ok(())
+}
 
 fn parse_param(text: &str) -> Result<(String, String), String> {
     text.split_once('=')
@@ -174,8 +237,21 @@ async fn main() -> Result<()> {
             let local = LocalStack::find(&stage).await.with_context(|| {
                 format!("finding stage {stage} (`stepline-local run --stage {stage}` creates it)")
             })?;
-            stepline_local::releases::run(&local, &ExampleCode, &pipeline, action).await
+            let from_file = matches!(
+                action,
+                ReleaseAction::Register { file: Some(_), .. }
+                    | ReleaseAction::Drift { file: Some(_), .. }
+            );
+            let pipeline =
+                pipeline.or_else(|| (!from_file).then(|| order_worker::PIPELINE_ID.to_string()));
+            stepline_local::releases::run(&local, &ExampleCode, pipeline.as_deref(), action).await
         }
+        Command::Attach {
+            stage,
+            file,
+            release,
+            queue,
+        } => attach(&stage, &file, &release, queue).await,
         Command::Provision { stage } => {
             let local = LocalStack::up(&stage).await?;
             println!("{}", serde_json::to_string_pretty(&local.stack)?);

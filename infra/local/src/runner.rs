@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
-use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
@@ -121,86 +120,12 @@ pub fn scheduled_event() -> EventBridgeEvent<Value> {
 }
 
 async fn poll(sqs: aws_sdk_sqs::Client, source: SqsSource, handler: SqsHandler) {
-    let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
-    loop {
-        let received = sqs
-            .receive_message()
-            .queue_url(&source.queue_url)
-            .max_number_of_messages(source.batch_size.clamp(1, 10))
-            .wait_time_seconds(1)
-            .message_system_attribute_names(MessageSystemAttributeName::All)
-            .send()
-            .await;
-        let messages = match received {
-            Ok(out) => out.messages.unwrap_or_default(),
-            Err(e) => {
-                tracing::warn!(queue = %source.queue, error = %aws_sdk_sqs::error::DisplayErrorContext(e), "receive failed");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-        };
-        if messages.is_empty() {
-            continue;
-        }
-        let mut event = SqsEvent::default();
-        let mut receipts = Vec::new();
-        for m in messages {
-            let mut message = SqsMessage::default();
-            message.message_id = m.message_id.clone();
-            message.receipt_handle = m.receipt_handle.clone();
-            message.body = m.body.clone();
-            message.md5_of_body = m.md5_of_body.clone();
-            message.attributes = m
-                .attributes
-                .clone()
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k.as_str().to_string(), v))
-                .collect();
-            message.event_source = Some("aws:sqs".into());
-            message.event_source_arn = Some(source.queue_arn.clone());
-            message.aws_region = Some(region.clone());
-            receipts.push((
-                m.message_id.unwrap_or_default(),
-                m.receipt_handle.unwrap_or_default(),
-            ));
-            event.records.push(message);
-        }
-        // A panicking handler fails the whole batch, as a crashed invocation does on Lambda.
-        let response = match tokio::spawn(handler(event)).await {
-            Ok(response) => response,
-            Err(e) => {
-                tracing::error!(queue = %source.queue, error = %e, "handler crashed");
-                continue;
-            }
-        };
-        let failed: std::collections::HashSet<String> = response
-            .batch_item_failures
-            .into_iter()
-            .map(|f| f.item_identifier)
-            .collect();
-        let entries: Vec<DeleteMessageBatchRequestEntry> = receipts
-            .into_iter()
-            .filter(|(id, _)| !failed.contains(id))
-            .enumerate()
-            .map(|(i, (_, receipt))| {
-                DeleteMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .receipt_handle(receipt)
-                    .build()
-                    .expect("id and receipt are set")
-            })
-            .collect();
-        if !entries.is_empty() {
-            if let Err(e) = sqs
-                .delete_message_batch()
-                .queue_url(&source.queue_url)
-                .set_entries(Some(entries))
-                .send()
-                .await
-            {
-                tracing::warn!(queue = %source.queue, error = %aws_sdk_sqs::error::DisplayErrorContext(e), "delete failed; messages will be redelivered");
-            }
-        }
-    }
+    let source = stepline::adapters::sqs::EventSource {
+        name: source.queue,
+        queue_url: source.queue_url,
+        queue_arn: source.queue_arn,
+        batch_size: source.batch_size,
+        wait_secs: 1,
+    };
+    stepline::adapters::sqs::poll_event_source(&sqs, &source, |event| handler(event)).await
 }

@@ -44,8 +44,21 @@ async fn a_restarted_runner_keeps_the_release_an_operator_activated() -> Result<
         "a runner activates its release on a pipeline without an active one"
     );
 
+    // The operator registers the example's definition from a pipeline file (the CLI links no pipeline).
+    let (queue, _) = local.stack.queue(stepline_local::ORDER_REQUEST_QUEUE)?;
+    let definition = order_worker::pipeline(queue);
+    let file = std::env::temp_dir().join(format!("{stage}-orders.json"));
+    std::fs::write(
+        &file,
+        serde_json::json!({"pipelineId": definition.pipeline_id, "steps": definition.steps})
+            .to_string(),
+    )?;
+    let file = file.to_string_lossy();
+    stepline(
+        &stage,
+        &["releases", "register", "--file", &file, "--release", "2"],
+    );
     let pipeline = ["releases", "--pipeline", order_worker::PIPELINE_ID];
-    stepline(&stage, &[&pipeline[..], &["register", "2"]].concat());
     stepline(&stage, &[&pipeline[..], &["activate", "2"]].concat());
     first.kill();
     let _second = RunProcess::started(&stage, "second", &[])?;

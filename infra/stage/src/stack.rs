@@ -430,6 +430,36 @@ async fn create_table(
     Ok(Physical::Table { name, arn })
 }
 
+/// Creates (or finds) a worker's request queue `name` with its dead-letter queue `<name>-dlq` (five
+/// receives), as a worker stack's template does; returns both URLs.
+pub async fn worker_queue(client: &aws_sdk_sqs::Client, name: &str) -> Result<(String, String)> {
+    let create = |name: String, attributes: HashMap<QueueAttributeName, String>| async move {
+        let out = client
+            .create_queue()
+            .queue_name(&name)
+            .set_attributes(Some(attributes))
+            .send()
+            .await
+            .with_context(|| format!("creating queue {name}"))?;
+        anyhow::Ok(out.queue_url.unwrap_or_default())
+    };
+    let dlq = create(format!("{name}-dlq"), HashMap::new()).await?;
+    let dlq_arn = queue_attributes(client, &dlq, &[QueueAttributeName::QueueArn])
+        .await?
+        .remove(&QueueAttributeName::QueueArn)
+        .unwrap_or_default();
+    let policy = serde_json::json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "5"});
+    let url = create(
+        name.to_string(),
+        HashMap::from([
+            (QueueAttributeName::RedrivePolicy, policy.to_string()),
+            (QueueAttributeName::VisibilityTimeout, "60".to_string()),
+        ]),
+    )
+    .await?;
+    Ok((url, dlq))
+}
+
 async fn create_queue(
     client: &aws_sdk_sqs::Client,
     stack: &Stack,

@@ -5,8 +5,12 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_sdk_sqs::error::DisplayErrorContext;
-use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
+    SendMessageBatchRequestEntry,
+};
 use aws_sdk_sqs::Client;
 
 use crate::ports::{DeadLetter, DeadLetterQueue, MessageSender, OutMessage, SendError, StoreError};
@@ -226,5 +230,113 @@ impl DeadLetterQueue for SqsDeadLetterQueue {
             .await
             .map_err(unavailable)?;
         Ok(())
+    }
+}
+
+/// An SQS queue as a Lambda event source mapping feeds a function: batches of messages, and the
+/// messages the handler does not report failed deleted.
+#[derive(Debug, Clone)]
+pub struct EventSource {
+    /// For logs.
+    pub name: String,
+    pub queue_url: String,
+    /// The `eventSourceARN` of the records (a worker extends its messages' visibility by it).
+    pub queue_arn: String,
+    pub batch_size: i32,
+    /// Long-poll wait of each receive.
+    pub wait_secs: i32,
+}
+
+/// Polls `source` forever, as an event source mapping does: each batch goes to `handler` as an
+/// `SqsEvent`; messages it reports in `batchItemFailures` (or all of them, if it panics) are left to
+/// reappear after their visibility timeout, the others are deleted.
+pub async fn poll_event_source<H, F>(sqs: &Client, source: &EventSource, handler: H)
+where
+    H: Fn(SqsEvent) -> F,
+    F: std::future::Future<Output = SqsBatchResponse> + Send + 'static,
+{
+    let region = std::env::var("AWS_REGION")
+        .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
+        .unwrap_or_else(|_| "us-east-1".into());
+    loop {
+        let received = sqs
+            .receive_message()
+            .queue_url(&source.queue_url)
+            .max_number_of_messages(source.batch_size.clamp(1, 10))
+            .wait_time_seconds(source.wait_secs)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await;
+        let messages = match received {
+            Ok(out) => out.messages.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(queue = %source.name, error = %DisplayErrorContext(e), "receive failed");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        if messages.is_empty() {
+            continue;
+        }
+        let mut event = SqsEvent::default();
+        let mut receipts = Vec::new();
+        for m in messages {
+            let mut message = SqsMessage::default();
+            message.message_id = m.message_id.clone();
+            message.receipt_handle = m.receipt_handle.clone();
+            message.body = m.body.clone();
+            message.md5_of_body = m.md5_of_body.clone();
+            message.attributes = m
+                .attributes
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k.as_str().to_string(), v))
+                .collect();
+            message.event_source = Some("aws:sqs".into());
+            message.event_source_arn = Some(source.queue_arn.clone());
+            message.aws_region = Some(region.clone());
+            receipts.push((
+                m.message_id.unwrap_or_default(),
+                m.receipt_handle.unwrap_or_default(),
+            ));
+            event.records.push(message);
+        }
+        // A panicking handler fails the whole batch, as a crashed invocation does on Lambda.
+        let response = match tokio::spawn(handler(event)).await {
+            Ok(response) => response,
+            Err(e) => {
+                tracing::error!(queue = %source.name, error = %e, "handler crashed");
+                continue;
+            }
+        };
+        let failed: std::collections::HashSet<String> = response
+            .batch_item_failures
+            .into_iter()
+            .map(|f| f.item_identifier)
+            .collect();
+        let entries: Vec<DeleteMessageBatchRequestEntry> = receipts
+            .into_iter()
+            .filter(|(id, _)| !failed.contains(id))
+            .enumerate()
+            .map(|(i, (_, receipt))| {
+                DeleteMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(receipt)
+                    .build()
+                    .expect("id and receipt are set")
+            })
+            .collect();
+        if !entries.is_empty() {
+            if let Err(e) = sqs
+                .delete_message_batch()
+                .queue_url(&source.queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+            {
+                tracing::warn!(queue = %source.name, error = %DisplayErrorContext(e), "delete failed; messages will be redelivered");
+            }
+        }
     }
 }

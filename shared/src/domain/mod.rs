@@ -10,6 +10,7 @@ pub mod ids;
 pub mod machine;
 pub mod payload;
 pub mod pipeline;
+pub mod pipeline_file;
 pub mod release;
 
 pub use codes::Code;
@@ -30,4 +31,4 @@ pub use machine::{
     Transition, TRANSITIONS,
 };
 pub use payload::Payload;
-pub use pipeline::{PipelineDef, RetryPolicy, StepDef, StepKind};
+pub use pipeline::{PipelineDef, Problem, RetryPolicy, StepDef, StepKind};

@@ -32,7 +32,7 @@ pub enum StepKind {
 /// One step: its id, kind, input/output type ids, the SQS request queue its worker reads, its deadline
 /// and its retry policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StepDef {
     pub id: String,
     #[serde(default)]
@@ -43,6 +43,8 @@ pub struct StepDef {
     #[serde(default = "json_type")]
     pub output_type: String,
     /// Name of the worker's request queue (resolved to a URL through the SQS API, never built by hand).
+    /// Fan-out steps have none.
+    #[serde(default)]
     pub queue: String,
     /// A launched attempt with no reply after this long is re-sent once, then retried as a new attempt.
     #[serde(default = "default_timeout_secs")]
@@ -188,7 +190,7 @@ fn default_timeout_secs() -> u32 {
 /// Exponential backoff with full jitter: the n-th retry waits a uniform random time in
 /// `[0, min(max_delay, initial_delay * multiplier^(n-1))]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct RetryPolicy {
     /// Attempts in total, the first one included (1 means no retry).
     pub max_attempts: u32,
@@ -255,57 +257,128 @@ impl PipelineDef {
 
     /// Checks what the coordinator relies on: at least one step, unique step ids, sane policies.
     pub fn validate(&self) -> Result<(), String> {
-        if self.pipeline_id.is_empty() || self.release_version.is_empty() {
-            return Err("pipelineId and releaseVersion must not be empty".into());
+        match self.problems().into_iter().next() {
+            None => Ok(()),
+            Some(problem) => Err(problem.to_string()),
+        }
+    }
+
+    /// Everything wrong with the definition, each naming the field (`steps[1].retry.maxAttempts`).
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut found = Vec::new();
+        let mut problem = |step: Option<usize>, field: &'static str, message: String| {
+            found.push(Problem {
+                step,
+                field,
+                message,
+            })
+        };
+        if self.pipeline_id.is_empty() {
+            problem(None, "pipelineId", "must not be empty".into());
+        }
+        if self.release_version.is_empty() {
+            problem(None, "releaseVersion", "must not be empty".into());
         }
         if self.steps.is_empty() {
-            return Err("a pipeline needs at least one step".into());
+            problem(None, "steps", "a pipeline needs at least one step".into());
         }
         let mut seen = std::collections::HashSet::new();
-        for step in &self.steps {
-            if !seen.insert(step.id.as_str()) {
-                return Err(format!("duplicate step id {:?}", step.id));
+        for (i, step) in self.steps.iter().enumerate() {
+            let at = Some(i);
+            if step.id.is_empty() {
+                problem(at, "id", "a step needs an id".into());
+            } else if !seen.insert(step.id.as_str()) {
+                problem(at, "id", format!("duplicate step id {:?}", step.id));
             }
             // A fan-out step starts child executions (through the start queue): no worker of its own.
             if step.kind == StepKind::FanOut {
                 if step.child_pipeline.as_deref().is_none_or(str::is_empty) {
-                    return Err(format!(
-                        "fan-out step {:?} names no child pipeline",
-                        step.id
-                    ));
+                    problem(
+                        at,
+                        "childPipeline",
+                        format!("fan-out step {:?} names no child pipeline", step.id),
+                    );
                 }
             } else if step.queue.is_empty() {
-                return Err(format!("step {:?} has no queue", step.id));
+                problem(at, "queue", format!("step {:?} has no queue", step.id));
             }
             if step
                 .tolerated_failure_percent
                 .is_some_and(|p| !(0.0..=100.0).contains(&p))
             {
-                return Err(format!(
-                    "step {:?}: toleratedFailurePercent must be between 0 and 100",
-                    step.id
-                ));
+                problem(
+                    at,
+                    "toleratedFailurePercent",
+                    "must be between 0 and 100".into(),
+                );
             }
             if step.max_concurrency == Some(0) {
-                return Err(format!(
-                    "step {:?}: maxConcurrency must be at least 1",
-                    step.id
-                ));
+                problem(at, "maxConcurrency", "must be at least 1".into());
             }
             if step.retry.max_attempts == 0 {
-                return Err(format!(
-                    "step {:?}: maxAttempts must be at least 1",
-                    step.id
-                ));
+                problem(at, "retry.maxAttempts", "must be at least 1".into());
+            }
+            if !(step.retry.multiplier.is_finite() && step.retry.multiplier >= 1.0) {
+                problem(at, "retry.multiplier", "must be at least 1".into());
+            }
+            if step.retry.initial_delay_ms > step.retry.max_delay_ms {
+                problem(
+                    at,
+                    "retry.initialDelayMs",
+                    "must not exceed retry.maxDelayMs".into(),
+                );
             }
             if step.timeout_secs == 0 {
-                return Err(format!(
-                    "step {:?}: timeoutSecs must be at least 1",
-                    step.id
-                ));
+                problem(at, "timeoutSecs", "must be at least 1".into());
+            }
+            if step.kind != StepKind::Await && !step.interactions.is_empty() {
+                problem(
+                    at,
+                    "interactions",
+                    "only await steps have interactions".into(),
+                );
+            }
+            if step.kind != StepKind::FanOut
+                && (step.child_pipeline.is_some()
+                    || step.tolerated_failures.is_some()
+                    || step.tolerated_failure_percent.is_some()
+                    || step.max_concurrency.is_some())
+            {
+                problem(
+                    at,
+                    "kind",
+                    "childPipeline, toleratedFailures, toleratedFailurePercent and maxConcurrency \
+                     are for fan-out steps"
+                        .into(),
+                );
             }
         }
-        Ok(())
+        found
+    }
+}
+
+/// One thing wrong with a definition: the step (by position) and the field it is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub step: Option<usize>,
+    /// The field, as a definition file names it (`retry.maxAttempts`).
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl Problem {
+    /// The field's path in a definition: `steps[1].retry.maxAttempts`, `pipelineId`.
+    pub fn path(&self) -> String {
+        match self.step {
+            Some(i) => format!("steps[{i}].{}", self.field),
+            None => self.field.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path(), self.message)
     }
 }
 

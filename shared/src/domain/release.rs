@@ -125,6 +125,174 @@ pub fn drift(
     found
 }
 
+/// What changed from one release of a pipeline to another.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleaseDiff {
+    pub pipeline_id: String,
+    pub from: String,
+    pub to: String,
+    pub from_contract: String,
+    pub to_contract: String,
+    /// Whether the contract changed (steps, kinds, types, retry policies), not only the deployment.
+    pub contract_changed: bool,
+    pub steps: Vec<StepChange>,
+    /// What the change means for the executions pinned to `from`.
+    pub pinned: PinnedImpact,
+}
+
+/// A step added, removed or changed (by id).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "change", rename_all = "camelCase")]
+pub enum StepChange {
+    Added {
+        step: String,
+        index: usize,
+    },
+    Removed {
+        step: String,
+        index: usize,
+    },
+    Changed {
+        step: String,
+        fields: Vec<FieldChange>,
+    },
+}
+
+/// One field of a step, before and after; `contract`: whether it is part of the contract.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FieldChange {
+    pub field: String,
+    pub contract: bool,
+    pub from: serde_json::Value,
+    pub to: serde_json::Value,
+}
+
+/// Executions pinned to a release run its definition to their end, whatever is activated later. They
+/// are affected by another release only where the two share a request queue: a worker serves one
+/// release, so one release's requests reaching the other's workers are dead-lettered
+/// (`IDENTITY_MISMATCH`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PinnedImpact {
+    pub affected: bool,
+    pub shared_queues: Vec<String>,
+    pub explanation: String,
+}
+
+/// Fields of a step that are part of its contract (see [`Contract`]).
+const CONTRACT_FIELDS: &[&str] = &["kind", "inputType", "outputType", "retry"];
+
+/// Compares two releases of one pipeline.
+pub fn diff(from: &Release, to: &Release) -> ReleaseDiff {
+    let mut steps = Vec::new();
+    let index_in = |release: &Release, id: &str| release.step_ids.iter().position(|s| s == id);
+    for (index, step) in from.definition.steps.iter().enumerate() {
+        let Some(other) = index_in(to, &step.id).map(|i| &to.definition.steps[i]) else {
+            steps.push(StepChange::Removed {
+                step: step.id.clone(),
+                index,
+            });
+            continue;
+        };
+        let fields = field_changes(step, other, index_in(to, &step.id) != Some(index));
+        if !fields.is_empty() {
+            steps.push(StepChange::Changed {
+                step: step.id.clone(),
+                fields,
+            });
+        }
+    }
+    for (index, step) in to.definition.steps.iter().enumerate() {
+        if index_in(from, &step.id).is_none() {
+            steps.push(StepChange::Added {
+                step: step.id.clone(),
+                index,
+            });
+        }
+    }
+    let queues = |release: &Release| -> std::collections::BTreeSet<String> {
+        release
+            .definition
+            .steps
+            .iter()
+            .map(|s| s.queue.clone())
+            .filter(|q| !q.is_empty())
+            .collect()
+    };
+    let shared_queues: Vec<String> = queues(from).intersection(&queues(to)).cloned().collect();
+    let explanation = if shared_queues.is_empty() {
+        format!(
+            "executions pinned to release {} keep its definition and its own queues: keep its \
+             workers running until they end",
+            from.release_version
+        )
+    } else {
+        format!(
+            "releases {} and {} share request queues ({}): a worker serves one release, so \
+             requests of executions pinned to {} that reach {}'s workers are dead-lettered \
+             (IDENTITY_MISMATCH); give each release its own queues, or let {}'s executions end \
+             before its workers are replaced",
+            from.release_version,
+            to.release_version,
+            shared_queues.join(", "),
+            from.release_version,
+            to.release_version,
+            from.release_version
+        )
+    };
+    ReleaseDiff {
+        pipeline_id: to.pipeline_id.clone(),
+        from: from.release_version.clone(),
+        to: to.release_version.clone(),
+        from_contract: from.contract_version.clone(),
+        to_contract: to.contract_version.clone(),
+        contract_changed: from.contract_version != to.contract_version,
+        steps,
+        pinned: PinnedImpact {
+            affected: !shared_queues.is_empty(),
+            shared_queues,
+            explanation,
+        },
+    }
+}
+
+/// The fields of two versions of a step that differ (and its position, when it moved).
+fn field_changes(
+    from: &super::pipeline::StepDef,
+    to: &super::pipeline::StepDef,
+    moved: bool,
+) -> Vec<FieldChange> {
+    let object = |step| match serde_json::to_value(step) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
+    let (before, after) = (object(from), object(to));
+    let mut names: Vec<&String> = before.keys().chain(after.keys()).collect();
+    names.sort();
+    names.dedup();
+    let mut fields: Vec<FieldChange> = names
+        .into_iter()
+        .filter(|name| before.get(*name) != after.get(*name))
+        .map(|name| FieldChange {
+            field: name.clone(),
+            contract: CONTRACT_FIELDS.contains(&name.as_str()),
+            from: before.get(name).cloned().unwrap_or_default(),
+            to: after.get(name).cloned().unwrap_or_default(),
+        })
+        .collect();
+    if moved {
+        fields.push(FieldChange {
+            field: "position".into(),
+            contract: true,
+            from: serde_json::Value::Null,
+            to: serde_json::Value::Null,
+        });
+    }
+    fields
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +342,62 @@ mod tests {
             &unreadable[0],
             Drift::Artifact { actual: None, .. }
         ));
+    }
+
+    #[test]
+    fn a_diff_tells_contract_from_deployment_and_shared_queues() {
+        let release = |version: &str, attempts: u32, queue: &str, extra: bool| {
+            let mut steps = vec![
+                StepDef::task("a", queue)
+                    .timeout_secs(5)
+                    .retry(RetryPolicy {
+                        max_attempts: attempts,
+                        ..RetryPolicy::default()
+                    }),
+                StepDef::task("b", queue),
+            ];
+            if extra {
+                steps.push(StepDef::task("c", queue));
+            }
+            Release::new(PipelineDef::new("p", version, steps), Vec::new())
+        };
+        let same_contract = diff(&release("1", 3, "q1", false), &release("2", 3, "q2", false));
+        assert!(!same_contract.contract_changed);
+        assert!(!same_contract.pinned.affected);
+        assert_eq!(same_contract.steps.len(), 2, "both queues moved");
+        assert!(same_contract.steps.iter().all(|c| matches!(c,
+            StepChange::Changed { fields, .. } if fields.len() == 1 && fields[0].field == "queue" && !fields[0].contract)));
+
+        let changed = diff(&release("1", 3, "q", false), &release("2", 5, "q", true));
+        assert!(changed.contract_changed);
+        assert!(changed.pinned.affected);
+        assert_eq!(changed.pinned.shared_queues, ["q"]);
+        assert_eq!(
+            changed.steps,
+            [
+                StepChange::Changed {
+                    step: "a".into(),
+                    fields: vec![FieldChange {
+                        field: "retry".into(),
+                        contract: true,
+                        from: serde_json::to_value(RetryPolicy::default()).unwrap(),
+                        to: serde_json::to_value(RetryPolicy {
+                            max_attempts: 5,
+                            ..RetryPolicy::default()
+                        })
+                        .unwrap(),
+                    }],
+                },
+                StepChange::Added {
+                    step: "c".into(),
+                    index: 2
+                },
+            ]
+        );
+        let removed = diff(&release("2", 3, "q", true), &release("3", 3, "q3", false));
+        assert!(removed.steps.contains(&StepChange::Removed {
+            step: "c".into(),
+            index: 2
+        }));
     }
 }
