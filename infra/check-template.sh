@@ -17,4 +17,14 @@ if "$venv/bin/python" infra/check-iam.py infra/testdata/wildcard-policy.yaml > /
   echo "template checks: the least-privilege check accepted a wildcard policy" >&2
   exit 1
 fi
-echo "template checks: cfn-lint, sam validate --lint and least privilege passed"
+# The worker stacks `stepline init` writes pass the same checks, in both languages.
+generated=$(mktemp -d)
+trap 'rm -rf "$generated"' EXIT
+for lang in python rust; do
+  cargo run --quiet -p stepline-cli --bin stepline -- init "shop-$lang" --lang "$lang" \
+    --dir "$generated/$lang" > /dev/null
+  "$venv/bin/cfn-lint" "$generated/$lang/template.yaml"
+  "$venv/bin/sam" validate --lint -t "$generated/$lang/template.yaml"
+  "$venv/bin/python" infra/check-iam.py "$generated/$lang/template.yaml"
+done
+echo "template checks: cfn-lint, sam validate --lint and least privilege passed (and on stepline init's worker stacks)"

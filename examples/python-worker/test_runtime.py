@@ -2,7 +2,7 @@
 
 Runs against the local emulator (moto server); creates its own queues and bucket:
 
-    cd /work/main && infra/emulator.sh start && eval "$(infra/emulator.sh env)" \
+    infra/emulator.sh start && eval "$(infra/emulator.sh env)" \
         && .venv/bin/python examples/python-worker/test_runtime.py
 
 Crafts requests as the protocol shows them, runs Worker.poll() with a stop condition, and checks

@@ -100,10 +100,17 @@ pub fn init(
             ("stepline_worker.py", PYTHON_RUNTIME.to_string()),
             ("requirements.txt", PYTHON_REQUIREMENTS.to_string()),
         ]),
-        Lang::Rust => files.extend([
-            ("Cargo.toml", fill(RUST_MANIFEST)),
-            ("src/main.rs", fill(RUST_MAIN)),
-        ]),
+        Lang::Rust => {
+            files.extend([
+                ("Cargo.toml", fill(RUST_MANIFEST)),
+                ("src/main.rs", fill(RUST_MAIN)),
+            ]);
+            // The versions the library is built and tested with (cargo drops what is not used).
+            let lock = stepline_path.join("../Cargo.lock");
+            if let Ok(text) = std::fs::read_to_string(&lock) {
+                files.push(("Cargo.lock", text));
+            }
+        }
     }
     for (path, text) in &files {
         let path = dir.join(path);

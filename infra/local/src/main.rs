@@ -67,7 +67,7 @@ enum Command {
     },
     /// Release registry of an existing stage: list, active, history, activate, rollback, drift.
     Releases {
-        #[arg(long, default_value = "local")]
+        #[arg(long, env = "STEPLINE_STAGE", default_value = "local")]
         stage: String,
         /// The pipeline (default: the example's, unless `--file` names a pipeline file).
         #[arg(long)]
@@ -78,7 +78,7 @@ enum Command {
     /// Create a pipeline file's request queues (each with a dead-letter queue) on a stage, as its
     /// worker stack does on AWS, and print the environment its worker runs with (`eval` it).
     Attach {
-        #[arg(long, default_value = "local")]
+        #[arg(long, env = "STEPLINE_STAGE", default_value = "local")]
         stage: String,
         /// The pipeline file.
         #[arg(long)]
@@ -92,12 +92,12 @@ enum Command {
     },
     /// Provision a stage and print it as JSON.
     Provision {
-        #[arg(long, default_value = "local")]
+        #[arg(long, env = "STEPLINE_STAGE", default_value = "local")]
         stage: String,
     },
     /// Provision a stage and run its functions until interrupted.
     Run {
-        #[arg(long, default_value = "local")]
+        #[arg(long, env = "STEPLINE_STAGE", default_value = "local")]
         stage: String,
         /// Template parameter overrides, `Name=Value` (as `sam deploy --parameter-overrides`).
         #[arg(long = "param", value_parser = parse_param)]

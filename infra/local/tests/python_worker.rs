@@ -317,3 +317,24 @@ async fn a_python_worker_runs_its_pipeline_with_a_retry_heartbeats_and_a_duplica
     }
     Ok(())
 }
+
+/// The Python runtime's own checks on the emulator, case by case from docs/protocol.md: identity
+/// mismatches dead-lettered with their attributes, claim-checked inputs and outputs, cancel notices,
+/// cut error messages, crashes, the Lambda handler's partial batch failures.
+#[test]
+fn the_python_runtime_passes_its_protocol_checks() {
+    require_emulator();
+    let out = Command::new(python())
+        .arg("examples/python-worker/test_runtime.py")
+        .current_dir(workspace_root())
+        .env("PYTHONUNBUFFERED", "1")
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("all checks passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+}
