@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use stepline::adapters::SqsSender;
 use stepline::domain::payload::PayloadRef;
-use stepline::domain::{Code, Status, StepDef, StepError};
+use stepline::domain::{Code, Status, StepError};
 use stepline::envelope::{DeadLetterEnvelope, RequestHeader};
 use stepline::ports::{MessageSender, OutMessage};
 use stepline::worker::StepFunction;
@@ -254,10 +254,7 @@ async fn a_thousand_step_pipeline_succeeds_with_an_item_that_does_not_grow() -> 
     let mut stack = TestStack::new("limits-long", |def| {
         let first = def.steps[0].clone();
         def.steps = (0..STEPS)
-            .map(|k| StepDef {
-                id: format!("s{k}"),
-                ..first.clone()
-            })
+            .map(|k| first.clone().renamed(format!("s{k}")))
             .collect();
     })
     .await?;

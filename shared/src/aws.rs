@@ -158,7 +158,8 @@ pub fn worker_on(
     let identity = Identity::of(contract, &config.release_version);
     let sqs = clients.sqs.clone();
     let mut worker = Worker::new(identity, Arc::new(SqsSender::new(sqs.clone())), steps)
-        .with_visibility(Arc::new(SqsVisibilityExtender::new(sqs)));
+        .with_visibility(Arc::new(SqsVisibilityExtender::new(sqs)))
+        .with_announcements(config.reply_queue_url.clone());
     if let Some(claims) = clients.claims(&config.payloads) {
         worker = worker.with_claim_check(claims);
     }

@@ -102,6 +102,9 @@ pub struct WorkerConfig {
     pub release_version: String,
     /// DLQ of the worker's request queue: requests it cannot handle go there with a reason.
     pub request_dlq_url: Option<String>,
+    /// The coordinator's reply queue, where the worker announces itself at its start (without it, at
+    /// its first request, on the queue the request names).
+    pub reply_queue_url: Option<String>,
     pub payloads: PayloadConfig,
 }
 
@@ -115,6 +118,7 @@ impl WorkerConfig {
             release_version: get("RELEASE_VERSION")
                 .ok_or(ConfigError::Missing("RELEASE_VERSION"))?,
             request_dlq_url: get("REQUEST_DLQ_URL"),
+            reply_queue_url: get("REPLY_QUEUE_URL").filter(|u| !u.is_empty()),
             payloads: PayloadConfig::from_lookup(&get)?,
         })
     }

@@ -21,6 +21,8 @@ pub const INTERACTION_KIND: &str = "stepline.interaction.v1";
 pub const CANCEL_CHILD_KIND: &str = "stepline.cancel-child.v1";
 /// A fan-out child's end, to its parent's coordinator.
 pub const CHILD_ENDED_KIND: &str = "stepline.child-ended.v1";
+/// A worker's announcement of itself, on the reply queue.
+pub const WORKER_KIND: &str = "stepline.worker.v1";
 /// Message attributes of a message a handler dead-lettered itself.
 pub const REASON_ATTRIBUTE: &str = "stepline.reason";
 pub const DETAIL_ATTRIBUTE: &str = "stepline.detail";
@@ -140,6 +142,37 @@ impl ReplyEnvelope {
             launch_id: header.launch_id,
             reply_token: header.reply_token.clone(),
             outcome,
+        }
+    }
+}
+
+/// A worker's announcement, sent to the coordinator's reply queue when it starts, at most every
+/// [`ANNOUNCE_EVERY_MS`](crate::release::ANNOUNCE_EVERY_MS) while it runs, and when it drains.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerAnnouncement {
+    pub kind: String,
+    /// Unique per worker process (or Lambda execution environment).
+    pub worker_id: String,
+    pub identity: Identity,
+    /// The name of the request queue it reads.
+    pub queue: String,
+    pub state: crate::release::WorkerState,
+}
+
+impl WorkerAnnouncement {
+    pub fn new(
+        worker_id: impl Into<String>,
+        identity: Identity,
+        queue: impl Into<String>,
+        state: crate::release::WorkerState,
+    ) -> Self {
+        Self {
+            kind: WORKER_KIND.to_string(),
+            worker_id: worker_id.into(),
+            identity,
+            queue: queue.into(),
+            state,
         }
     }
 }

@@ -18,7 +18,7 @@ pub use crate::coordinator::{
 use crate::domain::{Event, Outcome, Sender};
 use crate::envelope::{
     fingerprint, ChildCancel, InteractionMessage, LaunchWork, ReplyEnvelope, ReplyOutcome,
-    StartEvent, CANCEL_CHILD_KIND, CHILD_ENDED_KIND, INTERACTION_KIND, REPLY_KIND,
+    StartEvent, CANCEL_CHILD_KIND, CHILD_ENDED_KIND, INTERACTION_KIND, REPLY_KIND, WORKER_KIND,
 };
 pub use crate::envelope::{StartDetail, START_DETAIL_TYPE};
 use crate::planted::{self, Bug};
@@ -207,6 +207,9 @@ fn reply_command(text: &str) -> Result<Command, MessageError> {
     let kind: KindOnly = decode(text)?;
     if kind.kind == CHILD_ENDED_KIND {
         return Ok(Command::ChildEnded(decode(text)?));
+    }
+    if kind.kind == WORKER_KIND {
+        return Ok(Command::Announce(decode(text)?));
     }
     if kind.kind == INTERACTION_KIND {
         let (execution, event) = interaction_event(decode(text)?);

@@ -146,9 +146,22 @@ pub async fn serve_worker(contract: Contract, steps: Arc<dyn StepFunction>) -> R
         let worker = worker.clone();
         async move { worker.handle(event).await }
     });
+    let stopped = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        std::io::Result::Ok(())
+    };
     tokio::select! {
         () = poll => Ok(()),
-        _ = tokio::signal::ctrl_c() => Ok(()),
+        stopped = stopped => {
+            stopped?;
+            // Told to stop: no more requests are taken; the coordinator hears it drains.
+            worker.drain().await;
+            Ok(())
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use crate::domain::release::{Activation, Release};
+use crate::domain::release::{Activation, Release, WorkerRecord};
 use crate::domain::{ChildEnd, Execution, Tally};
 use std::collections::HashMap;
 
@@ -182,6 +182,11 @@ pub trait ReleaseRegistry: Send + Sync {
     async fn history(&self, pipeline_id: &str) -> Result<Vec<Activation>, StoreError>;
     /// The latest activation.
     async fn active(&self, pipeline_id: &str) -> Result<Option<Activation>, StoreError>;
+    /// Records a worker's announcement. A worker that drains stays draining (its announcements may
+    /// arrive out of order); otherwise the latest `seenAt` wins.
+    async fn announce(&self, worker: &WorkerRecord) -> Result<(), StoreError>;
+    /// The workers of a pipeline, as last heard of.
+    async fn workers(&self, pipeline_id: &str) -> Result<Vec<WorkerRecord>, StoreError>;
 }
 
 /// One message to send.

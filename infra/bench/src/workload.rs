@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use serde_yaml::Value as Yaml;
 use stepline::adapters::SqsSender;
 use stepline::contract::Contract;
-use stepline::domain::{PipelineDef, StepDef, StepError};
+use stepline::domain::{PipelineDef, StepError};
 use stepline::envelope::RequestHeader;
 use stepline::ports::{MessageSender, OutMessage};
 use stepline::worker::StepFunction;
@@ -49,18 +49,16 @@ pub struct Workload {
 /// timeout and retry policy, passing one document on.
 pub fn pipeline(queue: &str, steps: usize) -> PipelineDef {
     let example = order_worker::pipeline(queue).steps.remove(0);
-    PipelineDef {
-        pipeline_id: PIPELINE_ID.into(),
-        release_version: format!("k{steps}"),
-        steps: (0..steps)
-            .map(|i| StepDef {
-                id: format!("s{i}"),
-                input_type: "bench.Doc/1".into(),
-                output_type: "bench.Doc/1".into(),
-                ..example.clone()
-            })
-            .collect(),
-    }
+    PipelineDef::new(
+        PIPELINE_ID,
+        format!("k{steps}"),
+        (0..steps).map(|i| {
+            example
+                .clone()
+                .renamed(format!("s{i}"))
+                .types("bench.Doc/1", "bench.Doc/1")
+        }),
+    )
 }
 
 /// When each step ran, per execution: (step index, handler entered, handler returned), in microseconds.

@@ -121,6 +121,11 @@ enum Command {
         #[command(subcommand)]
         action: ReleaseAction,
     },
+    /// The workers of a pipeline that announced themselves: identity, queue, health.
+    Workers {
+        #[arg(long)]
+        pipeline: String,
+    },
     /// Dead letters: inspect a DLQ, replay the execution DLQ, or move a queue's dead letters back.
     Dlq {
         #[command(subcommand)]
@@ -352,6 +357,40 @@ async fn main() -> Result<()> {
             });
         }
         Command::Dlq { action } => dlq(&stage, &api, action, &out).await?,
+        Command::Workers { pipeline } => {
+            let workers = api.workers(&pipeline).await?;
+            let listed: Vec<Value> = workers
+                .iter()
+                .map(|(w, health)| {
+                    let mut shown = serde_json::to_value(w).unwrap_or_default();
+                    shown["health"] = serde_json::to_value(health).unwrap_or_default();
+                    shown
+                })
+                .collect();
+            out.show(&Value::Array(listed), || {
+                if workers.is_empty() {
+                    return format!("no worker of {pipeline} announced itself");
+                }
+                workers
+                    .iter()
+                    .map(|(w, health)| {
+                        format!(
+                            "{} release {} {} queue {} contract {} seen {}",
+                            w.worker_id,
+                            w.release_version,
+                            serde_json::to_value(health)
+                                .unwrap_or_default()
+                                .as_str()
+                                .unwrap_or(""),
+                            w.queue,
+                            w.contract_version,
+                            w.seen_at
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+        }
         Command::Releases { pipeline, action } => {
             stepline_stage::releases::run(&stage, &FilesOnly, pipeline.as_deref(), action).await?
         }

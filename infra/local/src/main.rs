@@ -134,7 +134,8 @@ const PROVISIONING: &str =
     "provisioning the local stack (is the emulator running? see infra/emulator.sh)";
 
 /// Creates the request queues a pipeline file names, each with a dead-letter queue `<name>-dlq`
-/// (five receives), and prints the environment of the worker of `queue`.
+/// (five receives), and prints the environment of the worker of `queue` (with the coordinator's reply
+/// queue, where it announces itself).
 async fn attach(
     stage: &str,
     file: &std::path::Path,
@@ -172,6 +173,10 @@ async fn attach(
     println!("export REQUEST_QUEUE_URL={url}");
     println!("export REQUEST_DLQ_URL={dlq}");
     println!("export RELEASE_VERSION={release}");
+    println!(
+        "export REPLY_QUEUE_URL={}",
+        local.stack.queue("ReplyQueue")?.1
+    );
     for name in ["PAYLOAD_BUCKET", "PAYLOAD_THRESHOLD_BYTES"] {
         if let Some(value) = env(name) {
             println!("export {name}={value}");

@@ -130,6 +130,10 @@ fn the_python_guide_runs_to_a_succeeded_execution() -> Result<()> {
         stdout.contains("\"processed\":true"),
         "the result is the worker's: {stdout}"
     );
+    assert!(
+        stdout.contains(" release 1 HEALTHY queue "),
+        "the worker is listed: {stdout}"
+    );
     Ok(())
 }
 
@@ -145,6 +149,10 @@ fn the_rust_guide_runs_to_a_succeeded_execution() -> Result<()> {
     assert!(
         stdout.contains("\"processed\":true"),
         "the result is the worker's: {stdout}"
+    );
+    assert!(
+        stdout.contains(" release 1 HEALTHY queue "),
+        "the worker is listed: {stdout}"
     );
     Ok(())
 }

@@ -66,6 +66,23 @@ impl PythonWorker {
         Ok(Self { child, log })
     }
 
+    /// Asks it to stop (SIGTERM): it announces that it drains, then exits.
+    fn terminate(&mut self) -> Result<std::process::ExitStatus> {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!("the worker did not stop within a minute of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Its log's JSON lines whose `event` is `event`.
     fn events(&self, event: &str) -> Vec<Value> {
         std::fs::read_to_string(&self.log)
@@ -225,7 +242,8 @@ async fn a_python_worker_runs_its_pipeline_with_a_retry_heartbeats_and_a_duplica
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
 
-    let log = || std::fs::read_to_string(&worker.log).unwrap_or_default();
+    let log_file = worker.log.clone();
+    let log = || std::fs::read_to_string(&log_file).unwrap_or_default();
     let expected = [
         json!({"orderId": "o-slow", "packSecs": 5, "reservedOnAttempt": 2, "packed": true}),
         json!({"orderId": "o-quick", "reservedOnAttempt": 2, "packed": true}),
@@ -315,6 +333,84 @@ async fn a_python_worker_runs_its_pipeline_with_a_retry_heartbeats_and_a_duplica
             .unwrap_or_default();
         assert_eq!(depth, "0", "{dlq} holds dead letters");
     }
+
+    // Its lifecycle: it announced itself, serving release 1 from its queue.
+    let workers = || -> Result<Vec<Value>> {
+        Ok(serde_json::from_str(&staged(&[
+            "--json",
+            "workers",
+            "--pipeline",
+            "py-orders",
+        ])?)?)
+    };
+    let listed = workers()?;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        (
+            &listed[0]["health"],
+            &listed[0]["releaseVersion"],
+            &listed[0]["queue"]
+        ),
+        (&json!("HEALTHY"), &json!("1"), &json!(queue))
+    );
+    // Activating a release no live worker serves warns; release 1 is served.
+    staged(&["releases", "register", "--file", &file, "--release", "2"])?;
+    let activate = |release: &str| {
+        run(
+            cli,
+            &[
+                "--stage",
+                &stage,
+                "releases",
+                "--pipeline",
+                "py-orders",
+                "activate",
+                release,
+            ],
+        )
+    };
+    let warned = activate("2");
+    assert!(warned.status.success());
+    assert!(
+        String::from_utf8_lossy(&warned.stderr)
+            .contains("warning: no live worker serves py-orders release 2"),
+        "{}",
+        String::from_utf8_lossy(&warned.stderr)
+    );
+    let quiet = activate("1");
+    assert!(quiet.status.success());
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("warning"));
+
+    // Told to stop, it drains: submissions pinned to release 1 are refused with a typed error.
+    let mut worker = worker;
+    assert!(worker.terminate()?.success(), "{}", log());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while workers()?[0]["health"] != json!("DRAINING") {
+        if Instant::now() > deadline {
+            bail!("the worker's draining was not recorded: {:?}", workers()?);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let refused = run(
+        cli,
+        &[
+            "--stage",
+            &stage,
+            "submit",
+            "--pipeline",
+            "py-orders",
+            "--tenant",
+            "python",
+            "--input",
+            r#"{"orderId": "o-late"}"#,
+        ],
+    );
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("draining"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     Ok(())
 }
 

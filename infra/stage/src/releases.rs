@@ -192,7 +192,11 @@ pub async fn run(
         ReleaseAction::Active => json(&registry.active(named()?).await?),
         ReleaseAction::History => json(&registry.history(named()?).await?),
         ReleaseAction::Activate { release, reason } => {
-            json(&api.activate_release(named()?, &release, &reason).await?)
+            let pipeline = named()?;
+            json(&api.activate_release(pipeline, &release, &reason).await?);
+            for warning in api.release_warnings(pipeline, &release).await? {
+                eprintln!("warning: {warning}");
+            }
         }
         ReleaseAction::Rollback { reason } => {
             json(&api.roll_back_release(named()?, &reason).await?)

@@ -20,7 +20,7 @@ use aws_sdk_dynamodb::Client;
 use serde_dynamo::aws_sdk_dynamodb_1::{from_item, to_item};
 use uuid::Uuid;
 
-use crate::domain::release::{Activation, Release};
+use crate::domain::release::{Activation, Release, WorkerRecord, WorkerState};
 use crate::domain::Execution;
 use crate::ports::{
     ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, Registration,
@@ -554,7 +554,8 @@ impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
 
 /// Release registry: under `pk = "pipeline#<id>"`, `sk = "release#<version>"` holds an immutable
 /// release descriptor and `sk = "activation#<sequence, zero-padded>"` the append-only activations (each
-/// written once, conditionally); the highest sequence is the active release.
+/// written once, conditionally); the highest sequence is the active release. `sk = "worker#<id>"` holds
+/// a worker's latest announcement (written only over an older one).
 #[derive(Clone)]
 pub struct DynamoDbReleaseRegistry {
     client: Client,
@@ -563,6 +564,7 @@ pub struct DynamoDbReleaseRegistry {
 
 const RELEASE_PREFIX: &str = "release#";
 const ACTIVATION_PREFIX: &str = "activation#";
+const WORKER_PREFIX: &str = "worker#";
 
 impl DynamoDbReleaseRegistry {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
@@ -708,6 +710,40 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
             .await?
             .into_iter()
             .next())
+    }
+
+    async fn announce(&self, worker: &WorkerRecord) -> Result<(), StoreError> {
+        let body = serde_json::to_string(worker).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let draining = worker.state == WorkerState::Draining;
+        let put = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item(PK, Self::pipeline_key(&worker.pipeline_id))
+            .item(SK, s(format!("{WORKER_PREFIX}{}", worker.worker_id)))
+            .item("body", s(body))
+            .item("draining", AttributeValue::Bool(draining))
+            .item("seenAt", AttributeValue::N(worker.seen_at.to_string()));
+        // A worker that drains stays draining; a healthy announcement replaces only an older one.
+        let put = if draining {
+            put
+        } else {
+            put.condition_expression(
+                "attribute_not_exists(pk) OR (draining = :no AND seenAt <= :seen)",
+            )
+            .expression_attribute_values(":no", AttributeValue::Bool(false))
+            .expression_attribute_values(":seen", AttributeValue::N(worker.seen_at.to_string()))
+        };
+        let written = put.send().await.map_err(classify);
+        match written {
+            // A later announcement is recorded already.
+            Ok(_) | Err(StoreError::Conflict) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn workers(&self, pipeline_id: &str) -> Result<Vec<WorkerRecord>, StoreError> {
+        self.query(pipeline_id, WORKER_PREFIX, false).await
     }
 }
 

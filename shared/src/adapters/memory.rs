@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::adapters::dynamodb::due_shard;
 use crate::domain::fan_out::{block_len, block_of};
-use crate::domain::release::{Activation, Release};
+use crate::domain::release::{Activation, Release, WorkerRecord, WorkerState};
 use crate::domain::{ChildEnd, Execution, Tally};
 use crate::ports::{
     ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, FanOutLedger,
@@ -298,6 +298,7 @@ impl FanOutLedger for InMemoryFanOutLedger {
 pub struct InMemoryReleaseRegistry {
     releases: Mutex<BTreeMap<(String, String), Release>>,
     activations: Mutex<Vec<Activation>>,
+    workers: Mutex<BTreeMap<(String, String), WorkerRecord>>,
 }
 
 #[async_trait]
@@ -366,6 +367,30 @@ impl ReleaseRegistry for InMemoryReleaseRegistry {
 
     async fn active(&self, pipeline_id: &str) -> Result<Option<Activation>, StoreError> {
         Ok(self.history(pipeline_id).await?.pop())
+    }
+
+    async fn announce(&self, worker: &WorkerRecord) -> Result<(), StoreError> {
+        let mut workers = self.workers.lock().expect("registry");
+        let key = (worker.pipeline_id.clone(), worker.worker_id.clone());
+        let replaces = |w: &WorkerRecord| {
+            worker.state == WorkerState::Draining
+                || (w.state == WorkerState::Healthy && w.seen_at <= worker.seen_at)
+        };
+        if workers.get(&key).is_none_or(replaces) {
+            workers.insert(key, worker.clone());
+        }
+        Ok(())
+    }
+
+    async fn workers(&self, pipeline_id: &str) -> Result<Vec<WorkerRecord>, StoreError> {
+        Ok(self
+            .workers
+            .lock()
+            .expect("registry")
+            .values()
+            .filter(|w| w.pipeline_id == pipeline_id)
+            .cloned()
+            .collect())
     }
 }
 

@@ -49,6 +49,8 @@ pub enum Command {
         event: String,
         request: SubmitRequest,
     },
+    /// Record a worker's announcement of itself.
+    Announce(crate::envelope::WorkerAnnouncement),
 }
 
 /// One message of a batch: its id and body (kept for the DLQ), and what it asks, or why it cannot be
@@ -230,6 +232,15 @@ impl Coordinator {
                     None => Handled::Committed,
                     Some(skip) => Handled::Skipped(skip),
                 })
+            }
+            Command::Announce(announcement) => {
+                self.announce_worker(&announcement)
+                    .await
+                    .map_err(|error| MessageError::Event {
+                        event: format!("worker {}", announcement.worker_id),
+                        error,
+                    })?;
+                Ok(Handled::Committed)
             }
             Command::Start { event, request } => {
                 let submitted = self

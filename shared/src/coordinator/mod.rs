@@ -13,6 +13,7 @@
 //! `outbox` is where actions become messages. The handlers above only decode and encode.
 
 mod batch;
+pub use releases::WORKERS_CACHED_MS;
 mod dead_letters;
 mod fan_out;
 pub mod items;
@@ -40,6 +41,7 @@ use uuid::Uuid;
 use crate::cache::{byte_budget, json_size, BoundedCache};
 use crate::claims::{ClaimCheck, ClaimError};
 use crate::config::CoordinatorConfig;
+use crate::domain::release::WorkerRecord;
 use crate::domain::{
     self, Action, Code, Context, Decision, Event, Execution, NewExecution, ParentLink, PipelineDef,
     Rejection, Skip,
@@ -67,6 +69,11 @@ pub enum CoordinatorError {
     },
     #[error("pipeline {0} has no active release")]
     NoActiveRelease(String),
+    #[error("every worker of pipeline {pipeline_id} release {release_version} is draining")]
+    ReleaseDraining {
+        pipeline_id: String,
+        release_version: String,
+    },
     #[error("invalid request: {0}")]
     Invalid(String),
     #[error("inconsistent release descriptor: {0}")]
@@ -93,6 +100,7 @@ impl CoordinatorError {
             CoordinatorError::NotFound(_) => Code::NotFound,
             CoordinatorError::UnknownRelease { .. } => Code::UnknownRelease,
             CoordinatorError::NoActiveRelease(_) => Code::NoActiveRelease,
+            CoordinatorError::ReleaseDraining { .. } => Code::ReleaseDraining,
             CoordinatorError::Invalid(_) => Code::InvalidRequest,
             CoordinatorError::InvalidRelease(_) => Code::InvalidRelease,
             CoordinatorError::ReleaseConflict { .. } => Code::ReleaseConflict,
@@ -230,6 +238,8 @@ pub struct Coordinator {
     settings: Settings,
     /// Pinned releases; immutable once registered, so kept for the life of the process.
     releases: Mutex<HashMap<(String, String), Arc<Pinned>>>,
+    /// Each pipeline's workers as last read, and when (re-read after [`WORKERS_CACHED_MS`]).
+    workers: Mutex<HashMap<String, WorkersRead>>,
     publisher: Option<Arc<dyn EventPublisher>>,
     /// Records this process committed last (bounded): the hot path decides on them without a read.
     recent: Mutex<RecentRecords>,
@@ -238,6 +248,9 @@ pub struct Coordinator {
     /// Where fan-out children are counted (none: a child's end cannot be counted).
     ledger: Option<Arc<dyn FanOutLedger>>,
 }
+
+/// A pipeline's workers as read from the registry, and when (epoch ms).
+type WorkersRead = (i64, Arc<Vec<WorkerRecord>>);
 
 /// Records a process committed, oldest evicted first, bounded by count and by bytes (a share of the
 /// function's memory: records carry step outputs until the next step consumed them).
@@ -277,6 +290,7 @@ impl Coordinator {
             clock,
             settings,
             releases: Mutex::new(HashMap::new()),
+            workers: Mutex::new(HashMap::new()),
             publisher: None,
             recent: Mutex::new(RecentRecords::default()),
             claims: None,
@@ -584,6 +598,7 @@ impl Coordinator {
             }
         };
         let pinned = self.pinned(&request.pipeline_id, &release).await?;
+        self.refuse_draining(&request.pipeline_id, &release).await?;
         let definition = &pinned.definition;
         let id = match &request.idempotency_key {
             Some(key) => domain::idempotent_id(&request.tenant, &request.pipeline_id, key),

@@ -1,9 +1,16 @@
 //! Release use cases: register an immutable release, activate one, roll back to the one before. The
 //! API, the operator CLI and the local stack all go through these.
 
+use std::sync::Arc;
+
 use super::{Coordinator, CoordinatorError};
-use crate::domain::release::{Activation, Release};
+use crate::domain::release::{self, Activation, Release, WorkerHealth, WorkerRecord};
+use crate::envelope::WorkerAnnouncement;
 use crate::ports::{ActivationRequest, Registration, StoreError};
+
+/// How long a process trusts the workers it read for a pipeline before reading them again (one
+/// registry Query per pipeline per process and period, not per submission).
+pub const WORKERS_CACHED_MS: i64 = 30_000;
 
 impl Coordinator {
     /// Registers an immutable release after checking it against its definition. Registering the
@@ -54,6 +61,18 @@ impl Coordinator {
                 other => other.into(),
             })?;
         tracing::info!(pipeline = pipeline_id, release = %activation.release_version, sequence = activation.sequence, "release activated");
+        // Best effort: the activation stands either way.
+        for warning in self
+            .release_warnings(pipeline_id, release_version)
+            .await
+            .unwrap_or_default()
+        {
+            tracing::warn!(
+                pipeline = pipeline_id,
+                release = release_version,
+                "{warning}"
+            );
+        }
         Ok(activation)
     }
 
@@ -99,5 +118,103 @@ impl Coordinator {
             .active(pipeline_id)
             .await?
             .ok_or_else(|| CoordinatorError::NoActiveRelease(pipeline_id.to_string()))
+    }
+
+    /// Records a worker's announcement, as received now.
+    pub async fn announce_worker(
+        &self,
+        announcement: &WorkerAnnouncement,
+    ) -> Result<(), CoordinatorError> {
+        let identity = &announcement.identity;
+        if announcement.worker_id.is_empty()
+            || identity.pipeline_id.is_empty()
+            || identity.release_version.is_empty()
+        {
+            return Err(CoordinatorError::Invalid(
+                "a worker announcement names its worker, pipeline and release".into(),
+            ));
+        }
+        let record = WorkerRecord {
+            worker_id: announcement.worker_id.clone(),
+            pipeline_id: identity.pipeline_id.clone(),
+            contract_version: identity.contract_version.clone(),
+            release_version: identity.release_version.clone(),
+            queue: announcement.queue.clone(),
+            state: announcement.state,
+            seen_at: self.now(),
+        };
+        self.registry.announce(&record).await?;
+        tracing::info!(worker = %record.worker_id, pipeline = %record.pipeline_id, release = %record.release_version, state = ?record.state, "worker announced");
+        Ok(())
+    }
+
+    /// A pipeline's workers as last heard of, with their health now.
+    pub async fn workers(
+        &self,
+        pipeline_id: &str,
+    ) -> Result<Vec<(WorkerRecord, WorkerHealth)>, CoordinatorError> {
+        let now = self.now();
+        let mut workers = self.registry.workers(pipeline_id).await?;
+        workers.sort_by(|a, b| {
+            (&a.release_version, &a.worker_id).cmp(&(&b.release_version, &b.worker_id))
+        });
+        Ok(workers
+            .into_iter()
+            .map(|w| {
+                let health = w.health(now);
+                (w, health)
+            })
+            .collect())
+    }
+
+    /// What an operator should know about a release about to run: no live worker serving it.
+    pub async fn release_warnings(
+        &self,
+        pipeline_id: &str,
+        release_version: &str,
+    ) -> Result<Vec<String>, CoordinatorError> {
+        let workers = self.registry.workers(pipeline_id).await?;
+        if release::served(&workers, release_version, self.now()) {
+            return Ok(Vec::new());
+        }
+        Ok(vec![format!(
+            "no live worker serves {pipeline_id} release {release_version}: its executions wait \
+             until one announces itself (workers announce themselves when they start)"
+        )])
+    }
+
+    /// Refuses a submission pinned to a release whose workers all drain (read at most every
+    /// [`WORKERS_CACHED_MS`] per pipeline).
+    pub(super) async fn refuse_draining(
+        &self,
+        pipeline_id: &str,
+        release_version: &str,
+    ) -> Result<(), CoordinatorError> {
+        let now = self.now();
+        let cached = self
+            .workers
+            .lock()
+            .expect("workers")
+            .get(pipeline_id)
+            .filter(|(read_at, _)| now - read_at < WORKERS_CACHED_MS)
+            .map(|(_, workers)| workers.clone());
+        let workers = match cached {
+            Some(workers) => workers,
+            None => {
+                let workers = Arc::new(self.registry.workers(pipeline_id).await?);
+                self.workers
+                    .lock()
+                    .expect("workers")
+                    .insert(pipeline_id.to_string(), (now, workers.clone()));
+                workers
+            }
+        };
+        if release::all_draining(&workers, release_version, now) {
+            return Err(CoordinatorError::ReleaseDraining {
+                pipeline_id: pipeline_id.to_string(),
+                release_version: release_version.to_string(),
+            });
+        }
+        Ok(())
     }
 }

@@ -64,6 +64,8 @@ catalogue! {
     NotFound = "NOT_FOUND" => 404,
     UnknownRelease = "UNKNOWN_RELEASE" => 404,
     NoActiveRelease = "NO_ACTIVE_RELEASE" => 404,
+    /// Every worker of the release a submission would pin drains: it would never run.
+    ReleaseDraining = "RELEASE_DRAINING" => 409,
     /// A stored item cannot be read.
     CorruptRecord = "CORRUPT_RECORD" => 500,
     /// DynamoDB (or SQS) throttled or unreachable: safe to retry.
@@ -233,6 +235,7 @@ mod tests {
             Code::NotFound,
             Code::UnknownRelease,
             Code::NoActiveRelease,
+            Code::ReleaseDraining,
             Code::CorruptRecord,
             Code::StoreUnavailable,
             Code::Contention,

@@ -108,6 +108,12 @@ impl StepDef {
         }
     }
 
+    /// The same step under another id.
+    pub fn renamed(mut self, id: impl Into<String>) -> Self {
+        self.id = id.into();
+        self
+    }
+
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = queue.into();
         self

@@ -293,6 +293,73 @@ fn field_changes(
     fields
 }
 
+/// What a worker says of itself: serving, or draining (taking no more requests, e.g. shutting down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum WorkerState {
+    Healthy,
+    Draining,
+}
+
+/// What the coordinator makes of a worker: `Stale` once it has not announced itself for
+/// [`STALE_AFTER_MS`] (presumed gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum WorkerHealth {
+    Healthy,
+    Stale,
+    Draining,
+}
+
+/// How often a running worker announces itself (at its start, then at most this often).
+pub const ANNOUNCE_EVERY_MS: i64 = 5 * 60_000;
+/// A worker not heard of for this long is stale: three announcements missed.
+pub const STALE_AFTER_MS: i64 = 3 * ANNOUNCE_EVERY_MS;
+
+/// A worker as the registry last heard of it (one item per worker, the newest announcement).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerRecord {
+    pub worker_id: String,
+    pub pipeline_id: String,
+    pub contract_version: String,
+    pub release_version: String,
+    /// The request queue it reads.
+    pub queue: String,
+    pub state: WorkerState,
+    /// When the coordinator received its latest announcement (epoch ms).
+    pub seen_at: i64,
+}
+
+impl WorkerRecord {
+    pub fn health(&self, now: i64) -> WorkerHealth {
+        match self.state {
+            _ if now - self.seen_at > STALE_AFTER_MS => WorkerHealth::Stale,
+            WorkerState::Draining => WorkerHealth::Draining,
+            WorkerState::Healthy => WorkerHealth::Healthy,
+        }
+    }
+}
+
+/// Whether a release's workers are all draining: some worker of it announced it drains recently and
+/// none serves it. Submissions pinned to it are then refused. (No worker heard of, or only stale ones:
+/// not known to be draining.)
+pub fn all_draining(workers: &[WorkerRecord], release_version: &str, now: i64) -> bool {
+    let health: Vec<WorkerHealth> = workers
+        .iter()
+        .filter(|w| w.release_version == release_version)
+        .map(|w| w.health(now))
+        .collect();
+    health.contains(&WorkerHealth::Draining) && !health.contains(&WorkerHealth::Healthy)
+}
+
+/// Whether a live (healthy) worker serves the release.
+pub fn served(workers: &[WorkerRecord], release_version: &str, now: i64) -> bool {
+    workers
+        .iter()
+        .any(|w| w.release_version == release_version && w.health(now) == WorkerHealth::Healthy)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,5 +466,48 @@ mod tests {
             step: "c".into(),
             index: 2
         }));
+    }
+
+    #[test]
+    fn a_release_is_draining_when_its_recent_workers_all_drain() {
+        let worker = |id: &str, release: &str, state, seen_at| WorkerRecord {
+            worker_id: id.into(),
+            pipeline_id: "p".into(),
+            contract_version: "sha256:00".into(),
+            release_version: release.into(),
+            queue: "q".into(),
+            state,
+            seen_at,
+        };
+        let now = 10 * STALE_AFTER_MS;
+        let old = now - STALE_AFTER_MS - 1;
+        let draining = worker("a", "1", WorkerState::Draining, now);
+        assert_eq!(draining.health(now), WorkerHealth::Draining);
+        assert_eq!(
+            worker("b", "1", WorkerState::Healthy, old).health(now),
+            WorkerHealth::Stale
+        );
+        assert!(
+            !all_draining(&[], "1", now),
+            "no worker heard of: not known to drain"
+        );
+        assert!(all_draining(std::slice::from_ref(&draining), "1", now));
+        assert!(
+            !all_draining(std::slice::from_ref(&draining), "2", now),
+            "another release's"
+        );
+        let serving = worker("b", "1", WorkerState::Healthy, now);
+        assert!(!all_draining(
+            &[draining.clone(), serving.clone()],
+            "1",
+            now
+        ));
+        assert!(served(&[serving], "1", now));
+        let gone = worker("c", "1", WorkerState::Draining, old);
+        assert!(
+            !all_draining(std::slice::from_ref(&gone), "1", now),
+            "a stale one is gone"
+        );
+        assert!(!served(&[gone, draining], "1", now));
     }
 }

@@ -375,11 +375,14 @@ fn pipelines(config: &FanOutConfig) -> (PipelineDef, PipelineDef) {
         "batch",
         "1",
         [
-            StepDef {
-                max_concurrency: config.window,
-                ..StepDef::fan_out("payments", "payment")
+            {
+                let step = StepDef::fan_out("payments", "payment")
                     .timeout_secs(86_400)
-                    .tolerating(Some(config.tolerated), None)
+                    .tolerating(Some(config.tolerated), None);
+                match config.window {
+                    Some(window) => step.max_concurrency(window),
+                    None => step,
+                }
             },
             // Its request waits on a queue nobody reads: the sim ends once it is sent.
             StepDef::task("summary", SUMMARY),
