@@ -33,6 +33,11 @@ What the runtime does for each message of the request queue:
   * while the step runs, sends RUNNING heartbeats and extends the message's visibility;
   * deletes (acknowledges) the message once replied or dead-lettered, leaves it otherwise.
 
+And for the worker as a whole (protocol section 18): it announces itself (identity, request queue,
+state HEALTHY) on the coordinator's reply queue when it starts taking requests and then every 5
+minutes, and DRAINING when poll() stops on SIGTERM or SIGINT. Best effort: a failed announcement is
+logged and sent again at the next batch.
+
 Configuration (environment variables):
 
     RELEASE_VERSION          release this worker is deployed as (required unless release_version=...)
@@ -41,6 +46,9 @@ Configuration (environment variables):
     REQUEST_QUEUE_URL        request queue for poll(); on Lambda, used to extend message visibility
                              (otherwise derived from the record's eventSourceARN)
     REQUEST_DLQ_URL          the request queue's dead-letter queue, for messages the worker cannot handle
+    REPLY_QUEUE_URL          the coordinator's reply queue, where the worker announces itself; poll()
+                             then announces at its start (without it: at the first request, on the
+                             queue its header.replyTo names)
     PAYLOAD_BUCKET           payload bucket for claim checks (optional)
     PAYLOAD_THRESHOLD_BYTES  outputs and error messages larger than this are offloaded (default 32768)
 
@@ -52,7 +60,7 @@ PAYLOAD_UNAVAILABLE, PAYLOAD_TOO_LARGE, IDENTITY_MISMATCH):
     INVALID_OUTPUT    not retryable  the step returned a value that is not JSON-serializable
 
 Logging: one JSON object per line on stderr, with an "event" field: "step.ran", "replied",
-"duplicate", "heartbeat", "dead-lettered", "cancel", ... Reply tokens are never logged.
+"duplicate", "heartbeat", "dead-lettered", "cancel", "announced", ... Reply tokens are never logged.
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -78,6 +87,12 @@ __all__ = ["StepError", "Request", "Worker"]
 REQUEST_KIND = "stepline.request.v1"
 CANCEL_KIND = "stepline.cancel.v1"
 REPLY_KIND = "stepline.reply.v1"
+WORKER_KIND = "stepline.worker.v1"
+
+# Worker states an announcement carries (section 18).
+HEALTHY = "HEALTHY"
+DRAINING = "DRAINING"
+ANNOUNCE_EVERY_SECONDS = 300  # a running worker announces itself at most this often
 
 SQS_MAX_BYTES = 262_144  # largest SQS message (protocol section 2)
 INLINE_MAX_BYTES = 204_800  # largest inline output / error message without a payload bucket (section 11)
@@ -91,9 +106,9 @@ WORKER_EXCEPTION = "WORKER_EXCEPTION"
 UNKNOWN_STEP = "UNKNOWN_STEP"
 INVALID_OUTPUT = "INVALID_OUTPUT"
 
-# S3 error codes that mean "try again later" rather than "this reference is bad".
-_TRANSIENT_S3_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
-                       "ServiceUnavailable", "InternalError", "RequestTimeTooSkewed"}
+# The only S3 error codes that make a reference unresolvable (section 11); any other S3 error,
+# AccessDenied included, is PAYLOAD_UNAVAILABLE (retryable).
+_MISSING_S3_CODES = {"NoSuchKey", "NoSuchBucket"}
 
 _log_lock = threading.Lock()
 
@@ -165,6 +180,24 @@ class Request:
     def __repr__(self) -> str:  # without the reply token
         return (f"Request(step_id={self.step_id!r}, execution_id={self.execution_id!r}, "
                 f"launch_id={self.launch_id!r}, attempt={self.attempt})")
+
+
+def _s3_error(what: str, error: Exception) -> StepError:
+    """A failed S3 call as a step error (section 11): PAYLOAD_UNRESOLVABLE, not retryable, for
+    NoSuchKey and NoSuchBucket only; PAYLOAD_UNAVAILABLE, retryable, for anything else."""
+    code = error.response.get("Error", {}).get("Code", "") if isinstance(error, ClientError) else ""
+    if code in _MISSING_S3_CODES:
+        return StepError("PAYLOAD_UNRESOLVABLE", f"{what}: {error}", False)
+    return StepError("PAYLOAD_UNAVAILABLE", f"{what}: {error}", True)
+
+
+def _queue_name(url_or_arn: str | None) -> str:
+    """A queue's name from its URL (last path segment) or ARN (last ':' part); '' when unknown."""
+    if not url_or_arn:
+        return ""
+    if url_or_arn.startswith("arn:"):
+        return url_or_arn.rsplit(":", 1)[-1]
+    return url_or_arn.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _failed(code: str, message: str, retryable: bool) -> dict:
@@ -296,6 +329,13 @@ class Worker:
         self.bucket = os.environ.get("PAYLOAD_BUCKET") or None
         self.threshold = int(os.environ.get("PAYLOAD_THRESHOLD_BYTES") or DEFAULT_THRESHOLD_BYTES)
 
+        # Announcements (protocol section 18): who this process is, where it announces itself.
+        self.worker_id = str(uuid.uuid4())
+        self.reply_queue_url: str | None = os.environ.get("REPLY_QUEUE_URL") or None
+        self._queue_name = ""  # the request queue's name, once known
+        self._announce_lock = threading.Lock()
+        self._announced: tuple[str, float] | None = None  # (state, time.monotonic()) of the last one sent
+
         # Deduplication state, per process (protocol section 9).
         self._lock = threading.Lock()
         self._completed: OrderedDict[str, str] = OrderedDict()  # launchId -> exact reply text sent
@@ -312,6 +352,8 @@ class Worker:
         as failures, so SQS redelivers them; the others are deleted by Lambda.
         """
         records = event.get("Records") or []
+        self._announce_from([(r.get("eventSourceARN") or os.environ.get("REQUEST_QUEUE_URL"), r.get("body"))
+                             for r in records])
 
         def handle(record: dict) -> bool:
             queue_url = self._queue_url_for(record.get("eventSourceARN"))
@@ -326,7 +368,8 @@ class Worker:
         """Long-poll the request queue and handle messages until `stop()` is true or SIGTERM/SIGINT.
 
         A message is deleted once handled (replied to or dead-lettered) and left for redelivery
-        otherwise. On a signal, the current batch is finished before returning.
+        otherwise. On a signal, the current batch is finished, then the worker announces that it
+        drains (DRAINING) before returning.
         """
         queue_url = queue_url or os.environ.get("REQUEST_QUEUE_URL")
         if not queue_url:
@@ -352,7 +395,9 @@ class Worker:
                     log("delete.failed", messageId=message["MessageId"], error=str(e))
             return ok
 
-        log("polling", queueUrl=queue_url, identity=self.identity, steps=sorted(self.steps))
+        log("polling", queueUrl=queue_url, identity=self.identity, steps=sorted(self.steps),
+            workerId=self.worker_id)
+        self._announce_from([(queue_url, None)])  # at the start when REPLY_QUEUE_URL is set
         backoff = 1.0
         try:
             while not stopping.is_set() and not (stop and stop()):
@@ -366,7 +411,12 @@ class Worker:
                     stopping.wait(backoff)
                     backoff = min(backoff * 2, 30.0)
                     continue
+                # After every receive, idle or not, HEALTHY when due (without REPLY_QUEUE_URL, the
+                # first request received names the reply queue).
+                self._announce_from([(queue_url, m.get("Body")) for m in messages])
                 self._map(handle, messages)
+            if stopping.is_set():  # told to stop: no more requests are taken
+                self._announce(DRAINING)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -531,14 +581,8 @@ class Worker:
             raise StepError("PAYLOAD_UNRESOLVABLE", f"{where}: not the payload bucket {self.bucket}", False)
         try:
             data = self.s3.get_object(Bucket=ref["bucket"], Key=ref["key"])["Body"].read()
-        except ClientError as e:
-            code = e.response.get("Error", {}).get("Code", "")
-            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
-            if status >= 500 or status == 429 or code in _TRANSIENT_S3_CODES:
-                raise StepError("PAYLOAD_UNAVAILABLE", f"{where}: {e}", True) from e
-            raise StepError("PAYLOAD_UNRESOLVABLE", f"{where}: {e}", False) from e
-        except BotoCoreError as e:  # unreachable, timed out
-            raise StepError("PAYLOAD_UNAVAILABLE", f"{where}: {e}", True) from e
+        except (ClientError, BotoCoreError, OSError) as e:  # S3 refused, unreachable, timed out, body cut
+            raise _s3_error(where, e) from e
         if len(data) != ref["size"]:
             raise StepError("PAYLOAD_UNRESOLVABLE",
                             f"{where}: {len(data)} bytes, the reference says {ref['size']}", False)
@@ -555,10 +599,50 @@ class Worker:
         key = f"payloads/{execution_id}/{digest}"
         try:
             self.s3.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
-        except (ClientError, BotoCoreError) as e:
-            raise StepError("PAYLOAD_UNAVAILABLE", f"could not store s3://{self.bucket}/{key}: {e}", True) from e
+        except (ClientError, BotoCoreError, OSError) as e:  # classified as for GetObject
+            raise _s3_error(f"could not store s3://{self.bucket}/{key}", e) from e
         return {"$stepline": "payload-ref", "bucket": self.bucket, "key": key,
                 "size": len(data), "sha256": digest}
+
+    # ----------------------------------------------------------------- announcements
+
+    def _announce_from(self, sources: list[tuple[str | None, str | None]]) -> None:
+        """Learn the request queue's name and (without REPLY_QUEUE_URL) the reply queue from a batch,
+        given as (queue URL or eventSourceARN, body) pairs, then announce HEALTHY if one is due."""
+        with self._announce_lock:
+            if not self._queue_name:
+                self._queue_name = next((_queue_name(where) for where, _ in sources if where), "")
+            if not self.reply_queue_url:
+                for _, body in sources:
+                    try:
+                        header = json.loads(body or "null")["header"]
+                        reply_to = header["replyTo"]
+                    except (ValueError, TypeError, KeyError):
+                        continue
+                    if isinstance(reply_to, str) and reply_to:
+                        self.reply_queue_url = reply_to
+                        break
+        self._announce(HEALTHY)
+
+    def _announce(self, state: str) -> None:
+        """Send an announcement if one is due: the first, a change of state, or 5 minutes after the
+        last. Best effort: a failed send is logged and tried again at the next batch."""
+        with self._announce_lock:
+            queue = self.reply_queue_url
+            last = self._announced
+            due = (last is None or last[0] != state
+                   or time.monotonic() - last[1] >= ANNOUNCE_EVERY_SECONDS)
+            if not queue or not due:
+                return
+            announcement = {"kind": WORKER_KIND, "workerId": self.worker_id, "identity": dict(self.identity),
+                            "queue": self._queue_name, "state": state}
+            try:
+                self.sqs.send_message(QueueUrl=queue, MessageBody=_compact(announcement).decode("utf-8"))
+            except (ClientError, BotoCoreError) as e:
+                log("announce.failed", state=state, workerId=self.worker_id, error=str(e))
+                return
+            self._announced = (state, time.monotonic())
+        log("announced", state=state, workerId=self.worker_id, queue=self._queue_name)
 
     # ----------------------------------------------------------------- sending
 

@@ -6,8 +6,9 @@ Runs against the local emulator (moto server); creates its own queues and bucket
         && .venv/bin/python examples/python-worker/test_runtime.py
 
 Crafts requests as the protocol shows them, runs Worker.poll() with a stop condition, and checks
-what arrives on the reply queue and the request DLQ (against docs/schemas when the jsonschema
-package is importable, by hand otherwise). Set STEPLINE_TEST_VERBOSE=1 to see the worker's log.
+what arrives on the reply queue (replies, heartbeats, the worker's announcements) and the request
+DLQ (against docs/schemas when the jsonschema package is importable, by hand otherwise). Set
+STEPLINE_TEST_VERBOSE=1 to see the worker's log.
 """
 
 import hashlib
@@ -76,13 +77,15 @@ class LogTap:
 
 # ----------------------------------------------------------------- schema checks
 
-def reply_validator():
-    """A function checking a reply against reply.schema.json (jsonschema), or by hand."""
+def validators():
+    """(check_sent, check_reply, check_announcement): the test's own messages against the request
+    schemas (None without jsonschema), replies against reply.schema.json and announcements against
+    worker.schema.json (jsonschema), or by hand."""
     try:
         import jsonschema
         from referencing import Registry, Resource
     except ImportError:
-        return None, check_reply_by_hand
+        return None, check_reply_by_hand, check_announcement_by_hand
     resources = []
     for name in os.listdir(SCHEMAS):
         with open(os.path.join(SCHEMAS, name), encoding="utf-8") as f:
@@ -95,11 +98,15 @@ def reply_validator():
         cls = jsonschema.validators.validator_for(schema)
         return cls(schema, registry=registry, format_checker=cls.FORMAT_CHECKER)
 
-    reply, request, cancel = (validator(n) for n in
-                              ("reply.schema.json", "request.schema.json", "cancel-notice.schema.json"))
+    reply, request, cancel, announcement = (validator(n) for n in (
+        "reply.schema.json", "request.schema.json", "cancel-notice.schema.json", "worker.schema.json"))
 
     def check_reply(message):
         errors = [e.message for e in reply.iter_errors(message)]
+        return errors[0] if errors else None
+
+    def check_announcement(message):
+        errors = [e.message for e in announcement.iter_errors(message)]
         return errors[0] if errors else None
 
     def check_sent(message):  # what the test sends must follow the schemas too
@@ -107,7 +114,23 @@ def reply_validator():
         errors = [e.message for e in v.iter_errors(message)]
         assert not errors, f"the test crafted an invalid message: {errors}"
 
-    return check_sent, check_reply
+    return check_sent, check_reply, check_announcement
+
+
+def check_announcement_by_hand(m):
+    if set(m) != {"kind", "workerId", "identity", "queue", "state"}:
+        return f"fields {sorted(m)}"
+    if m["kind"] != "stepline.worker.v1":
+        return "wrong kind"
+    if not (isinstance(m["workerId"], str) and m["workerId"] and isinstance(m["queue"], str)):
+        return "bad workerId or queue"
+    identity = m["identity"]
+    if not (isinstance(identity, dict) and set(identity) == {"pipelineId", "contractVersion", "releaseVersion"}
+            and all(isinstance(v, str) for v in identity.values())):
+        return "bad identity"
+    if m["state"] not in ("HEALTHY", "DRAINING"):
+        return "bad state"
+    return None
 
 
 def check_reply_by_hand(m):
@@ -139,7 +162,7 @@ def main() -> int:
     region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1"
     sqs = boto3.client("sqs", region_name=region)
     s3 = boto3.client("s3", region_name=region)
-    check_sent, check_reply = reply_validator()
+    check_sent, check_reply, check_announcement = validators()
     print("schemas: " + ("jsonschema" if check_sent else "checked by hand (jsonschema not importable)"))
 
     # Resources, uniquely named.
@@ -236,8 +259,9 @@ def main() -> int:
         s3.put_object(Bucket=bucket, Key=key, Body=data)
         return {"$stepline": "payload-ref", "bucket": bucket, "key": key, "size": len(data), "sha256": digest}
 
-    # Collected from the reply queue and the DLQ.
+    # Collected from the reply queue (replies and heartbeats apart from announcements) and the DLQ.
     replies: list[tuple[str, dict]] = []  # (body text, parsed)
+    announcements: list[dict] = []
     dead: list[dict] = []
 
     def drain():
@@ -248,8 +272,18 @@ def main() -> int:
                 if not got:
                     break
                 for m in got:
-                    into.append((m["Body"], json.loads(m["Body"])) if into is replies else m)
+                    if into is dead:
+                        dead.append(m)
+                    else:
+                        parsed = json.loads(m["Body"])
+                        if parsed.get("kind") == "stepline.worker.v1":
+                            announcements.append(parsed)
+                        else:
+                            replies.append((m["Body"], parsed))
                     sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+
+    def announced_by(w, state=None):
+        return [a for a in announcements if a["workerId"] == w.worker_id and state in (None, a["state"])]
 
     def finals(launch):
         return [(t, r) for t, r in replies if r.get("launchId") == launch and r["outcome"]["status"] != "RUNNING"]
@@ -306,7 +340,7 @@ def main() -> int:
     # Every reply follows the schema and copies the request header.
     for text, reply in replies:
         problem = check_reply(reply)
-        check(problem is None, f"reply {reply['launchId'][:8]} {reply['outcome']['status']} is valid"
+        check(problem is None, f"reply {reply['launchId'][:8]} {reply['outcome']['status'].lower()} is valid"
                                + (f": {problem}" if problem else ""))
         header = sent[reply["launchId"]]["header"]
         same = all(reply[k] == header[k] for k in ("identity", "executionId", "stepIndex", "attempt", "launchId"))
@@ -325,7 +359,7 @@ def main() -> int:
           "no replyToken in the reply when the request had none")
     check(outcome(failing) == {"status": "FAILED", "error": {
         "code": "PRICING_DOWN", "message": "pricing service answered 503", "retryable": True}},
-          "StepError becomes a retryable FAILED reply")
+          "StepError becomes a retryable failure reply")
     check(outcome(crashing)["error"]["code"] == "WORKER_EXCEPTION" and outcome(crashing)["error"]["retryable"],
           "an exception becomes a retryable WORKER_EXCEPTION")
     check(outcome(unknown)["error"]["code"] == "UNKNOWN_STEP" and not outcome(unknown)["error"]["retryable"],
@@ -383,6 +417,22 @@ def main() -> int:
           "a message that is not JSON is dead-lettered UNDECODABLE")
     check(tap.count("step.ran", launchId=mismatch["header"]["launchId"]) == 0, "the misaddressed step did not run")
 
+    # Announcements: one HEALTHY at the first batch, on the reply queue its requests name.
+    request_queue = f"{prefix}-requests"
+    mine = announced_by(worker)
+    check(len(mine) == 1 and mine[0]["state"] == "HEALTHY",
+          f"the worker announced itself once, HEALTHY, on the reply queue: {[a['state'] for a in mine]}")
+    if mine:
+        problem = check_announcement(mine[0])
+        check(problem is None, "the announcement is valid" + (f": {problem}" if problem else ""))
+        check(mine[0]["identity"] == IDENTITY and mine[0]["queue"] == request_queue
+              and mine[0]["workerId"] == worker.worker_id,
+              f"with the worker's identity, id and request queue name: {mine[0]}")
+    names = [e.get("event") for e in tap.events]
+    check("announced" in names and "replied" in names and names.index("announced") < names.index("replied"),
+          "announced at the first batch, before its replies")
+    check(tap.count("announced", state="HEALTHY", workerId=worker.worker_id) == 1, "an announced log line")
+
     # ---- phase 2: redelivery of an answered request, the cancelled launch, a foreign cancel notice
     dup_launch = dup["header"]["launchId"]
     first_text = finals(dup_launch)[0][0]
@@ -421,13 +471,82 @@ def main() -> int:
           f"lambda_handler reports only the unsent reply for retry: {result}")
     check(len(finals(good["header"]["launchId"])) == 1, "lambda_handler replied to the good record")
 
-    # ---- SIGTERM: poll() finishes its batch and returns
+    # ---- announcements with REPLY_QUEUE_URL: a failed one is sent again at the next batch (Lambda),
+    # and poll() announces at its start, before any request
+    check(len(announced_by(worker)) == 1, "no second announcement within 5 minutes")
+    os.environ["REPLY_QUEUE_URL"] = reply_url + "-does-not-exist"
+    lam = Worker(steps, contract_file=contract_file, release_version=IDENTITY["releaseVersion"], sqs=sqs, s3=s3)
+
+    def lambda_event(*messages):
+        return {"Records": [{"messageId": f"a{i}", "receiptHandle": "unused", "body": json.dumps(m),
+                             "eventSource": "aws:sqs", "eventSourceARN": arn} for i, m in enumerate(messages)]}
+
+    lam.lambda_handler(lambda_event(request("echo", {"orderId": "a1"})), None)
+    drain()
+    check(tap.count("announce.failed", workerId=lam.worker_id, state="HEALTHY") == 1 and not announced_by(lam),
+          "an announcement that cannot be sent is logged, not fatal")
+    lam.reply_queue_url = reply_url
+    lam.lambda_handler(lambda_event(request("echo", {"orderId": "a2"})), None)
+    drain()
+    again = announced_by(lam)
+    check(len(again) == 1 and again[0]["state"] == "HEALTHY" and again[0]["queue"] == request_queue
+          and check_announcement(again[0]) is None,
+          f"and sent at the next batch, the queue named after the eventSourceARN: {again}")
+    os.environ["REPLY_QUEUE_URL"] = reply_url
+    starter = Worker(steps, contract_file=contract_file, release_version=IDENTITY["releaseVersion"],
+                     sqs=sqs, s3=s3)
+    del os.environ["REPLY_QUEUE_URL"]
+    starter.poll(request_url, stop=lambda: True)
+    drain()
+    at_start = announced_by(starter)
+    check(len(at_start) == 1 and at_start[0]["state"] == "HEALTHY" and at_start[0]["queue"] == request_queue
+          and at_start[0]["identity"] == IDENTITY,
+          "with REPLY_QUEUE_URL, poll() announces at its start, before any request")
+    check(check_announcement(at_start[0]) is None if at_start else False, "that announcement is valid")
+
+    # ---- S3 errors while resolving a reference (section 11): only a missing key or bucket is
+    # PAYLOAD_UNRESOLVABLE; AccessDenied and any other error are PAYLOAD_UNAVAILABLE (retryable)
+    from botocore.exceptions import ClientError
+
+    class DenyingS3:
+        def __init__(self, code, status):
+            self.code, self.status = code, status
+
+        def get_object(self, **_):
+            raise ClientError({"Error": {"Code": self.code, "Message": self.code},
+                               "ResponseMetadata": {"HTTPStatusCode": self.status}}, "GetObject")
+
+    missing_ref = dict(put_payload(exec_id, {"numbers": [2]}), key=f"payloads/{exec_id}/{'0' * 64}")
+    cases = [(worker, "NoSuchKey (the emulator's answer)", "PAYLOAD_UNRESOLVABLE", False)]
+    for code, status, expected, retryable in (("NoSuchBucket", 404, "PAYLOAD_UNRESOLVABLE", False),
+                                              ("AccessDenied", 403, "PAYLOAD_UNAVAILABLE", True),
+                                              ("InvalidObjectState", 403, "PAYLOAD_UNAVAILABLE", True),
+                                              ("InternalError", 500, "PAYLOAD_UNAVAILABLE", True)):
+        denying = Worker(steps, contract_file=contract_file, release_version=IDENTITY["releaseVersion"],
+                         sqs=sqs, s3=DenyingS3(code, status))
+        cases.append((denying, code, expected, retryable))
+    for w, what, expected, retryable in cases:
+        message = request("total", {"note": "n", "data": missing_ref})
+        w.handle_message(json.dumps(message), "s3-" + what)
+        drain()
+        got = finals(message["header"]["launchId"])
+        error = got[0][1]["outcome"].get("error", {}) if got else {}
+        check((error.get("code"), error.get("retryable")) == (expected, retryable),
+              f"S3 {what} resolving a reference: {expected}, retryable {retryable}: {error.get('code')}")
+
+    # ---- SIGTERM: poll() finishes its batch, announces DRAINING and returns
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     started = time.time()
     worker.poll(request_url)
     check(time.time() - started < 10 and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
           "poll() returns on SIGTERM and restores the signal handler")
+    drain()
+    draining = announced_by(worker, "DRAINING")
+    check(len(draining) == 1 and draining[0]["identity"] == IDENTITY and draining[0]["queue"] == request_queue
+          and check_announcement(draining[0]) is None,
+          f"and announces DRAINING before it returns: {[a['state'] for a in announced_by(worker)]}")
+    check(tap.count("announced", state="DRAINING", workerId=worker.worker_id) == 1, "an announced DRAINING log line")
 
     # ---- the example pipeline's steps (worker.py)
     import worker as example

@@ -118,12 +118,10 @@ pub async fn serve_worker(contract: Contract, steps: Arc<dyn StepFunction>) -> R
     let queue_url = std::env::var("REQUEST_QUEUE_URL")
         .map_err(|_| "REQUEST_QUEUE_URL: the request queue to poll (not running on Lambda)")?;
     let sdk = aws::sdk_config().await;
-    let worker = Arc::new(aws::worker(
-        &sdk,
-        &WorkerConfig::from_env()?,
-        &contract,
-        steps,
-    ));
+    let queue_name = queue_url.rsplit('/').next().unwrap_or_default().to_string();
+    let worker = Arc::new(
+        aws::worker(&sdk, &WorkerConfig::from_env()?, &contract, steps).reading(&queue_name),
+    );
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     let queue_arn = sqs
         .get_queue_attributes()
@@ -146,6 +144,19 @@ pub async fn serve_worker(contract: Contract, steps: Arc<dyn StepFunction>) -> R
         let worker = worker.clone();
         async move { worker.handle(event).await }
     });
+    // Announced at start (when it knows the reply queue) and now and then while idle.
+    let announcing = async {
+        loop {
+            worker.announce_if_due().await;
+            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+        }
+    };
+    let poll = async {
+        tokio::select! {
+            () = poll => {}
+            () = announcing => {}
+        }
+    };
     let stopped = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {

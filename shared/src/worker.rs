@@ -208,6 +208,19 @@ impl Worker {
         self
     }
 
+    /// The name of the request queue it reads, when known before its first batch (a polling worker).
+    pub fn reading(self, queue: &str) -> Self {
+        if let Some(announcer) = &self.announcer {
+            announcer.lock().expect("announcer").queue = queue.to_string();
+        }
+        self
+    }
+
+    /// Announces the worker if an announcement is due (a polling worker calls it while idle too).
+    pub async fn announce_if_due(&self) {
+        self.announce(crate::release::WorkerState::Healthy).await;
+    }
+
     /// Announces that this worker drains (takes no more requests): submissions pinned to its
     /// release are refused once all its workers drain.
     pub async fn drain(&self) {

@@ -31,17 +31,18 @@ use stepline::domain::{ParentLink, PipelineDef, Status, StepDef, StepError, Verd
 use stepline::envelope::{
     AwaitNotice, DeadLetterEnvelope, Identity, InteractionMessage, NoticeInteraction, RawRequest,
     ReplyEnvelope, ReplyOutcome, RequestEnvelope, RequestHeader, StartDetail, StartEvent,
-    AWAIT_NOTICE_KIND, CANCEL_KIND, DEAD_LETTER_KIND, DETAIL_ATTRIBUTE, INTERACTION_KIND,
-    REASON_ATTRIBUTE, REPLY_KIND, REQUEST_KIND, SOURCE_ATTRIBUTE, START_DETAIL_TYPE,
+    WorkerAnnouncement, AWAIT_NOTICE_KIND, CANCEL_KIND, DEAD_LETTER_KIND, DETAIL_ATTRIBUTE,
+    INTERACTION_KIND, REASON_ATTRIBUTE, REPLY_KIND, REQUEST_KIND, SOURCE_ATTRIBUTE,
+    START_DETAIL_TYPE, WORKER_KIND,
 };
 use stepline::handlers::{self, CancelRequest};
 use stepline::ports::{ActivationRequest, BusEvent, EventPublisher, ReleaseRegistry, SystemClock};
-use stepline::release::Release;
+use stepline::release::{Release, WorkerHealth, WorkerState};
 use stepline::worker::{Heartbeat, StepFunction, Worker};
 use stepline::{Code, Coordinator, Settings, SubmitRequest};
 
 /// Every schema, by the name of its file (`<name>.schema.json`) and of the document's examples.
-const MESSAGES: [&str; 10] = [
+const MESSAGES: [&str; 11] = [
     "request",
     "reply",
     "cancel-notice",
@@ -52,6 +53,7 @@ const MESSAGES: [&str; 10] = [
     "start-event",
     "payload-ref",
     "step-error",
+    "worker",
 ];
 
 /// The document's example of the attributes of a dead-lettered request (no schema of its own).
@@ -257,6 +259,7 @@ fn read(name: &str, text: &str) -> Result<(), String> {
         "dead-letter" => decode::<DeadLetterEnvelope>(text),
         "start-event" => decode::<StartEvent>(text),
         "step-error" => decode::<StepError>(text),
+        "worker" => decode::<WorkerAnnouncement>(text),
         "payload-ref" => {
             let value: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
             PayloadRef::of(&value)
@@ -541,6 +544,28 @@ fn values() -> Vec<Values> {
             minimal: vec![to_value(&StepError::new("E", "", false))],
             objects: &[""],
         },
+        Values {
+            name: "worker",
+            full: worker_states()
+                .into_iter()
+                .map(|state| {
+                    to_value(&WorkerAnnouncement::new(
+                        UNIT.to_string(),
+                        identity(),
+                        "orders-requests",
+                        state,
+                    ))
+                })
+                .collect(),
+            // The queue is not known before a worker's first batch.
+            minimal: vec![to_value(&WorkerAnnouncement::new(
+                "w",
+                identity(),
+                "",
+                WorkerState::Healthy,
+            ))],
+            objects: &["", "/identity"],
+        },
     ]
 }
 
@@ -666,6 +691,43 @@ fn lifecycle_kinds() -> Vec<LifecycleKind> {
     all
 }
 
+fn worker_states() -> Vec<WorkerState> {
+    let all = vec![WorkerState::Healthy, WorkerState::Draining];
+    for state in &all {
+        match state {
+            WorkerState::Healthy | WorkerState::Draining => {}
+        }
+    }
+    all
+}
+
+fn worker_healths() -> Vec<WorkerHealth> {
+    let all = vec![
+        WorkerHealth::Healthy,
+        WorkerHealth::Stale,
+        WorkerHealth::Draining,
+    ];
+    for health in &all {
+        match health {
+            WorkerHealth::Healthy | WorkerHealth::Stale | WorkerHealth::Draining => {}
+        }
+    }
+    all
+}
+
+/// `ms` as the document writes it: `300,000 ms`.
+fn written_ms(ms: i64) -> String {
+    let digits = ms.to_string();
+    let mut out = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    format!("{out} ms")
+}
+
 fn verdicts() -> Vec<Verdict> {
     let all = vec![Verdict::Approved, Verdict::Rejected];
     for verdict in &all {
@@ -693,6 +755,10 @@ fn enumerations_and_constants_match_the_types() {
     assert_eq!(
         protocol.enum_at("interaction", "/properties/verdict/enum"),
         wire_names(&verdicts())
+    );
+    assert_eq!(
+        protocol.enum_at("worker", "/properties/state/enum"),
+        wire_names(&worker_states())
     );
     let kinds = lifecycle_kinds();
     assert_eq!(
@@ -734,6 +800,10 @@ fn enumerations_and_constants_match_the_types() {
         json!(DEAD_LETTER_KIND)
     );
     assert_eq!(
+        constant("worker", "/properties/kind/const"),
+        json!(WORKER_KIND)
+    );
+    assert_eq!(
         constant("start-event", "/properties/detail-type/const"),
         json!(START_DETAIL_TYPE)
     );
@@ -755,6 +825,7 @@ fn enumerations_and_constants_match_the_types() {
         AWAIT_NOTICE_KIND,
         INTERACTION_KIND,
         DEAD_LETTER_KIND,
+        WORKER_KIND,
         START_DETAIL_TYPE,
         REASON_ATTRIBUTE,
         DETAIL_ATTRIBUTE,
@@ -768,6 +839,8 @@ fn enumerations_and_constants_match_the_types() {
         Code::PayloadTooLarge.as_str(),
         Code::UndecodableInput.as_str(),
         Code::StepTimeout.as_str(),
+        Code::ReleaseDraining.as_str(),
+        Code::InvalidRequest.as_str(),
     ] {
         assert!(
             document.contains(&format!("`{named}`")),
@@ -779,6 +852,20 @@ fn enumerations_and_constants_match_the_types() {
             document.contains(&format!("`{kind:?}`")),
             "protocol.md names `{kind:?}`"
         );
+    }
+    // The worker healths the coordinator derives, and the periods it derives them with.
+    for health in wire_names(&worker_healths()) {
+        assert!(
+            document.contains(&format!("`{health}`")),
+            "protocol.md names `{health}`"
+        );
+    }
+    for ms in [
+        stepline::release::ANNOUNCE_EVERY_MS,
+        stepline::release::STALE_AFTER_MS,
+    ] {
+        let written = written_ms(ms);
+        assert!(document.contains(&written), "protocol.md says {written}");
     }
 }
 
@@ -1265,4 +1352,117 @@ async fn messages_the_worker_runtime_sends_match_their_schemas() {
     let again = sender.drain();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].1.body, first, "the same bytes");
+}
+
+/// Where the runtime's records come from, as an event source mapping names it.
+const REQUEST_QUEUE_ARN: &str = "arn:aws:sqs:eu-west-1:123456789012:orders-requests";
+
+/// The announcements among the messages sent to `queue`.
+fn announcements(sent: &[(String, stepline::ports::OutMessage)], queue: &str) -> Vec<Value> {
+    bodies(sent, queue)
+        .into_iter()
+        .filter(|body| body["kind"] == json!(WORKER_KIND))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_worker_runtimes_announcements_match_their_schema() {
+    let protocol = Protocol::load();
+    let request = |launch: u128| {
+        let header = RequestHeader {
+            launch_id: Uuid::from_u128(launch),
+            ..header(REQUEST_KIND, "7aabd6496b67527eefeb354d9b5afcd9")
+        };
+        serde_json::to_string(&RequestEnvelope {
+            header,
+            payload: &json!({"orderId": "order-1"}),
+        })
+        .expect("serializes")
+    };
+    let batch = |launch: u128| {
+        let mut event = sqs(&[request(launch)]);
+        for record in &mut event.records {
+            record.event_source_arn = Some(REQUEST_QUEUE_ARN.into());
+        }
+        event
+    };
+    // What the runtime announces, but for its random id.
+    let expected = |state| WorkerAnnouncement::new("", identity(), "orders-requests", state);
+    // A coordinator: announcements need no registered release.
+    let (coordinator, coordinator_sent, _) = coordinator(Vec::new()).await;
+
+    // With the reply queue configured, and without it (learned from the requests' `replyTo`).
+    for configured in [Some("announcements"), None] {
+        let reply_queue = configured.unwrap_or("replies");
+        let sender = Arc::new(RecordingSender::default());
+        let worker = Worker::new(identity(), sender.clone(), Arc::new(Steps))
+            .with_announcements(configured.map(String::from));
+        let response = worker.handle(batch(1)).await;
+        assert!(response.batch_item_failures.is_empty());
+        let sent = sender.drain();
+        let announced = announcements(&sent, reply_queue);
+        assert_eq!(
+            announced.len(),
+            1,
+            "one announcement at the first batch: {sent:?}"
+        );
+        protocol.assert_valid(
+            "worker",
+            &announced[0],
+            "the announcement the worker runtime sent",
+        );
+        let healthy: WorkerAnnouncement =
+            serde_json::from_value(announced[0].clone()).expect("an announcement");
+        assert!(!healthy.worker_id.is_empty());
+        assert_eq!(
+            WorkerAnnouncement {
+                worker_id: String::new(),
+                ..healthy.clone()
+            },
+            expected(WorkerState::Healthy),
+            "its identity, and its queue named after the records' event source"
+        );
+
+        // Not again at the next batch (not due for five minutes).
+        worker.handle(batch(2)).await;
+        assert!(announcements(&sender.drain(), reply_queue).is_empty());
+
+        // Draining: at once, same worker.
+        worker.drain().await;
+        let sent = sender.drain();
+        let announced = announcements(&sent, reply_queue);
+        assert_eq!(announced.len(), 1, "{sent:?}");
+        protocol.assert_valid(
+            "worker",
+            &announced[0],
+            "the draining announcement the worker runtime sent",
+        );
+        let draining: WorkerAnnouncement =
+            serde_json::from_value(announced[0].clone()).expect("an announcement");
+        assert_eq!(draining.worker_id, healthy.worker_id, "one id per worker");
+        assert_eq!(
+            WorkerAnnouncement {
+                worker_id: String::new(),
+                ..draining
+            },
+            expected(WorkerState::Draining)
+        );
+
+        // The coordinator takes both from its reply queue and lists the worker as draining.
+        for announcement in [to_value(&healthy), announced[0].clone()] {
+            let response =
+                handlers::completion(&coordinator, sqs(&[announcement.to_string()])).await;
+            assert!(response.batch_item_failures.is_empty());
+        }
+        let parked = coordinator_sent.drain();
+        assert!(parked.is_empty(), "nothing dead-lettered: {parked:?}");
+        let listed = coordinator.workers("orders").await.expect("workers");
+        let listed: Vec<_> = listed
+            .iter()
+            .filter(|(w, _)| w.worker_id == healthy.worker_id)
+            .collect();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(listed[0].1, WorkerHealth::Draining);
+        assert_eq!(listed[0].0.queue, "orders-requests");
+    }
 }

@@ -355,6 +355,25 @@ async fn a_python_worker_runs_its_pipeline_with_a_retry_heartbeats_and_a_duplica
     );
     // Activating a release no live worker serves warns; release 1 is served.
     staged(&["releases", "register", "--file", &file, "--release", "2"])?;
+    // The same file as release 2: no contract change, but the same queue, which pinned executions of
+    // release 1 would share with release 2's workers.
+    let diff: Value = serde_json::from_str(&staged(&[
+        "releases",
+        "--pipeline",
+        "py-orders",
+        "diff",
+        "1",
+        "2",
+    ])?)?;
+    assert_eq!(
+        (
+            &diff["contractChanged"],
+            &diff["steps"],
+            &diff["pinned"]["affected"],
+            &diff["pinned"]["sharedQueues"]
+        ),
+        (&json!(false), &json!([]), &json!(true), &json!([queue]))
+    );
     let activate = |release: &str| {
         run(
             cli,

@@ -252,3 +252,30 @@ mod erased {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_artifact;
+
+    #[test]
+    fn an_artifact_is_kind_uri_and_digest_given_or_computed() {
+        let hex = "ab".repeat(32);
+        let given = parse_artifact(&format!("lambda=s3://b/k.zip,sha256={hex}")).unwrap();
+        assert_eq!(
+            (given.kind.as_str(), given.uri.as_str(), given.digest),
+            ("lambda", "s3://b/k.zip", format!("sha256:{hex}"))
+        );
+        let file = std::env::temp_dir().join(format!("artifact-{}", std::process::id()));
+        std::fs::write(&file, b"bytes").unwrap();
+        let computed = parse_artifact(&format!("contract=file:{}", file.display())).unwrap();
+        assert_eq!(computed.digest, stepline::release::digest(b"bytes"));
+        for bad in [
+            "lambda",
+            "=s3://x",
+            "lambda=s3://b/k.zip,sha256=12",
+            "lambda=/no/such/file",
+        ] {
+            assert!(parse_artifact(bad).is_err(), "{bad}");
+        }
+    }
+}
