@@ -555,7 +555,7 @@ impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
 /// Release registry: under `pk = "pipeline#<id>"`, `sk = "release#<version>"` holds an immutable
 /// release descriptor and `sk = "activation#<sequence, zero-padded>"` the append-only activations (each
 /// written once, conditionally); the highest sequence is the active release. `sk = "worker#<id>"` holds
-/// a worker's latest announcement (written only over an older one).
+/// a worker's latest announcement (written only over an older one; expired a week after it).
 #[derive(Clone)]
 pub struct DynamoDbReleaseRegistry {
     client: Client,
@@ -565,6 +565,8 @@ pub struct DynamoDbReleaseRegistry {
 const RELEASE_PREFIX: &str = "release#";
 const ACTIVATION_PREFIX: &str = "activation#";
 const WORKER_PREFIX: &str = "worker#";
+/// A worker's item expires (table TTL) a week after its latest announcement.
+const WORKER_RETENTION_SECS: i64 = 7 * 24 * 3600;
 
 impl DynamoDbReleaseRegistry {
     pub fn new(client: Client, table: impl Into<String>) -> Self {
@@ -723,7 +725,11 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
             .item(SK, s(format!("{WORKER_PREFIX}{}", worker.worker_id)))
             .item("body", s(body))
             .item("draining", AttributeValue::Bool(draining))
-            .item("seenAt", AttributeValue::N(worker.seen_at.to_string()));
+            .item("seenAt", AttributeValue::N(worker.seen_at.to_string()))
+            .item(
+                "expiresAt",
+                AttributeValue::N((worker.seen_at / 1000 + WORKER_RETENTION_SECS).to_string()),
+            );
         // A worker that drains stays draining; a healthy announcement replaces only an older one.
         let put = if draining {
             put
