@@ -57,12 +57,24 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
         .invoke(sqs_event(&requests[0], &arn_of("OrderRequestQueue")?)?)
         .await?;
     assert_eq!(answer["batchItemFailures"], serde_json::json!([]));
+    // On the reply queue: its reply, and its announcement of itself (at its first batch).
     let replies = stack.take_all("ReplyQueue").await?;
-    assert_eq!(replies.len(), 1);
-    let answer = completion
-        .invoke(sqs_event(&replies[0], &arn_of("ReplyQueue")?)?)
-        .await?;
-    assert_eq!(answer["batchItemFailures"], serde_json::json!([]));
+    let mut kinds: Vec<String> = replies
+        .iter()
+        .map(|r| serde_json::from_str::<Value>(r).map(|v| v["kind"].to_string()))
+        .collect::<Result<_, _>>()?;
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        ["\"stepline.reply.v1\"", "\"stepline.worker.v1\""],
+        "{replies:?}"
+    );
+    for reply in &replies {
+        let answer = completion
+            .invoke(sqs_event(reply, &arn_of("ReplyQueue")?)?)
+            .await?;
+        assert_eq!(answer["batchItemFailures"], serde_json::json!([]));
+    }
     let record = stack.api.get(id).await?;
     assert_eq!(record.step, 1, "the reply advanced the execution");
 
@@ -154,7 +166,13 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
             serde_json::json!([]),
             "{function}"
         );
-        let replies = stack.take_all("ReplyQueue").await?;
+        // Its reply (beside its announcement of itself, at its first batch).
+        let replies: Vec<String> = stack
+            .take_all("ReplyQueue")
+            .await?
+            .into_iter()
+            .filter(|r| !r.contains("\"stepline.worker.v1\""))
+            .collect();
         assert_eq!(replies.len(), 1, "{function} replied");
         let reply: stepline::envelope::ReplyEnvelope = serde_json::from_str(&replies[0])?;
         assert_eq!(reply.execution_id, execution);
