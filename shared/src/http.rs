@@ -22,7 +22,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::coordinator::{
-    CancelRequest, Coordinator, CoordinatorError, RedriveRequest, SubmitRequest,
+    CancelRequest, Coordinator, CoordinatorError, ListRequest, RedriveRequest, SubmitRequest,
+    MAX_LIMIT,
 };
 use crate::domain::release::Release;
 use crate::domain::{Code, Execution, Status, StepError, Verdict};
@@ -258,6 +259,9 @@ pub struct RegistrationResponse {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Route<'a> {
     Executions,
+    /// `GET /executions`: the listing (`POST` submits).
+    ListExecutions,
+    History(&'a str),
     Execution(&'a str),
     ExecutionResult(&'a str),
     Cancel(&'a str),
@@ -279,6 +283,7 @@ impl<'a> Route<'a> {
             ["executions"] => Route::Executions,
             ["executions", id] => Route::Execution(id),
             ["executions", id, "result"] => Route::ExecutionResult(id),
+            ["executions", id, "history"] => Route::History(id),
             ["executions", id, "cancel"] => Route::Cancel(id),
             ["executions", id, "redrive"] => Route::Redrive(id),
             ["executions", id, "interactions"] => Route::Interactions(id),
@@ -295,6 +300,8 @@ impl<'a> Route<'a> {
     fn method(&self) -> Method {
         match self {
             Route::Execution(_)
+            | Route::ListExecutions
+            | Route::History(_)
             | Route::ExecutionResult(_)
             | Route::Interactions(_)
             | Route::PipelineReleases(_)
@@ -368,7 +375,10 @@ fn failed(method: &Method, path: &str, error: ApiError) -> Response<Body> {
 
 async fn route(coordinator: &Coordinator, request: &Request) -> Result<Reply, ApiError> {
     let path = request.uri().path();
-    let route = Route::parse(path).ok_or_else(|| ApiError::NoRoute(path.to_string()))?;
+    let mut route = Route::parse(path).ok_or_else(|| ApiError::NoRoute(path.to_string()))?;
+    if route == Route::Executions && request.method() == Method::GET {
+        route = Route::ListExecutions;
+    }
     let allowed = route.method();
     if request.method() != allowed {
         return Err(ApiError::MethodNotAllowed {
@@ -380,6 +390,11 @@ async fn route(coordinator: &Coordinator, request: &Request) -> Result<Reply, Ap
     match route {
         Route::Executions => submit(coordinator, parse_body(request)?).await,
         Route::Execution(id) => status(coordinator, execution_id(id)?).await,
+        Route::ListExecutions => {
+            let listing = list_request(request.uri().query().unwrap_or(""))?;
+            Ok(Reply::ok(&coordinator.list(listing).await?))
+        }
+        Route::History(id) => Ok(Reply::ok(&coordinator.history(execution_id(id)?).await?)),
         Route::ExecutionResult(id) => result(coordinator, execution_id(id)?).await,
         Route::Cancel(id) => {
             let id = execution_id(id)?;
@@ -599,6 +614,46 @@ fn parse_body<T: DeserializeOwned>(request: &Request) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidBody(e.to_string()))
 }
 
+/// The listing's query parameters: `pipeline` (required), `status` (comma-separated or repeated),
+/// `tenant`, `from` and `to` (epoch ms, `to` exclusive), `limit` (default 50) and `after` (a page's
+/// `next`).
+pub fn list_request(query: &str) -> Result<ListRequest, ApiError> {
+    let invalid = |what: String| ApiError::Coordinator(CoordinatorError::Invalid(what));
+    let mut request = ListRequest {
+        limit: 50,
+        ..ListRequest::default()
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = decode(&value.replace('+', " "))
+            .ok_or_else(|| invalid(format!("query parameter {key} is not encoded")))?;
+        let number = |v: &str| {
+            v.parse::<i64>()
+                .map_err(|_| invalid(format!("{key} must be a number, not {v:?}")))
+        };
+        match key {
+            "pipeline" | "pipelineId" => request.pipeline_id = value,
+            "status" => {
+                for status in value.split(',').filter(|s| !s.is_empty()) {
+                    let parsed = serde_json::from_value(Value::String(status.to_uppercase()))
+                        .map_err(|_| invalid(format!("no status {status:?}")))?;
+                    request.statuses.push(parsed);
+                }
+            }
+            "tenant" => request.tenant = Some(value),
+            "from" => request.from = Some(number(&value)?),
+            "to" => request.to = Some(number(&value)?),
+            "limit" => request.limit = number(&value)?.clamp(1, MAX_LIMIT as i64) as usize,
+            "after" => request.after = Some(value),
+            other => return Err(invalid(format!("unknown query parameter {other:?}"))),
+        }
+    }
+    if request.pipeline_id.is_empty() {
+        return Err(invalid("the pipeline query parameter is required".into()));
+    }
+    Ok(request)
+}
+
 /// An execution id path parameter.
 fn execution_id(raw: &str) -> Result<Uuid, ApiError> {
     decode(raw)
@@ -665,6 +720,10 @@ mod tests {
             Route::parse("/pipelines/orders/active"),
             Some(Route::ActiveRelease("orders"))
         );
+        assert_eq!(
+            Route::parse("/executions/x/history"),
+            Some(Route::History("x"))
+        );
         assert_eq!(Route::parse("/executions/a/b"), None);
         assert_eq!(Route::parse("executions"), None);
         assert_eq!(Route::parse("/"), None);
@@ -684,12 +743,36 @@ mod tests {
     }
 
     #[test]
+    fn the_listing_reads_its_query_parameters() {
+        let r = list_request(
+            "pipeline=orders&status=FAILED,dlq&tenant=a%20b&from=1&to=9&limit=500&after=x.y",
+        )
+        .unwrap();
+        assert_eq!(r.pipeline_id, "orders");
+        assert_eq!(r.statuses, [Status::Failed, Status::Dlq]);
+        assert_eq!(r.tenant.as_deref(), Some("a b"));
+        assert_eq!((r.from, r.to, r.limit), (Some(1), Some(9), MAX_LIMIT));
+        assert_eq!(r.after.as_deref(), Some("x.y"));
+        assert_eq!(list_request("pipeline=orders").unwrap().limit, 50);
+        for bad in [
+            "status=FAILED",
+            "pipeline=o&status=NOPE",
+            "pipeline=o&colour=red",
+            "pipeline=o&from=soon",
+        ] {
+            let error = list_request(bad).unwrap_err();
+            assert_eq!(error.code(), Code::InvalidRequest, "{bad}");
+        }
+    }
+
+    #[test]
     fn openapi_documents_every_route() {
         let spec = include_str!("../../openapi.yaml");
         for path in [
             "/executions:",
             "/executions/{executionId}:",
             "/executions/{executionId}/result:",
+            "/executions/{executionId}/history:",
             "/executions/{executionId}/cancel:",
             "/executions/{executionId}/redrive:",
             "/executions/{executionId}/interactions:",

@@ -35,6 +35,7 @@ pub mod worker;
 
 pub use aws_lambda_events;
 pub use coordinator::{
-    Applied, ClaimReport, Coordinator, CoordinatorError, Settings, SubmitRequest, Submitted,
+    Applied, ClaimReport, Coordinator, CoordinatorError, ExecutionSummary, HistoryView,
+    ListRequest, ListResponse, Settings, SubmitRequest, Submitted,
 };
 pub use domain::{contract, pipeline_file, release, Code};

@@ -19,16 +19,19 @@ pub enum Bug {
     LostResponseDropsSend,
     /// Every seventh child's end is acknowledged without being counted in the fan-out ledger.
     DropsFanOutNotices,
+    /// History entries leave the record without their journal chunk being written first.
+    SkipsHistoryJournal,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 6] = [
+    pub const ALL: [Bug; 7] = [
         Bug::LaunchIgnoresFencing,
         Bug::DropsReplies,
         Bug::AcceptsUnauthenticatedReplies,
         Bug::SweepIgnoresLastEvaluatedKey,
         Bug::LostResponseDropsSend,
         Bug::DropsFanOutNotices,
+        Bug::SkipsHistoryJournal,
     ];
 }
 

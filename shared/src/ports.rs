@@ -4,6 +4,7 @@
 use async_trait::async_trait;
 use uuid::Uuid;
 
+use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord};
 use crate::domain::{ChildEnd, Execution, Tally};
 use std::collections::HashMap;
@@ -53,6 +54,52 @@ pub trait ExecutionStore: Send + Sync {
     async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError>;
     /// Number of due-index shards entries are written to now.
     fn shards(&self) -> u32;
+    /// Writes chunk `chunk` of an execution's history journal (the same chunk again replaces it with
+    /// the same entries: see `domain::history`).
+    async fn put_journal(&self, id: Uuid, chunk: u32, entries: &[Entry]) -> Result<(), StoreError>;
+    /// Chunks `0..chunks` of an execution's journal, in order (`None` for one not found).
+    async fn journal(&self, id: Uuid, chunks: u32) -> Result<Vec<Option<Vec<Entry>>>, StoreError>;
+    /// One page of the list index: the executions of a pipeline created on one day, newest first.
+    async fn list(&self, query: ListQuery) -> Result<ListPage, StoreError>;
+    /// The records of `ids` that exist (eventually consistent; any order).
+    async fn get_many(&self, ids: &[Uuid]) -> Result<Vec<Execution>, StoreError>;
+}
+
+/// Milliseconds in a day of the list index (UTC days since the epoch).
+pub const DAY_MS: i64 = 86_400_000;
+
+/// A page of the list index to read: executions of `pipeline_id` created on `day` (days since the
+/// epoch), before `before` (exclusive), newest first, at most `limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListQuery {
+    pub pipeline_id: String,
+    pub day: i64,
+    pub before: ListCursor,
+    pub limit: i32,
+}
+
+/// A position in the list index: an execution's creation time and id (the index's sort key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ListCursor {
+    pub created_at: i64,
+    pub id: Uuid,
+}
+
+impl ListCursor {
+    /// Just after every execution created before `at` (an exclusive bound at `at`).
+    pub fn before(at: i64) -> Self {
+        Self {
+            created_at: at,
+            id: Uuid::nil(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListPage {
+    pub keys: Vec<ListCursor>,
+    /// Set when the day may hold more entries after this page.
+    pub more: bool,
 }
 
 /// The fan-out ledger: where a fan-out's children are counted, outside the parent's record (see

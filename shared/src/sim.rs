@@ -212,6 +212,7 @@ counts! {
     children: "fan-out children",
     fan_out_cancels: "fan-outs cancelled",
     tolerated: "tolerated child failures",
+    journal_chunks: "history chunks journaled",
 }
 
 /// What one schedule did and found.
@@ -678,6 +679,8 @@ struct World {
     /// Cancels that reached a result: execution -> committed.
     cancels: BTreeMap<Uuid, bool>,
     redrives: BTreeMap<Uuid, u32>,
+    /// History journal chunks written: (execution, chunk) -> entries.
+    journal: BTreeMap<(Uuid, u32), Vec<crate::domain::history::Entry>>,
     violations: Vec<String>,
     report: SimReport,
 }
@@ -924,8 +927,38 @@ impl World {
     }
 
     /// Checks a write as it happens: versions, fencing, attempt ends, outcomes applied.
+    /// An execution's whole history as a version of its record and the journal tell it; `None` when
+    /// a chunk the record counts on is not in the journal.
+    fn history(&self, r: &Execution) -> Option<Vec<crate::domain::history::Entry>> {
+        let chunks = r.history_base / crate::domain::history::JOURNAL_CHUNK as u64;
+        let mut all = Vec::new();
+        for k in 0..chunks as u32 {
+            all.extend(self.journal.get(&(r.id, k))?.iter().cloned());
+        }
+        all.extend(r.history.iter().cloned());
+        Some(all)
+    }
+
     fn observe(&mut self, p: &Execution, record: &Execution) {
         let id = record.id;
+        // History is only appended to (its last entry, a heartbeat, may count on), and an entry leaves
+        // the record only once the journal holds it.
+        match (self.history(p), self.history(record)) {
+            (Some(before), Some(after)) => {
+                let kept = before.len().saturating_sub(1);
+                if after.len() < before.len() || after[..kept] != before[..kept] {
+                    self.violations.push(format!(
+                        "history of {id} rewritten: version {} over {}",
+                        record.version, p.version
+                    ));
+                }
+            }
+            (_, None) => self.violations.push(format!(
+                "history of {id} lost: version {} dropped entries the journal does not hold",
+                record.version
+            )),
+            (None, Some(_)) => {}
+        }
         if record.version != p.version + 1 {
             self.violations.push(format!(
                 "lost update on {id}: wrote version {} over version {}",
@@ -1143,6 +1176,61 @@ impl ExecutionStore for SimStore {
 
     fn shards(&self) -> u32 {
         self.0.lock().expect("world").shards
+    }
+
+    async fn put_journal(
+        &self,
+        id: Uuid,
+        chunk: u32,
+        entries: &[crate::domain::history::Entry],
+    ) -> Result<(), StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.0.lock().expect("world");
+        let fate = w.fate();
+        if matches!(fate, Fate::CrashBefore | Fate::Dead) {
+            return Err(crashed());
+        }
+        w.report.counts.journal_chunks += 1;
+        let written = w.journal.insert((id, chunk), entries.to_vec());
+        if written.is_some_and(|was| was != entries) {
+            w.violations.push(format!(
+                "journal chunk {chunk} of {id} written over with other entries"
+            ));
+        }
+        match fate {
+            Fate::CrashAfter => Err(crashed()),
+            _ => Ok(()),
+        }
+    }
+
+    async fn journal(
+        &self,
+        id: Uuid,
+        chunks: u32,
+    ) -> Result<Vec<Option<Vec<crate::domain::history::Entry>>>, StoreError> {
+        let w = self.0.lock().expect("world");
+        Ok((0..chunks)
+            .map(|k| w.journal.get(&(id, k)).cloned())
+            .collect())
+    }
+
+    async fn list(
+        &self,
+        query: crate::ports::ListQuery,
+    ) -> Result<crate::ports::ListPage, StoreError> {
+        let w = self.0.lock().expect("world");
+        Ok(crate::adapters::memory::list_page(
+            w.records.values(),
+            &query,
+        ))
+    }
+
+    async fn get_many(&self, ids: &[Uuid]) -> Result<Vec<Execution>, StoreError> {
+        let w = self.0.lock().expect("world");
+        Ok(ids
+            .iter()
+            .filter_map(|id| w.records.get(id).cloned())
+            .collect())
     }
 }
 
@@ -1432,6 +1520,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         overheard: Vec::new(),
         cancels: BTreeMap::new(),
         redrives: BTreeMap::new(),
+        journal: BTreeMap::new(),
         published: BTreeSet::new(),
         violations: Vec::new(),
         report: SimReport {

@@ -74,6 +74,7 @@ fn fault_campaign_finds_no_violation() {
             ("fan-outs", c.fan_outs),
             ("fan-outs cancelled", c.fan_out_cancels),
             ("tolerated child failures", c.tolerated),
+            ("history chunks journaled", c.journal_chunks),
         ] {
             assert!(n > 0, "the campaign exercised no {name}");
         }
@@ -187,6 +188,11 @@ fn the_campaign_catches_a_dropped_fan_out_notice() {
         ..SimConfig::default()
     };
     assert_caught(Bug::DropsFanOutNotices, config);
+}
+
+#[test]
+fn the_campaign_catches_history_dropped_before_its_journal_chunk_is_written() {
+    assert_caught(Bug::SkipsHistoryJournal, SimConfig::default());
 }
 
 #[test]

@@ -182,6 +182,30 @@ impl ExecutionStore for OverwrittenStore {
     fn shards(&self) -> u32 {
         self.inner.shards()
     }
+    async fn put_journal(
+        &self,
+        id: Uuid,
+        chunk: u32,
+        entries: &[stepline::domain::history::Entry],
+    ) -> Result<(), StoreError> {
+        self.inner.put_journal(id, chunk, entries).await
+    }
+    async fn journal(
+        &self,
+        id: Uuid,
+        chunks: u32,
+    ) -> Result<Vec<Option<Vec<stepline::domain::history::Entry>>>, StoreError> {
+        self.inner.journal(id, chunks).await
+    }
+    async fn list(
+        &self,
+        query: stepline::ports::ListQuery,
+    ) -> Result<stepline::ports::ListPage, StoreError> {
+        self.inner.list(query).await
+    }
+    async fn get_many(&self, ids: &[Uuid]) -> Result<Vec<Execution>, StoreError> {
+        self.inner.get_many(ids).await
+    }
 }
 
 #[tokio::test]

@@ -41,6 +41,14 @@ pub struct Cost {
     pub events_per_step: f64,
     /// Messages per batch the coordinator's SQS-triggered invocations handled, on average.
     pub records_per_invocation: f64,
+    /// Listing and history, per step: history journal writes and their write units, list index
+    /// entries written, what the two cost, and the bytes they take in the execution item (median
+    /// over its writes).
+    pub journal_writes_per_step: f64,
+    pub journal_units_per_step: f64,
+    pub list_index_writes_per_step: f64,
+    pub visibility_usd_per_million_steps: f64,
+    pub visibility_bytes_median: u64,
     /// Execution item sizes written (bytes).
     pub item_bytes_median: u64,
     pub item_bytes_max: u64,
@@ -112,6 +120,7 @@ pub fn cost(measured: &Measured, prices: &Prices) -> Cost {
         ..Cost::default()
     };
     let mut item_sizes = Vec::new();
+    let mut visibility_sizes = Vec::new();
     for call in &measured.cost_calls {
         if call.operation == "ReceiveMessage" && call.messages == 0 {
             cost.empty_receives += 1;
@@ -137,8 +146,15 @@ pub fn cost(measured: &Measured, prices: &Prices) -> Cost {
                 "dynamodb" => {
                     if call.operation == "PutItem" {
                         cost.dynamodb_writes_per_step += 1.0;
-                        item_sizes.push(call.item_bytes);
+                        if call.journal {
+                            cost.journal_writes_per_step += 1.0;
+                            cost.journal_units_per_step += call.write_units as f64;
+                        } else if !call.ledger {
+                            item_sizes.push(call.item_bytes);
+                            visibility_sizes.push(call.visibility_bytes);
+                        }
                     }
+                    cost.list_index_writes_per_step += call.list_index_writes as f64;
                     cost.write_units_per_step += call.write_units as f64;
                     cost.index_writes_per_step += call.index_writes as f64;
                     cost.read_units_per_step += call.read_units;
@@ -206,9 +222,18 @@ pub fn cost(measured: &Measured, prices: &Prices) -> Cost {
         &mut cost.sqs_requests_per_step,
         &mut cost.lambda_invocations_per_step,
         &mut cost.events_per_step,
+        &mut cost.journal_writes_per_step,
+        &mut cost.journal_units_per_step,
+        &mut cost.list_index_writes_per_step,
     ] {
         *field /= steps as f64;
     }
+    cost.visibility_usd_per_million_steps = (cost.journal_units_per_step
+        + cost.list_index_writes_per_step)
+        * prices.dynamodb_write_unit
+        * 1e6;
+    visibility_sizes.sort_unstable();
+    cost.visibility_bytes_median = percentile(&visibility_sizes, 0.5);
     item_sizes.sort_unstable();
     cost.item_bytes_median = percentile(&item_sizes, 0.5);
     cost.item_bytes_max = item_sizes.last().copied().unwrap_or(0);

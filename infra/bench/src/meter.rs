@@ -64,6 +64,13 @@ pub struct Call {
     pub s3_requests: u64,
     /// A write or read of the fan-out ledger (items keyed `fanout#...`).
     pub ledger: bool,
+    /// A write of an execution's history journal (items keyed `exec#<id>#j<n>`).
+    pub journal: bool,
+    /// Entries of the list index written (part of `index_writes`).
+    pub list_index_writes: u64,
+    /// Bytes of an execution item that listing and history take (the list index's keys, the
+    /// history entries the record holds).
+    pub visibility_bytes: u64,
     /// Messages sent or received.
     pub messages: u64,
 }
@@ -322,6 +329,21 @@ impl Meter {
             "PutItem" => {
                 let item = request["Item"].as_object().cloned().unwrap_or_default();
                 let bytes = pricing::item_size(&item);
+                call.journal = item["pk"]["S"]
+                    .as_str()
+                    .is_some_and(|k| k.starts_with("exec#") && k.contains("#j"));
+                let visible: serde_json::Map<String, Value> = item
+                    .iter()
+                    .filter(|(name, _)| {
+                        ["lk", "la", "history", "historyBase"].contains(&name.as_str())
+                    })
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                call.visibility_bytes = if visible.is_empty() {
+                    0
+                } else {
+                    pricing::item_size(&visible)
+                };
                 let key = format!("{table}|{}", key_of(&item, &info.key));
                 let stored = state.items.entry(key).or_default();
                 call.item_bytes = bytes;
@@ -333,12 +355,16 @@ impl Meter {
                     for (i, new) in new_keys.iter().enumerate() {
                         let old = stored.index_keys.get(i).cloned().flatten();
                         // An index entry is written when its key changes (delete + put when both exist).
-                        call.index_writes += match (&old, new) {
+                        let written = match (&old, new) {
                             (None, None) => 0,
                             (Some(a), Some(b)) if a == b => 0,
                             (Some(_), Some(_)) => 2,
                             _ => 1,
                         };
+                        call.index_writes += written;
+                        if info.indexes[i].iter().any(|k| k == "lk") {
+                            call.list_index_writes += written;
+                        }
                     }
                     stored.bytes = bytes;
                     stored.index_keys = new_keys;

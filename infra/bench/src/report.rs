@@ -184,6 +184,17 @@ pub fn markdown(s: &Value) -> String {
     );
     let _ = writeln!(
         md,
+        "Listing and history, included above: {:.3} list-index entries written per step ({:.2} per {}-step execution: one, at its creation), {:.3} history journal writes per step ({:.3} write units), together ${:.3} per million steps; the list keys and the history entries the record holds take a median {} B of the execution item.\n",
+        num(&c["list_index_writes_per_step"]),
+        num(&c["list_index_writes_per_step"]) * num(&w["steps"]),
+        w["steps"],
+        num(&c["journal_writes_per_step"]),
+        num(&c["journal_units_per_step"]),
+        num(&c["visibility_usd_per_million_steps"]),
+        c["visibility_bytes_median"],
+    );
+    let _ = writeln!(
+        md,
         "The execution item by pipeline length ({}-byte payloads): the record keeps only the current step, so every hop writes the same item however long the pipeline.\n\n| Steps | Executions | Item median B | Item max B | Write units, largest write | Table write units per write | Writes per step | Write units per step |\n|---:|---:|---:|---:|---:|---:|---:|---:|",
         w["payload_bytes"],
     );

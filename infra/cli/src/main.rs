@@ -2,6 +2,7 @@
 //! AWS configuration and credentials) or on an emulator (`AWS_ENDPOINT_URL`). Human-readable output by
 //! default, `--json` for scripts.
 
+mod console;
 mod init;
 
 use std::time::Duration;
@@ -10,12 +11,14 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 use stepline::adapters::SqsDeadLetterQueue;
+use stepline::domain::history::{describe, utc};
 use stepline::domain::{Execution, Status, StepStatus, UnitProgress, Verdict};
 use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
 use stepline::handlers::{
     self, CancelRequest, DeadLetterQueues, MoveRequest, MoveSource, OperatorRequest, RedriveRequest,
 };
 use stepline::handlers::{ReplayFilter, ReplayRequest};
+use stepline::ports::DeadLetterQueue;
 use stepline::{Coordinator, SubmitRequest};
 use stepline_stage::releases::{FilesOnly, ReleaseAction};
 use stepline_stage::{functions, Stage};
@@ -53,6 +56,35 @@ enum Command {
     },
     /// Status of an execution.
     Status { execution: Uuid },
+    /// List a pipeline's executions, newest first.
+    List {
+        #[arg(long)]
+        pipeline: String,
+        /// Only these statuses (repeat, or separate with commas).
+        #[arg(long, value_delimiter = ',')]
+        status: Vec<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Created at or after (epoch milliseconds; default: a week before `--to`).
+        #[arg(long)]
+        from: Option<i64>,
+        /// Created before (epoch milliseconds; default: now).
+        #[arg(long)]
+        to: Option<i64>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Go on from a page's `next`.
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// Everything that happened to an execution: attempts, heartbeats, answers, re-drives, incidents.
+    History { execution: Uuid },
+    /// Serve the web console on 127.0.0.1 (executions, their graphs and histories, approvals,
+    /// cancel, re-drive, dead letters), with your own AWS credentials.
+    Console {
+        #[arg(long, default_value_t = 8470)]
+        port: u16,
+    },
     /// Follow an execution's steps until it ends (exit 0 only if it SUCCEEDED).
     Watch {
         execution: Uuid,
@@ -268,6 +300,40 @@ async fn main() -> Result<()> {
             }
             out.show(&shown, || summary(&record, progress.as_ref()));
         }
+        Command::List {
+            pipeline,
+            status,
+            tenant,
+            from,
+            to,
+            limit,
+            after,
+        } => {
+            let mut statuses = Vec::new();
+            for s in &status {
+                statuses.push(
+                    serde_json::from_value(Value::String(s.to_uppercase()))
+                        .with_context(|| format!("no status {s:?}"))?,
+                );
+            }
+            let page = api
+                .list(stepline::ListRequest {
+                    pipeline_id: pipeline,
+                    statuses,
+                    tenant,
+                    from,
+                    to,
+                    limit,
+                    after,
+                })
+                .await?;
+            out.show(&serde_json::to_value(&page)?, || listing(&page));
+        }
+        Command::History { execution } => {
+            let history = api.history(execution).await?;
+            out.show(&serde_json::to_value(&history)?, || story(&history));
+        }
+        Command::Console { port } => return console::serve(stage, api, port).await,
         Command::Watch {
             execution,
             timeout_secs,
@@ -411,6 +477,93 @@ impl Output {
             println!("{}", human());
         }
     }
+}
+
+fn listing(page: &stepline::ListResponse) -> String {
+    let mut lines: Vec<String> = page
+        .executions
+        .iter()
+        .map(|e| {
+            format!(
+                "{}  {:<16} step {} attempt {}  tenant {}  release {}  created {}{}",
+                e.execution_id,
+                e.status.as_str(),
+                e.step + 1,
+                e.attempt,
+                e.tenant,
+                e.release_version,
+                utc(e.created_at),
+                e.error_code
+                    .as_ref()
+                    .map(|c| format!("  {c}"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    if lines.is_empty() {
+        lines.push("no executions".into());
+    }
+    if let Some(next) = &page.next {
+        lines.push(format!("more: --after {next}"));
+    }
+    lines.join("\n")
+}
+
+fn story(history: &stepline::HistoryView) -> String {
+    let e = &history.execution;
+    let name = |k: u32| match history.steps.get(k as usize) {
+        Some(step) => format!("{} ({})", k + 1, step.id),
+        None => (k + 1).to_string(),
+    };
+    let mut lines = vec![format!(
+        "{} {} pipeline {} release {} tenant {} created {}",
+        e.execution_id,
+        e.status,
+        e.pipeline_id,
+        e.release_version,
+        e.tenant,
+        utc(e.created_at)
+    )];
+    for entry in &history.entries {
+        lines.push(format!(
+            "  {}  +{:>9.3}s  {}{}",
+            utc(entry.at),
+            (entry.at - e.created_at) as f64 / 1000.0,
+            describe(&entry.what, name),
+            entry
+                .launch_id
+                .map(|l| format!("  launch {l}"))
+                .unwrap_or_default()
+        ));
+    }
+    lines.push("attempts:".into());
+    for a in &history.attempts {
+        lines.push(format!(
+            "  step {} attempt {}  {}  {}{}{}",
+            name(a.step),
+            a.attempt,
+            a.outcome,
+            a.duration_ms
+                .map(|d| format!("{d} ms"))
+                .unwrap_or_else(|| "-".into()),
+            a.code
+                .as_ref()
+                .map(|c| format!("  {c}"))
+                .unwrap_or_default(),
+            if a.heartbeats > 0 {
+                format!("  {} heartbeat(s)", a.heartbeats)
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if !history.missing_chunks.is_empty() {
+        lines.push(format!(
+            "journal chunks not found: {:?}",
+            history.missing_chunks
+        ));
+    }
+    lines.join("\n")
 }
 
 fn summary(record: &Execution, progress: Option<&UnitProgress>) -> String {
@@ -593,7 +746,8 @@ async fn answer(
     Ok(())
 }
 
-async fn dlq(stage: &Stage, api: &Coordinator, action: DlqAction, out: &Output) -> Result<()> {
+/// The stage's four DLQs: execution, launch, reply, start.
+pub(crate) fn dead_letter_queues(stage: &Stage) -> Result<[SqsDeadLetterQueue; 4]> {
     let sqs = aws_sdk_sqs::Client::new(&stage.sdk);
     let queue = |logical: &str| -> Result<SqsDeadLetterQueue> {
         Ok(SqsDeadLetterQueue::new(
@@ -601,42 +755,62 @@ async fn dlq(stage: &Stage, api: &Coordinator, action: DlqAction, out: &Output) 
             stage.stack.queue(logical)?.1,
         ))
     };
-    let queues = [
+    Ok([
         queue("ExecutionDeadLetterQueue")?,
         queue("LaunchDeadLetterQueue")?,
         queue("ReplyDeadLetterQueue")?,
         queue("StartDeadLetterQueue")?,
-    ];
-    let dlqs = DeadLetterQueues {
+    ])
+}
+
+pub(crate) fn dlqs_of(queues: &[SqsDeadLetterQueue; 4]) -> DeadLetterQueues<'_> {
+    DeadLetterQueues {
         execution: &queues[0],
         launch: &queues[1],
         reply: &queues[2],
         start: Some(&queues[3]),
-    };
+    }
+}
+
+/// A DLQ by name.
+pub(crate) fn dlq_reader<'a>(
+    queues: &'a [SqsDeadLetterQueue; 4],
+    name: &str,
+) -> Result<&'a SqsDeadLetterQueue> {
+    Ok(match name {
+        "execution" => &queues[0],
+        "launch" => &queues[1],
+        "reply" => &queues[2],
+        "start" => &queues[3],
+        other => bail!("unknown DLQ {other:?} (execution, launch, reply, start)"),
+    })
+}
+
+/// Up to `max` messages of a DLQ, left in place (made visible again at once).
+pub(crate) async fn peek(reader: &SqsDeadLetterQueue, max: usize) -> Result<Vec<Value>> {
+    let mut seen = Vec::new();
+    while seen.len() < max {
+        let batch = reader.receive(max - seen.len()).await?;
+        if batch.is_empty() {
+            break;
+        }
+        seen.extend(batch);
+    }
+    for m in &seen {
+        reader.release(&m.handle).await?;
+    }
+    Ok(seen
+        .iter()
+        .map(|m| json!({"body": serde_json::from_str::<Value>(&m.body).unwrap_or(Value::String(m.body.clone())), "attributes": m.attributes, "sentAt": m.sent_at}))
+        .collect())
+}
+
+async fn dlq(stage: &Stage, api: &Coordinator, action: DlqAction, out: &Output) -> Result<()> {
+    let queues = dead_letter_queues(stage)?;
+    let dlqs = dlqs_of(&queues);
     match action {
         DlqAction::Inspect { queue: name, max } => {
-            let reader = match name.as_str() {
-                "execution" => dlqs.execution,
-                "launch" => dlqs.launch,
-                "reply" => dlqs.reply,
-                "start" => &queues[3],
-                other => bail!("unknown DLQ {other:?} (execution, launch, reply, start)"),
-            };
-            let mut seen = Vec::new();
-            while seen.len() < max {
-                let batch = reader.receive(max - seen.len()).await?;
-                if batch.is_empty() {
-                    break;
-                }
-                seen.extend(batch);
-            }
-            for m in &seen {
-                reader.release(&m.handle).await?;
-            }
-            let listed: Vec<Value> = seen
-                .iter()
-                .map(|m| json!({"body": serde_json::from_str::<Value>(&m.body).unwrap_or(Value::String(m.body.clone())), "attributes": m.attributes, "sentAt": m.sent_at}))
-                .collect();
+            let listed = peek(dlq_reader(&queues, &name)?, max).await?;
             out.show(&Value::Array(listed.clone()), || {
                 listed
                     .iter()

@@ -215,3 +215,116 @@ async fn approve_and_reject_from_the_cli() -> Result<()> {
         .contains("approved by ana"));
     Ok(())
 }
+
+/// Waits (with a deadline) until the execution ends; returns its status.
+async fn ended(api: &stepline::Coordinator, id: &str) -> Result<Status> {
+    let id = id.parse()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = api.get(id).await?.status;
+        if status.is_terminal() {
+            return Ok(status);
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "{id} still {status}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_finds_the_failed_executions_and_history_tells_each_attempt() -> Result<()> {
+    let (local, _runner) = running_stack("cli-list").await?;
+    let stage = local.stack.stage.clone();
+    let api = local.coordinator(functions::REDRIVE)?;
+    let good = submit(&stage, "orders", &order_worker::sample_order(1));
+    let bad = submit(&stage, "orders", &json!({"orderId": "empty", "lines": []}));
+    let other = submit(
+        &stage,
+        "orders",
+        &json!({"orderId": "zero", "lines": [{"sku": "tea", "qty": 0, "unitCents": 1}]}),
+    );
+    assert_eq!(ended(&api, &good).await?, Status::Succeeded);
+    assert_eq!(ended(&api, &bad).await?, Status::Failed);
+    assert_eq!(ended(&api, &other).await?, Status::Failed);
+
+    let out = stepline(
+        &stage,
+        &[
+            "--json",
+            "list",
+            "--pipeline",
+            "orders",
+            "--status",
+            "FAILED",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page: Value = serde_json::from_str(stdout(&out).trim())?;
+    let listed: Vec<&str> = page["executions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["executionId"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        [other.as_str(), bad.as_str()],
+        "newest first, FAILED only"
+    );
+    assert_eq!(page["executions"][0]["errorCode"], "INVALID_ORDER");
+    let human = stdout(&stepline(&stage, &["list", "--pipeline", "orders"]));
+    for id in [&good, &bad, &other] {
+        assert!(human.contains(id.as_str()), "{human}");
+    }
+    // Pages: one execution at a time, following `next`.
+    let first = stepline(
+        &stage,
+        &["--json", "list", "--pipeline", "orders", "--limit", "1"],
+    );
+    let first: Value = serde_json::from_str(stdout(&first).trim())?;
+    assert_eq!(first["executions"][0]["executionId"], other.as_str());
+    let next = first["next"].as_str().expect("a next page");
+    let second = stepline(
+        &stage,
+        &[
+            "--json",
+            "list",
+            "--pipeline",
+            "orders",
+            "--limit",
+            "1",
+            "--after",
+            next,
+        ],
+    );
+    let second: Value = serde_json::from_str(stdout(&second).trim())?;
+    assert_eq!(second["executions"][0]["executionId"], bad.as_str());
+
+    let out = stepline(&stage, &["--json", "history", &good]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let history: Value = serde_json::from_str(stdout(&out).trim())?;
+    let attempts = history["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 3, "{history:#}");
+    for (k, a) in attempts.iter().enumerate() {
+        assert_eq!(a["step"], k);
+        assert_eq!(a["outcome"], "SUCCEEDED");
+        assert!(a["durationMs"].as_i64().unwrap() >= 300, "paced steps: {a}");
+        let launch = stepline::domain::launch_id(good.parse()?, k as u32, 1);
+        assert_eq!(a["launchId"], launch.to_string());
+    }
+    assert_eq!(attempts[2]["output"]["orderId"], "order-1");
+    let human = stdout(&stepline(&stage, &["history", &bad]));
+    assert!(
+        human.contains("step 1 (validate) failed, attempt 1: INVALID_ORDER"),
+        "{human}"
+    );
+    assert!(human.contains("ended FAILED: INVALID_ORDER"), "{human}");
+    Ok(())
+}

@@ -20,15 +20,23 @@ use aws_sdk_dynamodb::Client;
 use serde_dynamo::aws_sdk_dynamodb_1::{from_item, to_item};
 use uuid::Uuid;
 
+use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord, WorkerState};
 use crate::domain::Execution;
 use crate::ports::{
-    ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, Registration,
-    ReleaseRegistry, StoreError,
+    ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, ListCursor, ListPage,
+    ListQuery, Registration, ReleaseRegistry, StoreError, DAY_MS,
 };
 
 /// Name of the due-time GSI (see template.yaml).
 pub const DUE_INDEX: &str = "due-index";
+/// Name of the listing GSI (see template.yaml): keys only, written once per execution.
+pub const LIST_INDEX: &str = "list-index";
+/// The list index's keys: `<pipeline>#<day>` and the creation time (epoch ms). Both follow from what
+/// never changes in a record, so every later write of the item leaves its index entry alone. Short
+/// names: every write bills the item's bytes, names included.
+const LIST_KEY: &str = "lk";
+const LIST_AT: &str = "la";
 const PK: &str = "pk";
 const SK: &str = "sk";
 const DUE_SHARD: &str = "dueShard";
@@ -68,6 +76,28 @@ where
 
 pub fn execution_key(id: Uuid) -> String {
     format!("exec#{id}")
+}
+
+/// The key of chunk `chunk` of an execution's history journal.
+fn journal_key(id: Uuid, chunk: u32) -> String {
+    format!("exec#{id}#j{chunk}")
+}
+
+fn list_key(pipeline_id: &str, day: i64) -> String {
+    format!("{pipeline_id}#{day}")
+}
+
+/// A listed execution from its index entry (keys only: the index's keys and the table's).
+fn listed(item: &Item) -> Option<ListCursor> {
+    let (Some(AttributeValue::N(at)), Some(AttributeValue::S(pk))) =
+        (item.get(LIST_AT), item.get(PK))
+    else {
+        return None;
+    };
+    Some(ListCursor {
+        created_at: at.parse().ok()?,
+        id: pk.strip_prefix("exec#")?.parse().ok()?,
+    })
 }
 
 /// The index key of a due time: rounded up to the next multiple of `granularity_ms` (0: exact).
@@ -215,6 +245,9 @@ impl DynamoDbExecutionStore {
         rename_steps(&mut item, true);
         share_step_error(&mut item, record);
         item.insert(PK.into(), s(execution_key(record.id)));
+        let day = record.created_at.div_euclid(DAY_MS);
+        item.insert(LIST_KEY.into(), s(list_key(&record.pipeline_id, day)));
+        item.insert(LIST_AT.into(), n(record.created_at));
         if let Some(due) = record.due_at() {
             item.insert(
                 DUE_SHARD.into(),
@@ -363,6 +396,82 @@ impl ExecutionStore for DynamoDbExecutionStore {
 
     fn shards(&self) -> u32 {
         self.shards
+    }
+
+    async fn put_journal(&self, id: Uuid, chunk: u32, entries: &[Entry]) -> Result<(), StoreError> {
+        let body =
+            serde_json::to_string(entries).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .item(PK, s(journal_key(id, chunk)))
+            .item("entries", s(body))
+            .send()
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    async fn journal(&self, id: Uuid, chunks: u32) -> Result<Vec<Option<Vec<Entry>>>, StoreError> {
+        let keys = (0..chunks).map(|k| s(journal_key(id, k))).collect();
+        let mut found = self.read_many(keys).await?;
+        (0..chunks)
+            .map(|k| {
+                let Some(item) = found.remove(&journal_key(id, k)) else {
+                    return Ok(None);
+                };
+                match item.get("entries") {
+                    Some(AttributeValue::S(body)) => serde_json::from_str(body)
+                        .map(Some)
+                        .map_err(|e| StoreError::Corrupt(e.to_string())),
+                    _ => Err(StoreError::Corrupt(format!("journal chunk {k} of {id}"))),
+                }
+            })
+            .collect()
+    }
+
+    async fn list(&self, query: ListQuery) -> Result<ListPage, StoreError> {
+        let key = s(list_key(&query.pipeline_id, query.day));
+        let before = query.before;
+        let mut request = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(LIST_INDEX)
+            .key_condition_expression("#key = :key AND #at < :before")
+            .expression_attribute_names("#key", LIST_KEY)
+            .expression_attribute_names("#at", LIST_AT)
+            .expression_attribute_values(":key", key.clone())
+            .scan_index_forward(false)
+            .limit(query.limit.max(1));
+        if before.id.is_nil() {
+            request = request.expression_attribute_values(":before", n(before.created_at));
+        } else {
+            // After a listed execution: on from its entry (executions created in the same
+            // millisecond are told apart by the table key, which the index orders them by).
+            request = request
+                .expression_attribute_values(":before", n(before.created_at + 1))
+                .exclusive_start_key(LIST_KEY, key)
+                .exclusive_start_key(LIST_AT, n(before.created_at))
+                .exclusive_start_key(PK, s(execution_key(before.id)));
+        }
+        let out = request.send().await.map_err(classify)?;
+        let keys = out
+            .items
+            .unwrap_or_default()
+            .iter()
+            .filter_map(listed)
+            .collect();
+        Ok(ListPage {
+            keys,
+            more: out.last_evaluated_key.is_some_and(|k| !k.is_empty()),
+        })
+    }
+
+    async fn get_many(&self, ids: &[Uuid]) -> Result<Vec<Execution>, StoreError> {
+        let keys = ids.iter().map(|id| s(execution_key(*id))).collect();
+        let found = self.read_many(keys).await?;
+        found.into_values().map(execution_from_item).collect()
     }
 }
 

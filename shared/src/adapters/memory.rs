@@ -10,11 +10,13 @@ use uuid::Uuid;
 
 use crate::adapters::dynamodb::due_shard;
 use crate::domain::fan_out::{block_len, block_of};
+use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord, WorkerState};
 use crate::domain::{ChildEnd, Execution, Tally};
 use crate::ports::{
     ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, FanOutLedger,
-    MessageSender, OutMessage, PayloadStore, Registration, ReleaseRegistry, SendError, StoreError,
+    ListCursor, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore, Registration,
+    ReleaseRegistry, SendError, StoreError, DAY_MS,
 };
 
 #[derive(Default)]
@@ -30,6 +32,27 @@ pub struct InMemoryExecutionStore {
     /// Records larger than this (JSON bytes) are refused as `TooLarge`, as DynamoDB refuses items
     /// over 400 KB (none: no limit).
     item_limit: Option<usize>,
+    /// History journal chunks, by execution and chunk.
+    journal: Mutex<HashMap<(Uuid, u32), Vec<Entry>>>,
+}
+
+/// A page of the list index over `records`, as the DynamoDB adapter's index answers it.
+pub fn list_page<'a>(records: impl Iterator<Item = &'a Execution>, query: &ListQuery) -> ListPage {
+    let mut keys: Vec<ListCursor> = records
+        .filter(|r| {
+            r.pipeline_id == query.pipeline_id && r.created_at.div_euclid(DAY_MS) == query.day
+        })
+        .map(|r| ListCursor {
+            created_at: r.created_at,
+            id: r.id,
+        })
+        .filter(|k| *k < query.before)
+        .collect();
+    keys.sort_unstable_by(|a, b| b.cmp(a));
+    let limit = query.limit.max(1) as usize;
+    let more = keys.len() > limit;
+    keys.truncate(limit);
+    ListPage { keys, more }
 }
 
 /// Due-index entries pushed back by `defer`, as the DynamoDB adapter moves an item's `dueAt`: a
@@ -198,6 +221,33 @@ impl ExecutionStore for InMemoryExecutionStore {
 
     fn shards(&self) -> u32 {
         self.shards
+    }
+
+    async fn put_journal(&self, id: Uuid, chunk: u32, entries: &[Entry]) -> Result<(), StoreError> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        let mut journal = self.journal.lock().expect("store");
+        journal.insert((id, chunk), entries.to_vec());
+        Ok(())
+    }
+
+    async fn journal(&self, id: Uuid, chunks: u32) -> Result<Vec<Option<Vec<Entry>>>, StoreError> {
+        let journal = self.journal.lock().expect("store");
+        Ok((0..chunks)
+            .map(|k| journal.get(&(id, k)).cloned())
+            .collect())
+    }
+
+    async fn list(&self, query: ListQuery) -> Result<ListPage, StoreError> {
+        let records = self.records.lock().expect("store");
+        Ok(list_page(records.values(), &query))
+    }
+
+    async fn get_many(&self, ids: &[Uuid]) -> Result<Vec<Execution>, StoreError> {
+        let records = self.records.lock().expect("store");
+        Ok(ids
+            .iter()
+            .filter_map(|id| records.get(id).cloned())
+            .collect())
     }
 }
 

@@ -22,6 +22,7 @@ mod payloads;
 mod releases;
 mod requests;
 mod sweep;
+mod visibility;
 
 pub use batch::{BatchReport, Command, Inbound, Inbox, MessageError};
 pub use dead_letters::{ReplayFilter, ReplayReport, ReplayRequest};
@@ -30,6 +31,10 @@ use outbox::Outbox;
 pub(crate) use requests::interaction_event;
 pub use requests::{CancelRequest, RedriveRequest, RedriveResponse};
 pub use sweep::{ClaimReport, MAX_DUE_SHARDS};
+pub use visibility::{
+    step_state, ExecutionSummary, HistoryView, ListRequest, ListResponse, StepState,
+    DEFAULT_WINDOW_MS, MAX_EXAMINED, MAX_LIMIT,
+};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -494,13 +499,19 @@ impl Coordinator {
                 &ctx,
                 substitute.as_ref().unwrap_or(event),
             );
-            let (next, actions) = match decision {
+            let (mut next, actions) = match decision {
                 Decision::Commit { record, actions } => (record, actions),
                 Decision::Skip(skip) => {
                     return Ok(Attempt::Done(Box::new(Decided::Unchanged { record, skip })))
                 }
                 Decision::Reject(rejection) => return Ok(Attempt::Rejected(rejection)),
             };
+            // History the record no longer holds goes to the journal first (see `domain::history`).
+            if let Some((chunk, entries)) = domain::history::spill(&record, &mut next) {
+                if !planted::active(Bug::SkipsHistoryJournal) {
+                    self.store.put_journal(record.id, chunk, &entries).await?;
+                }
+            }
             // A lease this decision takes is fresh: its token names this write alone.
             let lease = |r: &Execution| r.lease.as_ref().map(|l| l.token);
             let fresh_lease = lease(&next).filter(|token| lease(&record) != Some(*token));

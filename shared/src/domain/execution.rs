@@ -6,54 +6,7 @@ use uuid::Uuid;
 
 use super::fan_out::{FanOutUnit, Tally};
 use super::payload::Payload;
-
-/// Lifecycle of an execution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum Status {
-    /// Accepted, first step not launched yet (or re-driven and waiting for its new attempt).
-    Queued,
-    /// A step attempt is launched and its reply awaited.
-    Running,
-    /// Parked on an await unit (human or external system).
-    WaitingExternal,
-    /// The last attempt failed; the next one is scheduled.
-    WaitRetry,
-    Succeeded,
-    /// A step failed for good (attempt budget exhausted or non-retryable); can be re-driven.
-    Failed,
-    /// Dead-lettered; can be re-driven.
-    Dlq,
-    Cancelled,
-}
-
-impl Status {
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Status::Succeeded | Status::Failed | Status::Dlq | Status::Cancelled
-        )
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Queued => "QUEUED",
-            Status::Running => "RUNNING",
-            Status::WaitingExternal => "WAITING_EXTERNAL",
-            Status::WaitRetry => "WAIT_RETRY",
-            Status::Succeeded => "SUCCEEDED",
-            Status::Failed => "FAILED",
-            Status::Dlq => "DLQ",
-            Status::Cancelled => "CANCELLED",
-        }
-    }
-}
-
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use super::status::{Status, Verdict};
 
 /// A time-bounded right to act on an execution. Taking one increments the record's generation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -196,14 +149,6 @@ pub struct Incident {
     pub at: i64,
     pub code: String,
     pub detail: String,
-}
-
-/// How an interaction was completed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum Verdict {
-    Approved,
-    Rejected,
 }
 
 /// The recorded completion of an interaction: completing it again with the same answer returns this.
@@ -480,6 +425,12 @@ pub struct Execution {
     /// and knows its own write by this id, so it goes on to send what it decided.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub write_id: String,
+    /// What happened, newest last (see `history`): the entries not yet moved to the journal.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<super::entries::Entry>,
+    /// How many entries were moved to the journal (whole chunks of `history::JOURNAL_CHUNK`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub history_base: u64,
     pub created_at: i64,
     pub updated_at: i64,
 }

@@ -81,6 +81,7 @@ use super::execution::{
     MAX_REDRIVE_NOTES,
 };
 use super::fan_out::{item_name, FanOutUnit, Tally};
+use super::history;
 use super::ids::{fan_out_token, launch_id, new_secret, reply_token};
 use super::payload::{Payload, REF_FIELD};
 use super::pipeline::{PipelineDef, StepKind};
@@ -423,9 +424,12 @@ pub fn start(new: NewExecution<'_>, ctx: &Context) -> (Execution, Vec<Action>) {
         secret: new_secret(ctx.token),
         launched_at: None,
         write_id: write_id(ctx),
+        history: Vec::new(),
+        history_base: 0,
         created_at: ctx.now,
         updated_at: ctx.now,
     };
+    history::started(&mut record);
     let mut actions = vec![take_lease(&mut record, ctx, 0)];
     announce_start(&mut record, None, ctx, &mut actions);
     (record, actions)
@@ -474,8 +478,34 @@ pub fn start_launched(new: NewExecution<'_>, ctx: &Context) -> (Execution, Vec<A
     record.generation = 0;
     let queued = record.clone();
     let mut actions = launch_attempt(&mut record, def, ctx, 1);
+    history::observe(&queued, &mut record, history::Cause::Other, ctx.now);
     announce_start(&mut record, Some(&queued), ctx, &mut actions);
     (record, actions)
+}
+
+/// What an event tells the execution's history about its cause.
+fn cause(event: &Event) -> history::Cause<'_> {
+    match event {
+        Event::FromWorker { event, .. } => cause(event),
+        Event::Heartbeat { step, attempt, .. } => history::Cause::Heartbeat {
+            step: *step,
+            attempt: *attempt,
+        },
+        Event::Reply {
+            step,
+            attempt,
+            outcome,
+            ..
+        } => history::Cause::Reply {
+            step: *step,
+            attempt: *attempt,
+            output: match outcome {
+                Outcome::Succeeded(v) => Some(v),
+                Outcome::Failed(_) => None,
+            },
+        },
+        _ => history::Cause::Other,
+    }
 }
 
 /// The transition function.
@@ -492,6 +522,7 @@ pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             next.wake_at = next.wake_at.or(Some(ctx.now + ctx.lease_ms));
             actions.push(Action::NotifyParent);
         }
+        history::observe(record, next, cause(event), ctx.now);
     }
     if !ctx.lifecycle {
         return decision;

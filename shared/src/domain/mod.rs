@@ -4,14 +4,17 @@
 
 pub mod codes;
 pub mod contract;
+pub mod entries;
 pub mod execution;
 pub mod fan_out;
+pub mod history;
 pub mod ids;
 pub mod machine;
 pub mod payload;
 pub mod pipeline;
 pub mod pipeline_file;
 pub mod release;
+pub mod status;
 
 pub use codes::Code;
 pub use execution::{

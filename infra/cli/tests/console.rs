@@ -1,0 +1,723 @@
+//! The web console (`stepline console`), driven in a real browser (headless Chromium over the W3C
+//! WebDriver protocol) against a stage the local stack runs on the emulator: the executions list shows
+//! a waiting execution, its page shows the status and the step graph, and approving it by typing a
+//! payload and clicking the button runs it to its end, which the page shows as it happens.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::{json, Value};
+use stepline::domain::{Status, StepError};
+use stepline::envelope::RequestHeader;
+use stepline::worker::StepFunction;
+use stepline_local::{fresh_stage, functions, require_emulator, LocalStack};
+
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const CHROMIUM: &str = "/usr/bin/chromium";
+/// The key of a W3C WebDriver element reference.
+const ELEMENT_KEY: &str = "element-6066-11e4-a52e-4f735466cecf";
+/// How long a command on an element is retried while the live update replaces the element.
+const ELEMENT_DEADLINE: Duration = Duration::from_secs(10);
+const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A];
+
+/// Runs `stepline --stage <stage> <args>`.
+fn stepline(stage: &str, args: &[&str]) -> Result<Output> {
+    Command::new(env!("CARGO_BIN_EXE_stepline"))
+        .args(["--stage", stage])
+        .args(args)
+        .output()
+        .with_context(|| format!("running `stepline {}`", args.join(" ")))
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The order steps, each taking a moment.
+struct Paced;
+
+#[async_trait::async_trait]
+impl StepFunction for Paced {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if request.step_id == "notify"
+            || request.step_id == "validate" && input.get("table").is_some()
+        {
+            return restaurant_approval::RestaurantSteps
+                .run(request, input)
+                .await;
+        }
+        order_worker::OrderSteps.run(request, input).await
+    }
+}
+
+async fn running_stack(prefix: &str) -> Result<(LocalStack, stepline_local::Runner)> {
+    require_emulator();
+    let local = LocalStack::up(&fresh_stage(prefix)).await?;
+    let (orders, _) = local.stack.queue("OrderRequestQueue")?;
+    local
+        .release_example(orders, order_worker::RELEASE_VERSION, 60)
+        .await?;
+    local.release_restaurant().await?;
+    let runner = local.run_workers(vec![
+        (
+            functions::ORDER_WORKER,
+            order_worker::contract(),
+            Arc::new(Paced),
+        ),
+        (
+            "RestaurantWorkerFunction",
+            restaurant_approval::contract(),
+            Arc::new(Paced),
+        ),
+    ])?;
+    Ok((local, runner))
+}
+
+/// Submits an execution with the CLI; its id.
+fn submit(stage: &str, pipeline: &str, input: &Value) -> Result<String> {
+    let out = stepline(
+        stage,
+        &[
+            "--json",
+            "submit",
+            "--pipeline",
+            pipeline,
+            "--tenant",
+            "cli",
+            "--input",
+            &input.to_string(),
+        ],
+    )?;
+    ensure!(
+        out.status.success(),
+        "submit failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let submitted: Value = serde_json::from_str(stdout(&out).trim())
+        .with_context(|| format!("submit printed no JSON: {}", stdout(&out)))?;
+    Ok(submitted["execution"]
+        .as_str()
+        .with_context(|| format!("submit printed no execution id: {submitted}"))?
+        .to_string())
+}
+
+/// Child processes, killed (and reaped) when the test ends, however it ends.
+#[derive(Default)]
+struct Processes(Vec<Child>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A fresh directory under the system's temporary directory, removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(prefix: &str) -> Result<Scratch> {
+        let dir = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A port nobody listens on (right now).
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("binding a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Where the screenshots go: `<workspace>/target/console/`.
+fn screenshots_dir() -> Result<PathBuf> {
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .join("target")
+        .join("console");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Starts `stepline --stage <stage> console --port <port>` and waits until it says it listens.
+fn start_console(stage: &str, port: u16, processes: &mut Processes) -> Result<()> {
+    let port_arg = port.to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stepline"))
+        .args(["--stage", stage, "console", "--port", port_arg.as_str()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting `stepline console`")?;
+    let out = child
+        .stdout
+        .take()
+        .context("the console's stdout is not piped")?;
+    processes.0.push(child);
+
+    // Read on for as long as the console runs, so that it never blocks on a full pipe.
+    let (lines, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            let _ = lines.send(line);
+        }
+    });
+
+    let expected = format!("console listening on http://127.0.0.1:{port}/");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    loop {
+        match received.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.contains("console listening on") => {
+                ensure!(
+                    line.trim() == expected,
+                    "the console announced {line:?}, expected {expected:?}"
+                );
+                return Ok(());
+            }
+            Ok(line) => seen.push(line),
+            Err(RecvTimeoutError::Timeout) => {
+                bail!("the console did not say it listens within 30 s; it printed {seen:?}")
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                bail!("the console exited before it listened; it printed {seen:?}")
+            }
+        }
+    }
+}
+
+/// Starts chromedriver on a free port and waits until it is ready; its address (`127.0.0.1:<port>`).
+fn start_chromedriver(processes: &mut Processes) -> Result<String> {
+    for binary in [CHROMEDRIVER, CHROMIUM] {
+        ensure!(
+            Path::new(binary).exists(),
+            "{binary} is missing: install Debian's chromium and chromium-driver"
+        );
+    }
+    let port = free_port()?;
+    let child = Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {CHROMEDRIVER}"))?;
+    processes.0.push(child);
+
+    let base = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match webdriver(&base, "GET", "/status", None) {
+            Ok(status) if status["ready"] == true => return Ok(base),
+            outcome => {
+                ensure!(
+                    Instant::now() < deadline,
+                    "chromedriver was not ready within 30 s: {outcome:?}"
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An HTTP response: its status code and (de-chunked) body.
+struct Response {
+    status: u16,
+    body: Vec<u8>,
+}
+
+/// One HTTP/1.1 request to `addr` (`host:port`) on a connection of its own.
+fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> Result<Response> {
+    let payload = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut stream = TcpStream::connect(addr)
+        .with_context(|| format!("{method} {path}: connecting to {addr}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(90)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(30)))?;
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\n\
+         Host: {addr}\r\n\
+         Connection: close\r\n\
+         Accept: application/json\r\n\
+         Content-Type: application/json; charset=utf-8\r\n\
+         Content-Length: {}\r\n\
+         \r\n\
+         {payload}",
+        payload.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .with_context(|| format!("{method} {path}: sending the request"))?;
+    stream.flush()?;
+
+    let mut raw = Vec::new();
+    let mut buffer = [0u8; 16 * 1024];
+    loop {
+        let read = stream
+            .read(&mut buffer)
+            .with_context(|| format!("{method} {path}: reading the response"))?;
+        let eof = read == 0;
+        raw.extend_from_slice(&buffer[..read]);
+        match parse_response(&raw, eof) {
+            Ok(response) => return Ok(response),
+            Err(error) if eof => {
+                return Err(error.context(format!("{method} {path}: bad response from {addr}")))
+            }
+            Err(_) => continue,
+        }
+    }
+}
+
+/// Parses a whole response; an error while it is incomplete (or malformed).
+fn parse_response(raw: &[u8], eof: bool) -> Result<Response> {
+    let split = find(raw, b"\r\n\r\n").context("the response has no end of headers")?;
+    let head = std::str::from_utf8(&raw[..split]).context("the headers are not UTF-8")?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse::<u16>().ok())
+        .with_context(|| format!("bad status line {status_line:?}"))?;
+    let mut chunked = false;
+    let mut length: Option<usize> = None;
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let (name, value) = (name.trim(), value.trim());
+        if name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value.to_ascii_lowercase().contains("chunked");
+        } else if name.eq_ignore_ascii_case("content-length") {
+            length = Some(
+                value
+                    .parse::<usize>()
+                    .with_context(|| format!("bad Content-Length {value:?}"))?,
+            );
+        }
+    }
+    let rest = &raw[split + 4..];
+    let body = if chunked {
+        dechunk(rest)?
+    } else if let Some(length) = length {
+        ensure!(
+            rest.len() >= length,
+            "the body is cut short ({} of {length} bytes)",
+            rest.len()
+        );
+        rest[..length].to_vec()
+    } else {
+        ensure!(eof, "the body goes on until the connection closes");
+        rest.to_vec()
+    };
+    Ok(Response { status, body })
+}
+
+/// The body of a `Transfer-Encoding: chunked` message; an error until the last chunk is there.
+fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let end = find(data, b"\r\n").context("a chunk size line is cut short")?;
+        let size_line = std::str::from_utf8(&data[..end]).context("a chunk size is not UTF-8")?;
+        let size_hex = size_line.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_hex, 16)
+            .with_context(|| format!("bad chunk size {size_line:?}"))?;
+        data = &data[end + 2..];
+        if size == 0 {
+            return Ok(body);
+        }
+        ensure!(data.len() >= size + 2, "a chunk is cut short");
+        body.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
+}
+
+/// One WebDriver command; the reply's `value`, or an error naming the command.
+fn webdriver(addr: &str, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+    let response = http(addr, method, path, body)?;
+    let mut reply: Value = if response.body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&response.body).with_context(|| {
+            format!(
+                "WebDriver {method} {path}: the reply (HTTP {}) is not JSON: {}",
+                response.status,
+                String::from_utf8_lossy(&response.body)
+            )
+        })?
+    };
+    let value = reply
+        .get_mut("value")
+        .map(|value| value.take())
+        .unwrap_or(Value::Null);
+    if response.status != 200 {
+        let error = value["error"].as_str().unwrap_or("unknown error");
+        let message = value["message"].as_str().unwrap_or_default();
+        bail!(
+            "WebDriver {method} {path} failed (HTTP {}): {error}: {message}",
+            response.status
+        );
+    }
+    Ok(value)
+}
+
+/// Retries `attempt` while it fails because the element it uses was replaced (the live update
+/// replaces the page's elements every second), until a deadline.
+fn retrying<T>(what: &str, mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+    let deadline = Instant::now() + ELEMENT_DEADLINE;
+    loop {
+        match attempt() {
+            Ok(value) => return Ok(value),
+            Err(error) => {
+                let message = format!("{error:#}");
+                let replaced = message.contains("stale element reference")
+                    || message.contains("no such element");
+                if !replaced || Instant::now() >= deadline {
+                    return Err(error.context(what.to_string()));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Decodes standard (or URL-safe) base64.
+fn base64_decode(text: &str) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let mut buffer: u32 = 0;
+    let mut bits: u32 = 0;
+    for byte in text.bytes() {
+        let sextet: u8 = match byte {
+            b'A'..=b'Z' => byte - b'A',
+            b'a'..=b'z' => byte - b'a' + 26,
+            b'0'..=b'9' => byte - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            b'=' => break,
+            b'\r' | b'\n' | b' ' | b'\t' => continue,
+            other => bail!("not base64: byte {other:#04x}"),
+        };
+        buffer = (buffer << 6) | u32::from(sextet);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((buffer >> bits) as u8);
+            buffer &= (1u32 << bits) - 1;
+        }
+    }
+    Ok(out)
+}
+
+/// A browser session: `base` is chromedriver's address (`127.0.0.1:<port>`). Deleted (the browser
+/// closed) when dropped, if `quit` did not do it.
+struct Driver {
+    base: String,
+    session: String,
+}
+
+impl Driver {
+    /// A new headless Chromium session whose profile lives in `profile`.
+    fn start(base: &str, profile: &Path) -> Result<Driver> {
+        let capabilities = json!({
+            "capabilities": {
+                "alwaysMatch": {
+                    "browserName": "chrome",
+                    "goog:chromeOptions": {
+                        "binary": CHROMIUM,
+                        "args": [
+                            "--headless=new",
+                            "--no-sandbox",
+                            "--disable-gpu",
+                            "--disable-background-networking",
+                            "--disable-component-update",
+                            "--disable-sync",
+                            "--no-first-run",
+                            "--disable-dev-shm-usage",
+                            "--window-size=1280,900",
+                            format!("--user-data-dir={}", profile.display()),
+                        ],
+                    },
+                },
+            },
+        });
+        let created = webdriver(base, "POST", "/session", Some(&capabilities))
+            .context("starting a headless Chromium session")?;
+        let session = created["sessionId"]
+            .as_str()
+            .with_context(|| format!("a new session without an id: {created}"))?
+            .to_string();
+        Ok(Driver {
+            base: base.to_string(),
+            session,
+        })
+    }
+
+    /// A command on this session (`path` goes after `/session/<id>`).
+    fn command(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
+        let path = format!("/session/{}{path}", self.session);
+        webdriver(&self.base, method, &path, body.as_ref())
+    }
+
+    fn open(&self, url: &str) -> Result<()> {
+        self.command("POST", "/url", Some(json!({ "url": url })))
+            .with_context(|| format!("opening {url}"))?;
+        Ok(())
+    }
+
+    fn source(&self) -> Result<String> {
+        let source = self.command("GET", "/source", None)?;
+        Ok(source.as_str().unwrap_or_default().to_string())
+    }
+
+    /// The id of the element `css` selects now (use it at once: the live update replaces it).
+    fn element(&self, css: &str) -> Result<String> {
+        let found = self.command(
+            "POST",
+            "/element",
+            Some(json!({"using": "css selector", "value": css})),
+        )?;
+        Ok(found[ELEMENT_KEY]
+            .as_str()
+            .with_context(|| format!("finding {css}: no element reference in {found}"))?
+            .to_string())
+    }
+
+    /// The rendered text of the element `css` selects, trimmed.
+    fn text(&self, css: &str) -> Result<String> {
+        retrying(&format!("reading the text of {css}"), || {
+            let element = self.element(css)?;
+            let text = self.command("GET", &format!("/element/{element}/text"), None)?;
+            Ok(text.as_str().unwrap_or_default().trim().to_string())
+        })
+    }
+
+    /// An attribute of the element `css` selects (`None` if it has none).
+    fn attribute(&self, css: &str, name: &str) -> Result<Option<String>> {
+        retrying(&format!("reading {name} of {css}"), || {
+            let element = self.element(css)?;
+            let value =
+                self.command("GET", &format!("/element/{element}/attribute/{name}"), None)?;
+            Ok(value.as_str().map(str::to_string))
+        })
+    }
+
+    /// Replaces the text of the field `field` by `text` and clicks `button`, as one step: should the
+    /// live update replace the form on the way, it is all done again on the fresh form.
+    fn fill_and_click(&self, field: &str, text: &str, button: &str) -> Result<()> {
+        retrying(
+            &format!("typing into {field} and clicking {button}"),
+            || {
+                let input = self.element(field)?;
+                self.command("POST", &format!("/element/{input}/clear"), Some(json!({})))?;
+                self.command(
+                    "POST",
+                    &format!("/element/{input}/value"),
+                    Some(json!({ "text": text })),
+                )?;
+                let clicked = self.element(button)?;
+                self.command(
+                    "POST",
+                    &format!("/element/{clicked}/click"),
+                    Some(json!({})),
+                )?;
+                Ok(())
+            },
+        )
+    }
+
+    /// Saves a screenshot of the page to `path`; the PNG bytes.
+    fn screenshot(&self, path: &Path) -> Result<Vec<u8>> {
+        let shot = self.command("GET", "/screenshot", None)?;
+        let png = base64_decode(
+            shot.as_str()
+                .context("the screenshot is not a base64 string")?,
+        )?;
+        std::fs::write(path, &png).with_context(|| format!("writing {}", path.display()))?;
+        Ok(png)
+    }
+
+    /// Ends the session (closes the browser).
+    fn quit(mut self) -> Result<()> {
+        let session = std::mem::take(&mut self.session);
+        webdriver(&self.base, "DELETE", &format!("/session/{session}"), None)?;
+        Ok(())
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if !self.session.is_empty() {
+            let path = format!("/session/{}", self.session);
+            let _ = webdriver(&self.base, "DELETE", &path, None);
+        }
+    }
+}
+
+/// Opens the console in the browser, checks the list and the waiting execution `id`, approves it by
+/// typing a payload and clicking, and follows the page until it shows the execution SUCCEEDED.
+fn approve_in_the_browser(stage: &str, id: &str) -> Result<()> {
+    let shots = screenshots_dir()?;
+    // Declared first, dropped last: the browser, chromedriver and the console are gone by then.
+    let profile = Scratch::new("stepline-console-chromium")?;
+    let mut processes = Processes::default();
+
+    let port = free_port()?;
+    start_console(stage, port, &mut processes)?;
+    let console = format!("http://127.0.0.1:{port}");
+    let chromedriver = start_chromedriver(&mut processes)?;
+    let driver = Driver::start(&chromedriver, &profile.0)?;
+
+    // The executions list links to the execution.
+    let list = format!("{console}/?pipeline={}", restaurant_approval::PIPELINE_ID);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        driver.open(&list)?;
+        if driver.source()?.contains(id) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the executions list at {list} never showed execution {id}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    driver.screenshot(&shots.join("executions.png"))?;
+
+    // The execution page: waiting on the manager's approval.
+    driver.open(&format!("{console}/executions/{id}"))?;
+    let status = driver.text("#status")?;
+    ensure!(
+        status == "WAITING_EXTERNAL",
+        "the page shows status {status:?}, expected WAITING_EXTERNAL"
+    );
+    let approve = r#"g[data-step="approve"]"#;
+    let state = driver.attribute(approve, "data-state")?;
+    ensure!(
+        state.as_deref() == Some("WAITING"),
+        "the graph shows the approve step as {state:?}, expected WAITING"
+    );
+    driver.screenshot(&shots.join("execution-waiting.png"))?;
+
+    // Approve, as the manager would.
+    driver.fill_and_click("#payload-manager", r#"{"by":"ana"}"#, "#approve-manager")?;
+
+    // The page follows the execution to its end.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut shown = String::new();
+    let mut last_error: Option<String> = None;
+    while shown != "SUCCEEDED" {
+        ensure!(
+            shown != "FAILED",
+            "the page shows the execution FAILED after the approval"
+        );
+        ensure!(
+            Instant::now() < deadline,
+            "the page did not show SUCCEEDED within 60 s of the approval (last shown: {shown:?}, \
+             last error: {last_error:?})"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        match driver.text("#status") {
+            Ok(text) => shown = text,
+            Err(error) => last_error = Some(format!("{error:#}")),
+        }
+    }
+    let state = driver.attribute(approve, "data-state")?;
+    ensure!(
+        state.as_deref() == Some("SUCCEEDED"),
+        "the graph shows the approve step as {state:?} once the execution SUCCEEDED"
+    );
+
+    let path = shots.join("execution-succeeded.png");
+    driver.screenshot(&path)?;
+    let png = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    ensure!(
+        png.starts_with(&PNG_SIGNATURE),
+        "{} is not a PNG",
+        path.display()
+    );
+    ensure!(
+        png.len() > 10 * 1024,
+        "{} is only {} bytes: an empty page?",
+        path.display(),
+        png.len()
+    );
+
+    driver.quit()?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_an_execution_and_approves_it_by_a_click_in_a_real_browser() -> Result<()>
+{
+    let (local, _runner) = running_stack("console").await?;
+    let stage = local.stack.stage.clone();
+    let api = local.coordinator(functions::REDRIVE)?;
+    let id = submit(
+        &stage,
+        restaurant_approval::PIPELINE_ID,
+        &restaurant_approval::sample_order(0),
+    )?;
+    let execution: uuid::Uuid = id.parse()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = api.get(execution).await?.status;
+        if status == Status::WaitingExternal {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "execution {id} never waited for approval (still {status:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The browser, chromedriver and the console are driven off the runtime's threads, which keep
+    // running the workers meanwhile.
+    tokio::task::spawn_blocking({
+        let stage = stage.clone();
+        let id = id.clone();
+        move || approve_in_the_browser(&stage, &id)
+    })
+    .await??;
+
+    let record = api.get(execution).await?;
+    ensure!(
+        record.status == Status::Succeeded,
+        "the page showed SUCCEEDED but the coordinator has {:?}",
+        record.status
+    );
+    let out = stepline(&stage, &["--json", "result", &id])?;
+    ensure!(
+        out.status.success(),
+        "result failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_str(stdout(&out).trim())
+        .with_context(|| format!("result printed no JSON: {}", stdout(&out)))?;
+    let message = result["result"]["message"].as_str().unwrap_or_default();
+    ensure!(
+        message.contains("approved by ana"),
+        "the result does not name the approver typed in the form: {result}"
+    );
+    Ok(())
+}
