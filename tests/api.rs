@@ -728,3 +728,76 @@ async fn interactions_are_listed_and_completed_once() -> anyhow::Result<()> {
     assert_eq!(late.body["status"], "SUCCEEDED");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executions_are_listed_and_their_history_read_over_http() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("api-list", |_| {}).await?;
+    let pipeline = stack.pipeline.pipeline_id.clone();
+    let first = submit(&stack, 1).await;
+    let second = submit(&stack, 2).await;
+    stack.start(Arc::new(OrderSteps))?;
+    stack.wait_terminal(first).await?;
+    stack.wait_terminal(second).await?;
+
+    let listed = get(&stack, &format!("/executions?pipeline={pipeline}")).await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    let ids: Vec<&str> = listed.body["executions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["executionId"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [second.to_string(), first.to_string()], "newest first");
+    assert_eq!(listed.body["executions"][0]["status"], "SUCCEEDED");
+    let page = get(&stack, &format!("/executions?pipeline={pipeline}&limit=1")).await;
+    let next = page.body["next"].as_str().expect("a next page").to_string();
+    let rest = get(
+        &stack,
+        &format!("/executions?pipeline={pipeline}&limit=1&after={next}"),
+    )
+    .await;
+    assert_eq!(rest.body["executions"][0]["executionId"], first.to_string());
+    let failed = get(
+        &stack,
+        &format!("/executions?pipeline={pipeline}&status=FAILED"),
+    )
+    .await;
+    assert_eq!(failed.body["executions"], json!([]));
+    get(&stack, "/executions?status=FAILED")
+        .await
+        .refused(400, "INVALID_REQUEST");
+    get(
+        &stack,
+        &format!("/executions?pipeline={pipeline}&status=LOST"),
+    )
+    .await
+    .refused(400, "INVALID_REQUEST");
+
+    let history = get(&stack, &format!("/executions/{first}/history")).await;
+    assert_eq!(history.status, 200, "{}", history.body);
+    let attempts = history.body["attempts"].as_array().unwrap();
+    let outcomes: Vec<&str> = attempts
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["SUCCEEDED"; 3]);
+    let kinds: Vec<&str> = history.body["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"STARTED"));
+    assert_eq!(kinds.last(), Some(&"ENDED"));
+    let states: Vec<&str> = history.body["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["SUCCEEDED"; 3]);
+    get(&stack, &format!("/executions/{}/history", Uuid::new_v4()))
+        .await
+        .refused(404, "NOT_FOUND");
+    Ok(())
+}
