@@ -175,7 +175,7 @@ pub fn markdown(s: &Value) -> String {
     }
     let _ = writeln!(
         md,
-        "\nPer step on the coordinator side: {:.2} DynamoDB writes ({:.2} write units, of which {:.2} due-index entries), {:.2} read units, {:.2} SQS requests, {:.3} Lambda invocations (batches of {:.1} messages on average), {:.2} events. Execution item: median {} B, max {} B. The claim sweeper adds about ${:.4} a month (one run a minute); idle event-source polling is not per step ({} empty receives in this run).\n",
+        "\nPer step on the coordinator side: {:.2} DynamoDB writes ({:.2} write units, of which {:.2} index entries: the due index's and the list index's), {:.2} read units, {:.2} SQS requests, {:.3} Lambda invocations (batches of {:.1} messages on average), {:.2} events. Execution item: median {} B, max {} B. The claim sweeper adds about ${:.4} a month (one run a minute); idle event-source polling is not per step ({} empty receives in this run).\n",
         num(&c["dynamodb_writes_per_step"]), num(&c["write_units_per_step"]), num(&c["index_writes_per_step"]),
         num(&c["read_units_per_step"]), num(&c["sqs_requests_per_step"]), num(&c["lambda_invocations_per_step"]),
         num(&c["records_per_invocation"]),

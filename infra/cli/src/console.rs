@@ -28,6 +28,7 @@ use crate::{dead_letter_queues, peek, FilterArgs};
 struct Console {
     stage: Stage,
     api: Coordinator,
+    port: u16,
 }
 
 pub async fn serve(stage: Stage, api: Coordinator, port: u16) -> Result<()> {
@@ -38,7 +39,7 @@ pub async fn serve(stage: Stage, api: Coordinator, port: u16) -> Result<()> {
     println!("console listening on http://127.0.0.1:{port}/");
     use std::io::Write as _;
     std::io::stdout().flush()?;
-    let console = Arc::new(Console { stage, api });
+    let console = Arc::new(Console { stage, api, port });
     loop {
         let (stream, _) = listener.accept().await?;
         let console = console.clone();
@@ -52,6 +53,10 @@ pub async fn serve(stage: Stage, api: Coordinator, port: u16) -> Result<()> {
 
 /// A request as the console needs it.
 struct Request {
+    /// Whether the request may be served: it names this console as its host (no other name can be
+    /// made to resolve to it, as DNS rebinding would), and a POST comes from the console's own pages
+    /// (another site's page cannot make the browser approve or cancel anything).
+    allowed: bool,
     method: String,
     path: String,
     query: HashMap<String, String>,
@@ -74,21 +79,32 @@ impl Console {
         let method = parts.next().unwrap_or_default().to_string();
         let target = parts.next().unwrap_or("/").to_string();
         let mut length = 0usize;
+        let mut headers = HashMap::new();
         loop {
             let mut header = String::new();
             if reader.read_line(&mut header).await? == 0 || header.trim().is_empty() {
                 break;
             }
             if let Some((name, value)) = header.split_once(':') {
-                if name.eq_ignore_ascii_case("content-length") {
-                    length = value.trim().parse().unwrap_or(0);
+                let (name, value) = (name.trim().to_ascii_lowercase(), value.trim().to_string());
+                if name == "content-length" {
+                    length = value.parse().unwrap_or(0);
                 }
+                headers.insert(name, value);
             }
         }
         let mut body = vec![0; length.min(1 << 20)];
         reader.read_exact(&mut body).await?;
         let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+        let header = |name: &str| headers.get(name).map(String::as_str);
         let request = Request {
+            allowed: allowed(
+                self.port,
+                &method,
+                header("host"),
+                header("origin"),
+                header("referer"),
+            ),
             method,
             path: path.to_string(),
             query: form_fields(query),
@@ -96,13 +112,17 @@ impl Console {
         };
         let page = match self.route(&request).await {
             Ok(page) => page,
-            Err(e) => Page::Html(
-                500,
-                layout(
-                    "Error",
-                    &format!("<p class=\"error\">{}</p>", esc(&format!("{e:#}"))),
-                ),
-            ),
+            Err(e) => {
+                // A refusal keeps its stable code and status; anything else is the console's failure.
+                let (status, code) = match e.downcast_ref::<stepline::CoordinatorError>() {
+                    Some(refused) => (refused.code().http_status(), refused.code().as_str()),
+                    None if e.downcast_ref::<uuid::Error>().is_some() => (404, "NOT_FOUND"),
+                    None => (500, "INTERNAL"),
+                };
+                let text = format!("{code}: {e:#}");
+                let body = format!("<p class=\"error\" id=\"error\">{}</p>", esc(&text));
+                Page::Html(status, layout("Error", &body))
+            }
         };
         let (status, kind, body, location) = match page {
             Page::Html(status, body) => (status, "text/html; charset=utf-8", body, None),
@@ -126,6 +146,12 @@ impl Console {
     }
 
     async fn route(&self, r: &Request) -> Result<Page> {
+        if !r.allowed {
+            return Ok(Page::Html(
+                403,
+                layout("Refused", "<p class=\"error\">Not from this console.</p>"),
+            ));
+        }
         let segments: Vec<&str> = r.path.trim_matches('/').split('/').collect();
         Ok(match (r.method.as_str(), segments.as_slice()) {
             ("GET", [""]) => Page::Html(200, self.executions(r).await?),
@@ -652,6 +678,30 @@ pre{margin:0;white-space:pre-wrap;font-size:12px}.filters label{margin-right:12p
 .bar{width:35%}.track{background:#eceff1;height:12px;border-radius:6px}.track div{height:12px;border-radius:6px;min-width:3px}\
 dl dt{font-weight:600;margin-top:8px}dl dd{margin:2px 0 0 16px}ol#history{font-size:13px}";
 
+/// Whether a request may be served by the console on `port`: its `Host` is the console's, and a POST
+/// comes from the console's own pages (its `Origin`, or else its `Referer`, is the console's).
+fn allowed(
+    port: u16,
+    method: &str,
+    host: Option<&str>,
+    origin: Option<&str>,
+    referer: Option<&str>,
+) -> bool {
+    let ours = |h: &str| h == format!("127.0.0.1:{port}") || h == format!("localhost:{port}");
+    let Some(host) = host.filter(|h| ours(h)) else {
+        return false;
+    };
+    if method == "GET" {
+        return true;
+    }
+    let own = format!("http://{host}");
+    match (origin, referer) {
+        (Some(origin), _) => origin == own,
+        (None, Some(referer)) => referer == own || referer.starts_with(&format!("{own}/")),
+        (None, None) => false,
+    }
+}
+
 fn non_empty(text: String, default: &str) -> String {
     if text.trim().is_empty() {
         default.to_string()
@@ -732,6 +782,40 @@ fn esc(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_consoles_own_pages_may_post_to_it() {
+        let host = Some("127.0.0.1:8470");
+        let own = Some("http://127.0.0.1:8470");
+        assert!(allowed(8470, "GET", host, None, None));
+        assert!(allowed(8470, "GET", Some("localhost:8470"), None, None));
+        assert!(!allowed(8470, "GET", Some("evil.example:8470"), None, None));
+        assert!(!allowed(8470, "GET", None, None, None));
+        assert!(allowed(8470, "POST", host, own, None));
+        assert!(allowed(
+            8470,
+            "POST",
+            host,
+            None,
+            Some("http://127.0.0.1:8470/executions/x")
+        ));
+        assert!(!allowed(
+            8470,
+            "POST",
+            host,
+            Some("https://evil.example"),
+            None
+        ));
+        assert!(!allowed(8470, "POST", host, Some("null"), None));
+        assert!(!allowed(
+            8470,
+            "POST",
+            host,
+            None,
+            Some("http://127.0.0.1:8470.evil/")
+        ));
+        assert!(!allowed(8470, "POST", host, None, None));
+    }
 
     #[test]
     fn forms_decode_and_text_is_escaped() {

@@ -721,3 +721,351 @@ async fn the_console_shows_an_execution_and_approves_it_by_a_click_in_a_real_bro
     );
     Ok(())
 }
+
+/// A response of the console: its status code, headers (names lower-cased) and body.
+struct ConsoleResponse {
+    status: u16,
+    headers: std::collections::HashMap<String, String>,
+    body: String,
+}
+
+/// One request to the console on `port`, as its own pages would send it: `Host` names the console,
+/// `form` goes as a URL-encoded body, and `origin` adds the console's `Origin` (without it, a POST
+/// carries neither `Origin` nor `Referer`).
+fn console_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    form: Option<&str>,
+    origin: bool,
+) -> Result<ConsoleResponse> {
+    let addr = format!("127.0.0.1:{port}");
+    let mut stream = TcpStream::connect(&addr)
+        .with_context(|| format!("{method} {path}: connecting to the console at {addr}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(90)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(30)))?;
+    let payload = form.unwrap_or("");
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: text/html\r\n"
+    );
+    if origin {
+        request.push_str(&format!("Origin: http://{addr}\r\n"));
+    }
+    if form.is_some() {
+        request.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+    }
+    request.push_str(&format!(
+        "Content-Length: {}\r\n\r\n{payload}",
+        payload.len()
+    ));
+    stream
+        .write_all(request.as_bytes())
+        .with_context(|| format!("{method} {path}: sending the request"))?;
+    stream.flush()?;
+
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .with_context(|| format!("{method} {path}: reading the response"))?;
+    let split = find(&raw, b"\r\n\r\n").with_context(|| {
+        format!(
+            "{method} {path}: the response has no end of headers: {:?}",
+            String::from_utf8_lossy(&raw)
+        )
+    })?;
+    let head = std::str::from_utf8(&raw[..split])
+        .with_context(|| format!("{method} {path}: the headers are not UTF-8"))?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse::<u16>().ok())
+        .with_context(|| format!("{method} {path}: bad status line {status_line:?}"))?;
+    let headers: std::collections::HashMap<String, String> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_string()))
+        .collect();
+    let mut body = &raw[split + 4..];
+    if let Some(length) = headers
+        .get("content-length")
+        .and_then(|length| length.parse::<usize>().ok())
+    {
+        ensure!(
+            body.len() >= length,
+            "{method} {path}: the body is cut short ({} of {length} bytes)",
+            body.len()
+        );
+        body = &body[..length];
+    }
+    Ok(ConsoleResponse {
+        status,
+        headers,
+        body: String::from_utf8_lossy(body).into_owned(),
+    })
+}
+
+/// GETs `path` from the console until the page (HTTP 200) contains `needle`; the page.
+fn console_page_until(port: u16, path: &str, needle: &str, within: Duration) -> Result<String> {
+    let deadline = Instant::now() + within;
+    loop {
+        let page = console_request(port, "GET", path, None, false)?;
+        ensure!(
+            page.status == 200,
+            "GET {path}: HTTP {}, expected 200: {}",
+            page.status,
+            page.body
+        );
+        if page.body.contains(needle) {
+            return Ok(page.body);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "GET {path} did not show {needle:?} within {within:?}; the last page: {}",
+            page.body
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// The (HTML-escaped) text of the replay report on a dead letters page, if it shows one.
+fn replay_report(page: &str) -> Option<&str> {
+    const OPEN: &str = "<pre id=\"replay-report\">";
+    let start = page.find(OPEN)? + OPEN.len();
+    let end = start + page[start..].find("</pre>")?;
+    Some(&page[start..end])
+}
+
+/// Polls the record of `execution` until `done` holds of it; the record.
+async fn record_until(
+    api: &::stepline::Coordinator,
+    execution: uuid::Uuid,
+    what: &str,
+    within: Duration,
+    done: impl Fn(&::stepline::domain::Execution) -> bool,
+) -> Result<::stepline::domain::Execution> {
+    let deadline = Instant::now() + within;
+    loop {
+        let record = api.get(execution).await?;
+        if done(&record) {
+            return Ok(record);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "execution {execution} did not {what} within {within:?} (status {:?}, dead letter {:?}, \
+             re-drives {:?})",
+            record.status,
+            record.dead_letter,
+            record.redrives
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_lists_cancels_re_drives_and_replays_dead_letters_with_a_dry_run() -> Result<()>
+{
+    let (local, _runner) = running_stack("console-ops").await?;
+    let stage = local.stack.stage.clone();
+    let api = local.coordinator(functions::REDRIVE)?;
+    let minute = Duration::from_secs(60);
+
+    // An order without lines: its `validate` step fails for good (non-retryable INVALID_ORDER).
+    let id = submit(&stage, "orders", &json!({"orderId": "empty", "lines": []}))?;
+    let execution: uuid::Uuid = id.parse()?;
+    let record = record_until(&api, execution, "end", minute, |r| r.status.is_terminal()).await?;
+    ensure!(
+        record.status == Status::Failed,
+        "execution {id} ended {:?}, expected FAILED",
+        record.status
+    );
+    record_until(
+        &api,
+        execution,
+        "send its envelope to the execution DLQ",
+        minute,
+        |r| r.dead_letter.as_ref().is_some_and(|mark| mark.sent),
+    )
+    .await?;
+
+    // The console is started and asked with blocking calls inside `block_in_place`: the runtime's
+    // worker threads keep running the workers meanwhile.
+    let mut processes = Processes::default();
+    let port = free_port()?;
+    tokio::task::block_in_place(|| start_console(&stage, port, &mut processes))?;
+    let half_minute = Duration::from_secs(30);
+
+    // The executions list, filtered to the failed orders, shows it.
+    tokio::task::block_in_place(|| {
+        console_page_until(port, "/?pipeline=orders&status=FAILED", &id, half_minute)
+    })?;
+
+    // The dead letters page shows its envelope (left in place).
+    let dead_letters =
+        tokio::task::block_in_place(|| console_page_until(port, "/dlq", &id, half_minute))?;
+    ensure!(
+        dead_letters.contains("<table id=\"dead-letters\">"),
+        "the dead letters page has no table of dead letters: {dead_letters}"
+    );
+
+    // A dry-run replay reports the execution as matched and leaves it alone.
+    let report = tokio::task::block_in_place(|| -> Result<String> {
+        let deadline = Instant::now() + half_minute;
+        loop {
+            let page = console_request(
+                port,
+                "POST",
+                "/dlq/replay",
+                Some("pipeline=orders&reason=check&dryRun=on"),
+                true,
+            )?;
+            ensure!(
+                page.status == 200,
+                "POST /dlq/replay (dry run): HTTP {}, expected 200: {}",
+                page.status,
+                page.body
+            );
+            let report = replay_report(&page.body)
+                .with_context(|| format!("the replay answered without a report: {}", page.body))?
+                .to_string();
+            if report.contains(&id) {
+                return Ok(report);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the dry-run replay did not match execution {id} within {half_minute:?}; the last \
+                 report: {report}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    })?;
+    ensure!(
+        report.contains("&quot;dryRun&quot;: true"),
+        "the replay report does not say it was a dry run: {report}"
+    );
+    ensure!(
+        report.contains("&quot;replayed&quot;: 0"),
+        "the dry run replayed something: {report}"
+    );
+    let record = api.get(execution).await?;
+    ensure!(
+        record.status == Status::Failed && record.redrives.is_empty(),
+        "the dry run touched execution {id}: status {:?}, re-drives {:?}",
+        record.status,
+        record.redrives
+    );
+
+    // A re-drive from elsewhere than the console's own pages is refused and does nothing.
+    let redrive = format!("/executions/{id}/redrive");
+    let refused = tokio::task::block_in_place(|| {
+        console_request(port, "POST", &redrive, Some("reason=again"), false)
+    })?;
+    ensure!(
+        refused.status == 403,
+        "a re-drive without Origin or Referer got HTTP {}, expected 403: {}",
+        refused.status,
+        refused.body
+    );
+    let record = api.get(execution).await?;
+    ensure!(
+        record.status == Status::Failed && record.redrives.is_empty(),
+        "the refused re-drive touched execution {id}: status {:?}, re-drives {:?}",
+        record.status,
+        record.redrives
+    );
+
+    // From the console's own origin, it re-drives the execution, which fails again (same input).
+    let redriven = tokio::task::block_in_place(|| {
+        console_request(port, "POST", &redrive, Some("reason=again"), true)
+    })?;
+    let page_path = format!("/executions/{id}");
+    ensure!(
+        redriven.status == 303,
+        "the re-drive got HTTP {}, expected 303: {}",
+        redriven.status,
+        redriven.body
+    );
+    let location = redriven.headers.get("location").map(String::as_str);
+    ensure!(
+        location == Some(page_path.as_str()),
+        "the re-drive redirected to {location:?}, expected {page_path:?}"
+    );
+    let record = record_until(
+        &api,
+        execution,
+        "end again after the re-drive",
+        minute,
+        |r| r.redrives.len() == 1 && r.status.is_terminal(),
+    )
+    .await?;
+    ensure!(
+        record.status == Status::Failed,
+        "the re-driven execution {id} ended {:?}, expected FAILED (its input is still invalid)",
+        record.status
+    );
+    ensure!(
+        record.redrives[0].reason == "again" && record.redrives[0].from_status == Status::Failed,
+        "the re-drive note is {:?}, expected one from FAILED for \"again\"",
+        record.redrives[0]
+    );
+
+    // The execution's page tells the re-drive in its history.
+    let page = tokio::task::block_in_place(|| {
+        console_page_until(
+            port,
+            &page_path,
+            "re-driven from FAILED: again",
+            half_minute,
+        )
+    })?;
+    ensure!(
+        page.contains("s-FAILED"),
+        "the page of the re-driven execution does not show it FAILED: {page}"
+    );
+
+    // A waiting restaurant order is cancelled from the console.
+    let waiting_id = submit(
+        &stage,
+        restaurant_approval::PIPELINE_ID,
+        &restaurant_approval::sample_order(3),
+    )?;
+    let waiting: uuid::Uuid = waiting_id.parse()?;
+    let record = record_until(&api, waiting, "wait for approval", minute, |r| {
+        r.status == Status::WaitingExternal || r.status.is_terminal()
+    })
+    .await?;
+    ensure!(
+        record.status == Status::WaitingExternal,
+        "execution {waiting_id} is {:?}, expected WAITING_EXTERNAL",
+        record.status
+    );
+    let cancel = format!("/executions/{waiting_id}/cancel");
+    let cancelled = tokio::task::block_in_place(|| {
+        console_request(port, "POST", &cancel, Some("reason=closed"), true)
+    })?;
+    ensure!(
+        cancelled.status == 303,
+        "the cancel got HTTP {}, expected 303: {}",
+        cancelled.status,
+        cancelled.body
+    );
+    let location = cancelled.headers.get("location").map(String::as_str);
+    let waiting_page = format!("/executions/{waiting_id}");
+    ensure!(
+        location == Some(waiting_page.as_str()),
+        "the cancel redirected to {location:?}, expected {waiting_page:?}"
+    );
+    let record = record_until(&api, waiting, "end after the cancel", minute, |r| {
+        r.status.is_terminal()
+    })
+    .await?;
+    ensure!(
+        record.status == Status::Cancelled,
+        "execution {waiting_id} ended {:?} after the cancel, expected CANCELLED",
+        record.status
+    );
+
+    // Stops the console.
+    drop(processes);
+    Ok(())
+}

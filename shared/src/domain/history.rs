@@ -218,10 +218,14 @@ pub fn observe(before: &Execution, next: &mut Execution, cause: Cause<'_>, now: 
 }
 
 /// Moves the oldest [`JOURNAL_CHUNK`] entries out of `next` when the committed `before` holds more
-/// than that many (so none of them is its last, which a heartbeat may still change). Returns the
+/// than that many (so none of them is its last, which a heartbeat may still change) and `next` runs
+/// on. Returns the
 /// chunk to write to the journal before `next` is: its number and entries.
 pub fn spill(before: &Execution, next: &mut Execution) -> Option<(u32, Vec<Entry>)> {
-    if before.history.len() <= JOURNAL_CHUNK
+    // An execution that ends keeps what it holds: its record is not written on every hop any more,
+    // so a journal write would cost more than the entries do there (a re-drive spills them later).
+    if next.status.is_terminal()
+        || before.history.len() <= JOURNAL_CHUNK
         || next.history_base != before.history_base
         || next.history.get(..JOURNAL_CHUNK) != before.history.get(..JOURNAL_CHUNK)
     {
