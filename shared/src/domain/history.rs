@@ -1,12 +1,12 @@
 //! An execution's history: what happened to it, entry by entry (launches, heartbeats, step outcomes,
 //! answers, re-drives, incidents, dead letters, its end).
 //!
-//! Entries are derived from each committed transition (`observe`: the record before and after, and the
-//! event), so every way a record changes is covered by one function. They are kept in the record
+//! Entries are derived from each committed transition (`observe`: the record before and after, and
+//! what caused it), so every way a record changes is covered by one function. They are kept in the record
 //! itself, in a compact positional form, until more than [`JOURNAL_CHUNK`] of them accumulate: the
-//! next write then moves the oldest [`JOURNAL_CHUNK`] to a journal item of their own (`spill`), written
-//! before the record that drops them. So the journal costs one small write per [`JOURNAL_CHUNK`]
-//! entries, not one per hop, and no entry is ever in neither place.
+//! next write of a running execution then moves the oldest [`JOURNAL_CHUNK`] to a journal item of
+//! their own (`spill`), written before the record that drops them. So the journal costs one small
+//! write per [`JOURNAL_CHUNK`] entries, not one per hop, and no entry is ever in neither place.
 //!
 //! A spilled chunk holds entries of the record as committed (the version a decision was made on), and
 //! entries are only appended (the last one, a heartbeat, may still count on): a chunk's content is
