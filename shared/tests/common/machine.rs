@@ -499,7 +499,10 @@ pub fn commit(
             actions,
         } => {
             assert_commit_invariants(record, &next, &actions, ctx);
-            (*next, actions)
+            // The record as the coordinator writes it: entries beyond its share journaled first.
+            let mut next = *next;
+            stepline::domain::history::spill(record, &mut next);
+            (next, actions)
         }
         other => panic!(
             "expected {event:?} on {} v{} to commit, got {other:?}",

@@ -7,6 +7,8 @@ use stepline::domain::{
     MAX_INCIDENT_DETAIL, MAX_REDRIVE_NOTES,
 };
 
+use stepline::domain::history::JOURNAL_CHUNK;
+
 use crate::fixtures::*;
 
 fn long_pipeline(steps: usize) -> PipelineDef {
@@ -18,8 +20,12 @@ fn long_pipeline(steps: usize) -> PipelineDef {
     )
 }
 
+/// The record's size without its history (bounded on its own: see below).
 fn stored_len(record: &stepline::domain::Execution) -> usize {
-    serde_json::to_vec(record)
+    let mut record = record.clone();
+    record.history.clear();
+    record.history_base = 0;
+    serde_json::to_vec(&record)
         .expect("a record serializes")
         .len()
 }
@@ -38,7 +44,18 @@ fn a_thousand_step_pipeline_keeps_the_record_the_same_size() {
             .commit(&record, at, 10 + u128::from(k), &ok_reply(k, 1, value))
             .0;
         sizes.push(stored_len(&record));
+        assert!(
+            record.history.len() <= 2 * JOURNAL_CHUNK + 2,
+            "the record holds a bounded history: {} entries at step {k}",
+            record.history.len()
+        );
     }
+    // All but the last few entries went to the journal, a chunk at a time.
+    assert_eq!(record.history_base % JOURNAL_CHUNK as u64, 0);
+    assert_eq!(
+        record.history_base + record.history.len() as u64,
+        2 + 2 * 1_000
+    );
     assert_eq!(record.status, Status::Succeeded);
     let running = &sizes[1..999];
     let (min, max) = (

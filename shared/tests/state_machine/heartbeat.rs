@@ -1,5 +1,6 @@
 //! `Heartbeat`: a running attempt's sign of life extends its deadline.
 
+use stepline::domain::history::{Entry, What};
 use stepline::domain::{Event, Skip};
 
 use crate::fixtures::*;
@@ -17,7 +18,30 @@ fn heartbeat_of_current_attempt_extends_its_deadline_and_changes_nothing_else() 
     expected.version += 1;
     expected.updated_at = at;
     expected.wake_at = Some(at + TIMEOUT_MS[0]);
+    expected.history.push(Entry {
+        after_ms: at - record.created_at,
+        what: What::Heartbeat {
+            step: 0,
+            attempt: 1,
+            count: 1,
+        },
+    });
     assert_eq!(next, expected);
+    // A second one counts on in the same entry.
+    let later = at + 1_000;
+    let (again, _) = m.commit(&next, later, 4, &heartbeat(0, 1));
+    assert_eq!(again.history.len(), next.history.len());
+    assert_eq!(
+        again.history.last().unwrap(),
+        &Entry {
+            after_ms: later - record.created_at,
+            what: What::Heartbeat {
+                step: 0,
+                attempt: 1,
+                count: 2
+            }
+        }
+    );
     // The sweeper no longer finds it due at the original deadline.
     assert_eq!(m.skipped(&next, DEADLINE0, 4, &Event::Claim), Skip::NotDue);
 }

@@ -1,6 +1,7 @@
 //! `Incident`: a message about the execution that went to a DLQ is noted on the record.
 
 use stepline::domain::execution::{Incident, MAX_INCIDENTS};
+use stepline::domain::history::{Entry, What};
 
 use crate::fixtures::*;
 
@@ -27,6 +28,12 @@ fn incident_is_noted_on_the_record_whatever_its_status_and_changes_nothing_else(
             code: "UNDECODABLE".to_string(),
             detail: "message m-1 on reply: UNDECODABLE".to_string(),
         }];
+        expected.history.push(Entry {
+            after_ms: at - record.created_at,
+            what: What::Incident {
+                code: "UNDECODABLE".into(),
+            },
+        });
         assert_eq!(next, expected, "incident on a {} execution", record.status);
     }
 }
