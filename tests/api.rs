@@ -370,9 +370,13 @@ async fn malformed_and_unknown_requests_are_refused_with_stable_codes() -> anyho
     let delete = call_raw(&stack, "DELETE", &format!("/executions/{unknown}"), "").await;
     delete.refused(405, "METHOD_NOT_ALLOWED");
     assert_eq!(delete.headers.get(header::ALLOW).unwrap(), "GET");
-    let list = get(&stack, "/executions").await;
-    list.refused(405, "METHOD_NOT_ALLOWED");
-    assert_eq!(list.headers.get(header::ALLOW).unwrap(), "POST");
+    // `GET /executions` lists (a pipeline is required); other methods are refused.
+    get(&stack, "/executions")
+        .await
+        .refused(400, "INVALID_REQUEST");
+    let put = call_raw(&stack, "PUT", "/executions", "").await;
+    put.refused(405, "METHOD_NOT_ALLOWED");
+    assert_eq!(put.headers.get(header::ALLOW).unwrap(), "POST");
     Ok(())
 }
 
