@@ -6,6 +6,7 @@ use uuid::Uuid;
 
 use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord};
+use crate::domain::seal::SealKey;
 use crate::domain::{ChildEnd, Execution, Tally};
 use std::collections::HashMap;
 
@@ -234,6 +235,9 @@ pub trait ReleaseRegistry: Send + Sync {
     async fn announce(&self, worker: &WorkerRecord) -> Result<(), StoreError>;
     /// The workers of a pipeline, as last heard of.
     async fn workers(&self, pipeline_id: &str) -> Result<Vec<WorkerRecord>, StoreError>;
+    /// The coordinator's sealing key (`domain::seal`): created at random by the first process that
+    /// asks (conditionally, so every process gets the same one), read by the others.
+    async fn seal_key(&self) -> Result<SealKey, StoreError>;
 }
 
 /// One message to send.

@@ -213,6 +213,8 @@ counts! {
     fan_out_cancels: "fan-outs cancelled",
     tolerated: "tolerated child failures",
     journal_chunks: "history chunks journaled",
+    sealed_requests: "requests carrying their record sealed",
+    mixed_seals: "replies with another request's sealed record",
 }
 
 /// What one schedule did and found.
@@ -727,7 +729,7 @@ impl World {
         self.invocations.get_mut(&id)
     }
 
-    fn push(&mut self, queue: &str, body: String, reason: Option<String>, delay_ms: i64) {
+    fn push(&mut self, queue: &str, mut body: String, reason: Option<String>, delay_ms: i64) {
         let id = self.next_id;
         self.next_id += 1;
         let visible_at = self.now + delay_ms;
@@ -737,7 +739,21 @@ impl World {
         }
         if queue == REQUEST {
             if let Some(header) = request_header(&body).filter(|h| h.kind == REQUEST_KIND) {
+                if crate::domain::seal::split_token(&header.reply_token)
+                    .1
+                    .is_some()
+                {
+                    self.report.counts.sealed_requests += 1;
+                }
                 self.overheard.push(header);
+            }
+        }
+        // A worker (or a relay) that mixes up the sealed part of its reply token: the reply is genuine
+        // (its launch's own token), the record it carries another request's, of this execution or not.
+        if queue == REPLY && !body.contains(FORGED) && self.rng.u8(0..16) == 0 {
+            if let Some(mixed) = self.mix_seal(&body) {
+                self.report.counts.mixed_seals += 1;
+                body = mixed;
             }
         }
         if queue == LAUNCH {
@@ -2252,6 +2268,19 @@ impl World {
         self.report.counts.heartbeats += 1;
         let body = serde_json::to_string(&beat).expect("heartbeat");
         self.push(REPLY, body, None, 0);
+    }
+
+    /// `body` (a reply) with the sealed record in its token swapped for an overheard request's.
+    fn mix_seal(&mut self, body: &str) -> Option<String> {
+        let mut reply: Value = serde_json::from_str(body).ok()?;
+        let token = reply.get("replyToken")?.as_str()?.to_string();
+        let (own, _) = crate::domain::seal::split_token(&token);
+        let other = self
+            .overheard
+            .get(self.rng.usize(0..self.overheard.len().max(1)))?;
+        let (_, sealed) = crate::domain::seal::split_token(&other.reply_token);
+        reply["replyToken"] = json!(crate::domain::seal::sealed_token(own, sealed?));
+        serde_json::to_string(&reply).ok()
     }
 
     /// An adversary who read a request replies to it with a wrong token: a forged success or a forged

@@ -75,6 +75,8 @@ fn fault_campaign_finds_no_violation() {
             ("fan-outs cancelled", c.fan_out_cancels),
             ("tolerated child failures", c.tolerated),
             ("history chunks journaled", c.journal_chunks),
+            ("sealed requests", c.sealed_requests),
+            ("replies with another request's seal", c.mixed_seals),
         ] {
             assert!(n > 0, "the campaign exercised no {name}");
         }

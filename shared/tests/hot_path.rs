@@ -1,6 +1,7 @@
 //! The hot path: a worker's reply reaches the next step's request in two sequential calls (one
-//! conditional write, one send) when the completing process committed the execution last, and falls
-//! back to a read when its copy is stale, never deciding on it otherwise.
+//! conditional write, one send) when the completing process committed the execution last, or, in any
+//! other process, on the record sealed in the reply's token; it falls back to a read when its copy is
+//! stale or the seal does not hold, never deciding on it otherwise.
 
 mod common;
 
@@ -11,7 +12,7 @@ use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
 use stepline::domain::{launch_id, PipelineDef, Status};
 use stepline::envelope::{ReplyEnvelope, ReplyOutcome};
-use stepline::ports::SystemClock;
+use stepline::ports::{ExecutionStore, ReleaseRegistry, SystemClock};
 use stepline::{handlers, Coordinator};
 use uuid::Uuid;
 
@@ -96,6 +97,115 @@ async fn a_stale_copy_is_never_trusted() {
         "a cancelled execution does not advance"
     );
     assert_eq!(after.version, record.version);
+    assert!(
+        sender.drain().iter().all(|(q, _)| q != "requests"),
+        "nothing launched"
+    );
+}
+
+/// Another process of the same deployment (same registry, so the same sealing key), with no record
+/// cached, sending to `sender`.
+fn another_process(
+    store: &Arc<InMemoryExecutionStore>,
+    registry: Arc<dyn ReleaseRegistry>,
+    sender: Arc<RecordingSender>,
+) -> Coordinator {
+    Coordinator::new(
+        store.clone(),
+        registry,
+        sender,
+        Arc::new(SystemClock),
+        settings(),
+    )
+}
+
+#[tokio::test]
+async fn any_process_decides_on_the_sealed_record_without_a_read() {
+    let (store, sender, coordinator, id) = setup().await;
+    let other = another_process(&store, coordinator.registry().clone(), sender.clone());
+    // Every hop handled by a process that did not commit the record (the second by one just started):
+    // the seal stands in for its cache.
+    let fresh = another_process(&store, coordinator.registry().clone(), sender.clone());
+    for (step, handler) in [(1u32, &other), (2, &fresh)] {
+        let reply = reply_to_last_request(&sender);
+        let (gets, writes) = (store.gets(), store.writes());
+        let response = handlers::completion(handler, sqs(reply)).await;
+        assert!(response.batch_item_failures.is_empty());
+        assert_eq!(store.gets() - gets, 0, "hop {step}: no read");
+        assert_eq!(
+            store.writes() - writes,
+            1,
+            "hop {step}: one conditional write"
+        );
+        assert_eq!(store.snapshot(id).unwrap().step, step);
+    }
+    assert_eq!(
+        last_request(&sender).launch_id,
+        launch_id(id, 2, 1),
+        "the last step launched"
+    );
+}
+
+#[tokio::test]
+async fn a_seal_that_does_not_hold_or_is_stale_is_never_trusted() {
+    // A process of another deployment (another key): the seal does not hold, it reads and advances.
+    let (store, sender, _coordinator, id) = setup().await;
+    let stranger = common::coordinator_of(def(), store.clone(), sender.clone()).await;
+    let mut header = last_request(&sender);
+    let gets = store.gets();
+    let answer = reply(&header, ReplyOutcome::Succeeded { output: json!({}) });
+    assert!(handlers::completion(&stranger, sqs(answer))
+        .await
+        .batch_item_failures
+        .is_empty());
+    assert!(store.gets() > gets, "read instead");
+    assert_eq!(store.snapshot(id).unwrap().step, 1);
+
+    // A sealed record tampered with: read instead; the reply's own token still authenticates it.
+    let (store, sender, coordinator, id) = setup().await;
+    let other = another_process(&store, coordinator.registry().clone(), sender.clone());
+    header = last_request(&sender);
+    let (token, sealed) = stepline::domain::seal::split_token(&header.reply_token);
+    let (body, mac) = sealed.expect("sealed").split_once('.').unwrap();
+    let mut body = body.to_string();
+    let flipped = if body.ends_with('A') { 'B' } else { 'A' };
+    body.pop();
+    body.push(flipped);
+    header.reply_token = format!("{token}.{body}.{mac}");
+    let gets = store.gets();
+    let forged = reply(&header, ReplyOutcome::Succeeded { output: json!({}) });
+    assert!(handlers::completion(&other, sqs(forged))
+        .await
+        .batch_item_failures
+        .is_empty());
+    assert!(store.gets() > gets, "read instead");
+    assert_eq!(
+        store.snapshot(id).unwrap().step,
+        1,
+        "advanced on the record read"
+    );
+
+    // A stale seal: the execution was cancelled after the launch; the conditional write fails, the
+    // process reads, and the cancelled execution does not advance.
+    let (store, sender, coordinator, id) = setup().await;
+    let other = another_process(&store, coordinator.registry().clone(), sender.clone());
+    let stale = reply_to_last_request(&sender);
+    let mut record = store.snapshot(id).unwrap();
+    let expected = record.version;
+    record.status = Status::Cancelled;
+    record.version += 1;
+    store.replace(&record, expected).await.unwrap();
+    let gets = store.gets();
+    assert!(handlers::completion(&other, sqs(stale))
+        .await
+        .batch_item_failures
+        .is_empty());
+    assert!(store.gets() > gets, "the lost race made it read");
+    let after = store.snapshot(id).unwrap();
+    assert_eq!(
+        (after.status, after.version),
+        (Status::Cancelled, record.version)
+    );
     assert!(
         sender.drain().iter().all(|(q, _)| q != "requests"),
         "nothing launched"

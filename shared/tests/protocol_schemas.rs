@@ -1121,11 +1121,13 @@ async fn messages_the_coordinator_sends_match_their_schemas() {
     protocol.assert_valid("request", &requests[0], "a request the coordinator sent");
     let header: RequestHeader =
         serde_json::from_value(requests[0]["header"].clone()).expect("a header");
-    assert_eq!(
-        header.reply_token.len(),
-        32,
-        "a reply token of 128 bits in hex"
+    let (token, sealed) = stepline::domain::seal::split_token(&header.reply_token);
+    assert!(
+        token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit()),
+        "a reply token of 128 bits in hex, then the sealed record: {}",
+        header.reply_token
     );
+    assert!(sealed.is_some(), "the request carries its record sealed");
     let failure = ReplyEnvelope::for_request(
         &header,
         ReplyOutcome::Failed {

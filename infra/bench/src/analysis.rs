@@ -111,8 +111,33 @@ pub fn billed(call: &Call, prices: &Prices) -> (f64, f64) {
     }
 }
 
+/// The sustained run's cost.
 pub fn cost(measured: &Measured, prices: &Prices) -> Cost {
-    let steps = measured.cost_steps.max(1);
+    cost_of(
+        measured,
+        (&measured.cost_calls, &measured.cost_invocations),
+        measured.cost_steps,
+        prices,
+    )
+}
+
+/// The light run's cost.
+pub fn cost_light(measured: &Measured, prices: &Prices) -> Cost {
+    cost_of(
+        measured,
+        (&measured.light_calls, &measured.light_invocations),
+        measured.light_steps,
+        prices,
+    )
+}
+
+fn cost_of(
+    measured: &Measured,
+    (calls, invocations): (&[Call], &[Invocation]),
+    steps: u64,
+    prices: &Prices,
+) -> Cost {
+    let steps = steps.max(1);
     let per_million = |usd: f64| usd / steps as f64 * 1e6;
     let mut lines: BTreeMap<(String, String, String), Line> = BTreeMap::new();
     let mut cost = Cost {
@@ -121,7 +146,7 @@ pub fn cost(measured: &Measured, prices: &Prices) -> Cost {
     };
     let mut item_sizes = Vec::new();
     let mut visibility_sizes = Vec::new();
-    for call in &measured.cost_calls {
+    for call in calls {
         if call.operation == "ReceiveMessage" && call.messages == 0 {
             cost.empty_receives += 1;
             continue;
@@ -173,7 +198,7 @@ pub fn cost(measured: &Measured, prices: &Prices) -> Cost {
         .collect();
     cost.records_per_invocation =
         batches.iter().sum::<usize>() as f64 / batches.len().max(1) as f64;
-    for invocation in &measured.cost_invocations {
+    for invocation in invocations {
         let side = match invocation.function {
             "claim" | "ping-pong" => continue,
             "worker" => "worker",

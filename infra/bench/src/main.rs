@@ -20,9 +20,16 @@ struct Args {
     /// The full run: ten times the executions, more sequential runs and cold starts (minutes longer).
     #[arg(long)]
     full: bool,
-    /// Executions run concurrently for the cost figures (default 100 quick, 1000 full).
+    /// Executions submitted together for the sustained cost figures (default 400 quick, 2000 full).
     #[arg(long)]
     executions: Option<usize>,
+    /// Executions submitted one after another for the light cost figure (default 100 quick, 1000
+    /// full).
+    #[arg(long)]
+    light: Option<usize>,
+    /// Completion instances the reply queue's batches are spread over.
+    #[arg(long, default_value_t = 4)]
+    completions: usize,
     /// Steps per execution.
     #[arg(long, default_value_t = 5)]
     steps: usize,
@@ -73,7 +80,9 @@ async fn main() -> Result<()> {
     let work = workload::Workload {
         executions: args
             .executions
-            .unwrap_or(if args.full { 1000 } else { 100 }),
+            .unwrap_or(if args.full { 2000 } else { 400 }),
+        light: args.light.unwrap_or(if args.full { 1000 } else { 100 }),
+        completions: args.completions,
         steps: args.steps,
         payload_bytes: args.payload_bytes,
         sequential: args.sequential.unwrap_or(if args.full { 200 } else { 60 }),
@@ -87,6 +96,7 @@ async fn main() -> Result<()> {
     );
     let measured = workload::run(work).await?;
     let cost = analysis::cost(&measured, &prices);
+    let cost_light = analysis::cost_light(&measured, &prices);
     let path = analysis::critical_path(&measured);
     let latency = analysis::latency(&measured);
 
@@ -94,6 +104,7 @@ async fn main() -> Result<()> {
     let with_events = workload::run(workload::Workload {
         lifecycle_events: true,
         sequential: 0,
+        light: 0,
         ..work
     })
     .await?;
@@ -108,6 +119,7 @@ async fn main() -> Result<()> {
             executions: (work.executions * work.steps / steps).max(1),
             steps,
             sequential: 0,
+            light: 0,
             ..work
         };
         eprintln!("P1 with {} steps ({} executions)", at.steps, at.executions);
@@ -139,6 +151,7 @@ async fn main() -> Result<()> {
         work,
         prices,
         cost: &cost,
+        cost_light: &cost_light,
         cost_with_events: &cost_with_events,
         cost_long: &cost_long,
         long_steps,

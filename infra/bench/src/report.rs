@@ -18,7 +18,9 @@ pub struct Figures<'a> {
     pub mode: &'a str,
     pub work: Workload,
     pub prices: Prices,
+    /// The sustained run's cost (the headline figure) and the light run's.
     pub cost: &'a Cost,
+    pub cost_light: &'a Cost,
     pub cost_with_events: &'a Cost,
     /// The same pipeline, longer (`long_steps` steps).
     pub cost_long: &'a Cost,
@@ -37,8 +39,13 @@ pub struct Figures<'a> {
 pub fn summary(f: &Figures<'_>) -> Value {
     json!({
         "usd_per_million_steps": f.cost.coordinator_usd_per_million_steps,
+        "usd_per_million_steps_sustained": f.cost.coordinator_usd_per_million_steps,
+        "usd_per_million_steps_light": f.cost_light.coordinator_usd_per_million_steps,
         "critical_path_calls": f.path.median_calls,
+        "critical_path_calls_multi": f.path.median_calls,
         "hop_latency_ratio": f.latency.ratio,
+        "hop_latency_ratio_multi": f.latency.ratio,
+        "completion_instances": f.work.completions,
         "init_ms_max": f.cold.init_ms_max,
         "binary_mb_max": f.cold.binary_mb_max,
         "rss_mb_max": f.cold.rss_mb_max,
@@ -46,6 +53,9 @@ pub fn summary(f: &Figures<'_>) -> Value {
         "mode": f.mode,
         "workload": {
             "executions": f.work.executions,
+            "light_executions": f.work.light,
+            "submits_in_flight": crate::workload::SUBMITS_IN_FLIGHT,
+            "completion_instances": f.work.completions,
             "steps": f.work.steps,
             "payload_bytes": f.work.payload_bytes,
             "sequential_executions": f.work.sequential,
@@ -53,6 +63,7 @@ pub fn summary(f: &Figures<'_>) -> Value {
         "emulator": std::env::var("AWS_ENDPOINT_URL").unwrap_or_default(),
         "prices": f.prices,
         "cost": f.cost,
+        "cost_light": f.cost_light,
         "cost_with_lifecycle_events": f.cost_with_events,
         "cost_longer_pipeline": {"steps": f.long_steps, "cost": f.cost_long},
         "record_by_length": f.lengths,
@@ -82,18 +93,18 @@ pub const END: &str = "<!-- bench:results:end -->";
 /// The targets, as (summary key, label, target, whether lower is better).
 pub const TARGETS: [(&str, &str, f64); 7] = [
     (
-        "usd_per_million_steps",
-        "Coordinator cost, $ per million step transitions",
+        "usd_per_million_steps_sustained",
+        "Coordinator cost at sustained load, $ per million step transitions",
         1.00,
     ),
     (
-        "critical_path_calls",
-        "Sequential AWS calls, reply to next request (median)",
+        "critical_path_calls_multi",
+        "Sequential AWS calls, reply to next request (median, over the completion instances)",
         2.0,
     ),
     (
-        "hop_latency_ratio",
-        "Hop latency / bare SQS round trip (medians)",
+        "hop_latency_ratio_multi",
+        "Hop latency / bare SQS round trip (medians, over the completion instances)",
         1.3,
     ),
     (
@@ -119,9 +130,10 @@ pub fn markdown(s: &Value) -> String {
     let w = &s["workload"];
     let _ = writeln!(
         md,
-        "Mode `{}`: {} executions of a {}-step pipeline ({}-byte payloads) run concurrently for cost, {} one at a time for latency, on `{}`.\n",
+        "Mode `{}`: a {}-step pipeline ({}-byte payloads); for cost, {} executions submitted together ({} submissions in flight: sustained load) and {} submitted one after another (light load); {} run one at a time for latency. The reply queue's batches are spread over {} completion instances (coordinators with their own caches); launches and submissions run in instances of their own. On `{}`.\n",
         s["mode"].as_str().unwrap_or("?"),
-        w["executions"], w["steps"], w["payload_bytes"], w["sequential_executions"],
+        w["steps"], w["payload_bytes"], w["executions"], w["submits_in_flight"], w["light_executions"],
+        w["sequential_executions"], w["completion_instances"],
         s["emulator"].as_str().unwrap_or("?"),
     );
     let _ = writeln!(
@@ -141,14 +153,22 @@ pub fn markdown(s: &Value) -> String {
     let e = &s["cost_with_lifecycle_events"];
     let _ = writeln!(md, "\n### P1 cost per million step transitions\n");
     let _ = writeln!(md, "| | $ / million steps |\n|---|---:|");
+    let light = format!(
+        "Stepline coordinator at light load (batches of {:.1} messages on average)",
+        num(&s["cost_light"]["records_per_invocation"])
+    );
     let longer = format!(
         "Stepline coordinator, the same pipeline with {} steps",
         s["cost_longer_pipeline"]["steps"]
     );
     for (label, value) in [
         (
-            "Stepline coordinator (lifecycle events off, the default)",
+            "Stepline coordinator at sustained load (lifecycle events off, the default)",
             num(&c["coordinator_usd_per_million_steps"]),
+        ),
+        (
+            light.as_str(),
+            num(&s["cost_light"]["coordinator_usd_per_million_steps"]),
         ),
         (
             "Stepline coordinator with lifecycle events on",
@@ -175,7 +195,7 @@ pub fn markdown(s: &Value) -> String {
     }
     let _ = writeln!(
         md,
-        "\nPer step on the coordinator side: {:.2} DynamoDB writes ({:.2} write units, of which {:.2} index entries: the due index's and the list index's), {:.2} read units, {:.2} SQS requests, {:.3} Lambda invocations (batches of {:.1} messages on average), {:.2} events. Execution item: median {} B, max {} B. The claim sweeper adds about ${:.4} a month (one run a minute); idle event-source polling is not per step ({} empty receives in this run).\n",
+        "\nPer step on the coordinator side at sustained load: {:.2} DynamoDB writes ({:.2} write units, of which {:.2} index entries: the due index's and the list index's), {:.2} read units, {:.2} SQS requests, {:.3} Lambda invocations (batches of {:.1} messages on average), {:.2} events. Execution item: median {} B, max {} B. The claim sweeper adds about ${:.4} a month (one run a minute); idle event-source polling is not per step ({} empty receives in this run).\n",
         num(&c["dynamodb_writes_per_step"]), num(&c["write_units_per_step"]), num(&c["index_writes_per_step"]),
         num(&c["read_units_per_step"]), num(&c["sqs_requests_per_step"]), num(&c["lambda_invocations_per_step"]),
         num(&c["records_per_invocation"]),

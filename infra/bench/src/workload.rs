@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use async_trait::async_trait;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use serde_yaml::Value as Yaml;
 use stepline::adapters::SqsSender;
@@ -33,8 +34,12 @@ const WORKER_QUEUE: &str = "OrderRequestQueue";
 /// Shape of the workload.
 #[derive(Debug, Clone, Copy)]
 pub struct Workload {
-    /// Executions run concurrently for the cost figures.
+    /// Executions submitted together ([`SUBMITS_IN_FLIGHT`] at a time) for the sustained cost figures:
+    /// the queues stay deep, so Lambda's pollers would return full batches.
     pub executions: usize,
+    /// Executions submitted one after another for the light cost figure (0: none): batches carry
+    /// what arrived since the last poll.
+    pub light: usize,
     /// Steps per execution.
     pub steps: usize,
     /// Bytes of each step's output (and so of the next step's input).
@@ -43,7 +48,13 @@ pub struct Workload {
     pub sequential: usize,
     /// Publish lifecycle events (the template's LifecycleEvents parameter).
     pub lifecycle_events: bool,
+    /// Completion instances (each a coordinator with its own cache) the reply queue's batches are
+    /// spread over; launches and submits run in instances of their own.
+    pub completions: usize,
 }
+
+/// Submissions in flight at once in the sustained run.
+pub const SUBMITS_IN_FLIGHT: usize = 32;
 
 /// The bench pipeline: `steps` task steps on the example worker's queue, each with the example's
 /// timeout and retry policy, passing one document on.
@@ -88,10 +99,14 @@ impl StepFunction for EchoSteps {
 
 /// What the run measured.
 pub struct Measured {
-    /// Calls and invocations of the concurrent run (P1).
+    /// Calls and invocations of the sustained run (P1).
     pub cost_calls: Vec<Call>,
     pub cost_invocations: Vec<Invocation>,
     pub cost_steps: u64,
+    /// The same for the light run.
+    pub light_calls: Vec<Call>,
+    pub light_invocations: Vec<Invocation>,
+    pub light_steps: u64,
     /// Calls and invocations of the sequential run (P2), and its step hops (P3), in microseconds.
     pub sequential_calls: Vec<Call>,
     pub hops_us: Vec<u64>,
@@ -259,7 +274,7 @@ pub async fn run(work: Workload) -> Result<Measured> {
         payload_bytes: work.payload_bytes,
         times: times.clone(),
     });
-    let mut bindings = local.coordinator_bindings()?;
+    let mut bindings = local.coordinator_bindings_with(work.completions)?;
     bindings.push(local.worker_binding(functions::ORDER_WORKER, &Contract::of(&def), steps)?);
 
     // Bare request/reply: a "worker" queue and a "reply" queue served by the same poller.
@@ -293,15 +308,29 @@ pub async fn run(work: Workload) -> Result<Measured> {
         },
     )?;
 
-    // P1: executions run concurrently, so batches fill as they would under load.
+    // P1, light: executions submitted one after another; each batch carries what arrived since the
+    // last poll.
     meter.take();
     let mut ids = Vec::new();
-    for n in 0..work.executions {
+    for n in 0..work.light {
         ids.push(submit(&meter, &api, n, work.payload_bytes).await?);
     }
     // The emulator runs a few hundred steps a second: leave room for the full mode's long runs.
-    let limit = Duration::from_secs(120.max((work.executions * work.steps / 20) as u64));
-    wait_all(&observer, &ids, limit).await?;
+    let limit =
+        |executions: usize| Duration::from_secs(120.max((executions * work.steps / 20) as u64));
+    wait_all(&observer, &ids, limit(work.light)).await?;
+    let (light_calls, light_invocations) = meter.take();
+
+    // P1, sustained: executions submitted together, so every queue stays deep and batches fill.
+    let sustained: Vec<Uuid> = futures_util::stream::iter(0..work.executions)
+        .map(|n| submit(&meter, &api, work.light + n, work.payload_bytes))
+        .buffer_unordered(SUBMITS_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_>>()?;
+    wait_all(&observer, &sustained, limit(work.executions)).await?;
+    ids.extend(sustained);
     let (cost_calls, cost_invocations) = meter.take();
 
     // P2 and P3: one execution at a time, so every completion handles exactly one reply. Each is
@@ -369,6 +398,9 @@ pub async fn run(work: Workload) -> Result<Measured> {
         cost_steps: (work.executions * work.steps) as u64,
         cost_calls,
         cost_invocations,
+        light_steps: (work.light * work.steps) as u64,
+        light_calls,
+        light_invocations,
         sequential_calls,
         hops_us: sequential_hops,
         ping_pong_us,

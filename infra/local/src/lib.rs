@@ -63,9 +63,23 @@ impl LocalStack {
     /// Bindings of the claim, launch and completion functions, each with its own coordinator instance
     /// (as separate Lambda functions would have).
     pub fn coordinator_bindings(&self) -> Result<Vec<Binding>> {
+        self.coordinator_bindings_with(1)
+    }
+
+    /// The coordinator functions' bindings with `completions` completion instances, each a
+    /// coordinator of its own (its own cache), taking the reply queue's batches in turn: as Lambda
+    /// spreads a queue's batches over the function's warm instances.
+    pub fn coordinator_bindings_with(&self, completions: usize) -> Result<Vec<Binding>> {
         let claim = Arc::new(self.coordinator(functions::CLAIM)?);
         let launch = Arc::new(self.coordinator(functions::LAUNCH)?);
-        let completion = Arc::new(self.coordinator(functions::COMPLETION)?);
+        let instances = (0..completions.max(1))
+            .map(|_| self.coordinator(functions::COMPLETION).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        let turn = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let completion = move || {
+            let n = turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            instances[n % instances.len()].clone()
+        };
         Ok(vec![
             Binding::Schedule {
                 function: functions::CLAIM.into(),
@@ -88,7 +102,7 @@ impl LocalStack {
             Binding::Sqs {
                 function: functions::COMPLETION.into(),
                 handler: Arc::new(move |event| {
-                    let completion = completion.clone();
+                    let completion = completion();
                     Box::pin(
                         async move { stepline::handlers::completion(&completion, event).await },
                     )

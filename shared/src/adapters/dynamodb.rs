@@ -22,6 +22,7 @@ use uuid::Uuid;
 
 use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord, WorkerState};
+use crate::domain::seal::SealKey;
 use crate::domain::Execution;
 use crate::ports::{
     ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, ListCursor, ListPage,
@@ -664,7 +665,9 @@ impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
 /// Release registry: under `pk = "pipeline#<id>"`, `sk = "release#<version>"` holds an immutable
 /// release descriptor and `sk = "activation#<sequence, zero-padded>"` the append-only activations (each
 /// written once, conditionally); the highest sequence is the active release. `sk = "worker#<id>"` holds
-/// a worker's latest announcement (written only over an older one; expired a week after it).
+/// a worker's latest announcement (written only over an older one; expired a week after it). Under
+/// `pk = "coordinator"`, `sk = "key#seal"` holds the coordinator's sealing key (`domain::seal`), written
+/// once by the first process that needs it.
 #[derive(Clone)]
 pub struct DynamoDbReleaseRegistry {
     client: Client,
@@ -674,6 +677,8 @@ pub struct DynamoDbReleaseRegistry {
 const RELEASE_PREFIX: &str = "release#";
 const ACTIVATION_PREFIX: &str = "activation#";
 const WORKER_PREFIX: &str = "worker#";
+const SEAL_KEY_PK: &str = "coordinator";
+const SEAL_KEY_SK: &str = "key#seal";
 /// A worker's item expires (table TTL) a week after its latest announcement.
 const WORKER_RETENTION_SECS: i64 = 7 * 24 * 3600;
 
@@ -728,6 +733,29 @@ impl DynamoDbReleaseRegistry {
         }
     }
 
+    /// The sealing key's item, read consistently.
+    async fn stored_seal_key(&self) -> Result<Option<SealKey>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key(PK, s(SEAL_KEY_PK))
+            .key(SK, s(SEAL_KEY_SK))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(classify)?;
+        match out.item().and_then(|item| item.get("body")) {
+            Some(AttributeValue::S(text)) => SealKey::from_hex(text).map(Some).ok_or_else(|| {
+                StoreError::Corrupt("the sealing key is not 64 hex characters".into())
+            }),
+            Some(_) => Err(StoreError::Corrupt(
+                "the sealing key is not a string".into(),
+            )),
+            None => Ok(None),
+        }
+    }
+
     async fn put_new(&self, pipeline_id: &str, sk: String, body: String) -> Result<(), StoreError> {
         self.client
             .put_item()
@@ -745,6 +773,32 @@ impl DynamoDbReleaseRegistry {
 
 #[async_trait]
 impl ReleaseRegistry for DynamoDbReleaseRegistry {
+    async fn seal_key(&self) -> Result<SealKey, StoreError> {
+        if let Some(key) = self.stored_seal_key().await? {
+            return Ok(key);
+        }
+        let key = SealKey::generate();
+        let put = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item(PK, s(SEAL_KEY_PK))
+            .item(SK, s(SEAL_KEY_SK))
+            .item("body", s(key.to_hex()))
+            .condition_expression("attribute_not_exists(pk)")
+            .send()
+            .await
+            .map_err(classify);
+        match put {
+            Ok(_) => Ok(key),
+            // Another process created it first (or this put's response was lost): theirs is the key.
+            Err(StoreError::Conflict) => self.stored_seal_key().await?.ok_or_else(|| {
+                StoreError::Unavailable("the sealing key is not readable yet".into())
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn get(
         &self,
         pipeline_id: &str,

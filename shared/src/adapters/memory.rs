@@ -12,6 +12,7 @@ use crate::adapters::dynamodb::due_shard;
 use crate::domain::fan_out::{block_len, block_of};
 use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord, WorkerState};
+use crate::domain::seal::SealKey;
 use crate::domain::{ChildEnd, Execution, Tally};
 use crate::ports::{
     ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, FanOutLedger,
@@ -349,6 +350,7 @@ pub struct InMemoryReleaseRegistry {
     releases: Mutex<BTreeMap<(String, String), Release>>,
     activations: Mutex<Vec<Activation>>,
     workers: Mutex<BTreeMap<(String, String), WorkerRecord>>,
+    seal_key: Mutex<Option<SealKey>>,
 }
 
 #[async_trait]
@@ -430,6 +432,15 @@ impl ReleaseRegistry for InMemoryReleaseRegistry {
             workers.insert(key, worker.clone());
         }
         Ok(())
+    }
+
+    async fn seal_key(&self) -> Result<SealKey, StoreError> {
+        Ok(self
+            .seal_key
+            .lock()
+            .expect("seal key")
+            .get_or_insert_with(SealKey::generate)
+            .clone())
     }
 
     async fn workers(&self, pipeline_id: &str) -> Result<Vec<WorkerRecord>, StoreError> {

@@ -47,6 +47,7 @@ use crate::cache::{byte_budget, json_size, BoundedCache};
 use crate::claims::{ClaimCheck, ClaimError};
 use crate::config::CoordinatorConfig;
 use crate::domain::release::WorkerRecord;
+use crate::domain::seal::{self, SealKey};
 use crate::domain::{
     self, Action, Code, Context, Decision, Event, Execution, NewExecution, ParentLink, PipelineDef,
     Rejection, Skip,
@@ -252,6 +253,8 @@ pub struct Coordinator {
     claims: Option<ClaimCheck>,
     /// Where fan-out children are counted (none: a child's end cannot be counted).
     ledger: Option<Arc<dyn FanOutLedger>>,
+    /// The key requests' records are sealed under (`domain::seal`), read from the registry once.
+    seal_key: tokio::sync::OnceCell<SealKey>,
 }
 
 /// A pipeline's workers as read from the registry, and when (epoch ms).
@@ -300,6 +303,7 @@ impl Coordinator {
             recent: Mutex::new(RecentRecords::default()),
             claims: None,
             ledger: None,
+            seal_key: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -333,6 +337,22 @@ impl Coordinator {
             owner: format!("{role}:{}", self.settings.instance),
             lease_ms: self.settings.lease_ms,
             lifecycle: self.publisher.is_some(),
+        }
+    }
+
+    /// The sealing key, read from the registry by the first call of the process (None, and tried
+    /// again next time, when it cannot be read: requests then go unsealed and replies are read).
+    pub(crate) async fn seal_key(&self) -> Option<&SealKey> {
+        let key = self
+            .seal_key
+            .get_or_try_init(|| self.registry.seal_key())
+            .await;
+        match key {
+            Ok(key) => Some(key),
+            Err(e) => {
+                tracing::warn!(code = %CoordinatorError::from(e).code(), "sealing key unavailable: requests go unsealed");
+                None
+            }
         }
     }
 
@@ -394,6 +414,7 @@ impl Coordinator {
         event: &Event,
         role: &str,
     ) -> Result<Applied, CoordinatorError> {
+        self.seal_key().await;
         let mut outbox = Outbox::default();
         let applied = self
             .decide_into(&mut outbox, 0, id, event, role, false)
@@ -437,10 +458,11 @@ impl Coordinator {
 
     /// Load, decide, commit on the version read; on a lost race, decide again on the fresh record.
     ///
-    /// With `hot` (a worker's reply), when this process committed the record last, the decision is made
-    /// on that copy and written conditionally on its version with no read first (one sequential call
-    /// fewer). Only a commit is trusted that way: the condition proves the copy was current. A lost
-    /// race, or any decision not to write, falls back to a fresh read.
+    /// With `hot` (a worker's reply), when this process committed the record last, or the reply carries
+    /// the record sealed in its token (`domain::seal`), the decision is made on that copy and written
+    /// conditionally on its version with no read first (one sequential call fewer). Only a commit is
+    /// trusted that way: the condition proves the copy was current. A lost race, or any decision not
+    /// to write, falls back to a fresh read.
     async fn commit_event(
         &self,
         id: Uuid,
@@ -451,7 +473,7 @@ impl Coordinator {
         let mut fresh = None;
         if hot {
             let cached = self.recent.lock().expect("recent").get(&id).cloned();
-            if let Some(record) = cached {
+            if let Some(record) = cached.or_else(|| self.unsealed(id, event)) {
                 match self.decide_and_write(record, event, role).await? {
                     Attempt::Done(decided) if matches!(*decided, Decided::Committed { .. }) => {
                         return Ok(*decided)
@@ -473,6 +495,19 @@ impl Coordinator {
             }
         }
         Err(CoordinatorError::Contention(MAX_RACES))
+    }
+
+    /// The record a worker's message carries sealed in its token, if the seal holds.
+    fn unsealed(&self, id: Uuid, event: &Event) -> Option<Execution> {
+        let Event::FromWorker { sender, .. } = event else {
+            return None;
+        };
+        let sealed = seal::split_token(&sender.token).1?;
+        let record = seal::unseal(self.seal_key.get()?, sealed, id);
+        if record.is_none() {
+            tracing::warn!(execution_id = %id, "a reply's sealed record does not hold: read instead");
+        }
+        record
     }
 
     /// One decision on `record` and, if it writes, one conditional write.
@@ -579,6 +614,7 @@ impl Coordinator {
 
     /// Starts a new execution pinned to the requested (or active) release and enqueues its first launch.
     pub async fn submit(&self, request: SubmitRequest) -> Result<Submitted, CoordinatorError> {
+        self.seal_key().await;
         let mut outbox = Outbox::default();
         let submitted = self.submit_into(&mut outbox, 0, request).await?;
         self.flush(outbox).await;

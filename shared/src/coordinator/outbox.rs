@@ -10,6 +10,7 @@ use uuid::Uuid;
 use super::Coordinator;
 use crate::domain::fan_out::item_name;
 use crate::domain::ids::fan_out_token;
+use crate::domain::seal;
 use crate::domain::{
     self, Action, AwaitUnit, ChildEnd, Event, Execution, ParentLink, PipelineDef, StepDef, StepKind,
 };
@@ -65,7 +66,7 @@ impl Coordinator {
                         tracing::error!(execution_id = %record.id, step, "request without step definition or input");
                         continue;
                     };
-                    let header = self.request_header(
+                    let mut header = self.request_header(
                         record,
                         &step_def.id,
                         *step,
@@ -73,6 +74,11 @@ impl Coordinator {
                         *launch_id,
                         *deadline,
                     );
+                    // The record travels sealed in the token, for the reply's completion.
+                    let sealed = self.seal_key.get().and_then(|key| seal::seal(key, record));
+                    if let (false, Some(sealed)) = (header.reply_token.is_empty(), sealed) {
+                        header.reply_token = seal::sealed_token(&header.reply_token, &sealed);
+                    }
                     tracing::info!(
                         execution_id = %record.id, tenant = %record.tenant, step = %step_def.id,
                         attempt, launch_id = %launch_id, "step launched"

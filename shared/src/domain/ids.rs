@@ -66,7 +66,7 @@ pub fn fan_out_token(secret: &str, execution: Uuid, step: u32, item: &str) -> St
 }
 
 /// HMAC-SHA256 (RFC 2104).
-fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+pub(crate) fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
     const BLOCK: usize = 64;
     let mut block = [0u8; BLOCK];
     if key.len() > BLOCK {

@@ -14,6 +14,7 @@ pub mod payload;
 pub mod pipeline;
 pub mod pipeline_file;
 pub mod release;
+pub mod seal;
 pub mod status;
 
 pub use codes::Code;
