@@ -6,8 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
 use order_worker::OrderSteps;
 use serde_json::{json, Value};
+use stepline::domain::seal::{sealed_token, split_token};
 use stepline::domain::{launch_id, Status, StepError};
 use stepline::envelope::{
     Identity, RawRequest, ReplyEnvelope, ReplyOutcome, RequestHeader, REASON_ATTRIBUTE, REPLY_KIND,
@@ -133,7 +136,9 @@ async fn replies_of_an_unknown_kind_or_another_release_are_refused() -> anyhow::
     let requests = stack.take_all("OrderRequestQueue").await?;
     assert_eq!(requests.len(), 1);
     let request: RawRequest = serde_json::from_str(&requests[0])?;
-    assert_eq!(request.header.reply_token.len(), 32);
+    let (token, sealed) = split_token(&request.header.reply_token);
+    assert_eq!(token.len(), 32);
+    assert!(sealed.is_some(), "the request carries its record sealed");
     let genuine = ReplyEnvelope::for_request(
         &request.header,
         ReplyOutcome::Succeeded {
@@ -169,5 +174,43 @@ async fn replies_of_an_unknown_kind_or_another_release_are_refused() -> anyhow::
     let result = record.result.expect("a result");
     assert_eq!(result.value()["orderId"], "order-2", "the genuine output");
     assert!(result.value().get("forged").is_none());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_record_changed_on_its_way_is_not_trusted() -> anyhow::Result<()> {
+    let mut stack = TestStack::new("trust-seal", |_| {}).await?;
+    let id = stack.submit(order_worker::sample_order(3)).await?;
+    let requests = stack.take_all("OrderRequestQueue").await?;
+    assert_eq!(requests.len(), 1);
+    // Someone on the way rewrites the record sealed in the token (same version, another tenant) and
+    // passes the request on; the worker copies the token into its reply untouched.
+    let mut request: Value = serde_json::from_str(&requests[0])?;
+    let token = request["header"]["replyToken"].as_str().unwrap_or_default();
+    let (own, sealed) = split_token(token);
+    let (body, mac) = sealed.expect("sealed").split_once('.').expect("record.mac");
+    let mut record: Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(body)?)?;
+    assert_eq!(record["id"], id.to_string());
+    let tenant = record["tenant"].clone();
+    record["tenant"] = json!("mallory");
+    let changed = format!("{}.{mac}", URL_SAFE_NO_PAD.encode(record.to_string()));
+    request["header"]["replyToken"] = json!(sealed_token(own, &changed));
+    let (_, url) = stack.local.stack.queue("OrderRequestQueue")?;
+    stack
+        .sqs()
+        .send_message()
+        .queue_url(url)
+        .message_body(request.to_string())
+        .send()
+        .await?;
+    stack.start(Arc::new(OrderSteps))?;
+    // The reply is genuine (its launch's own token): it is applied, on the record as read.
+    let record = stack.wait_terminal(id).await?;
+    assert_eq!(record.status, Status::Succeeded);
+    assert_eq!(
+        json!(record.tenant),
+        tenant,
+        "the changed record was not written"
+    );
     Ok(())
 }

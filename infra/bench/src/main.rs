@@ -103,6 +103,7 @@ async fn main() -> Result<()> {
     eprintln!("P1 with lifecycle events on");
     let with_events = workload::run(workload::Workload {
         lifecycle_events: true,
+        executions: work.light.max(1),
         sequential: 0,
         light: 0,
         ..work

@@ -317,7 +317,7 @@ pub async fn run(work: Workload) -> Result<Measured> {
     }
     // The emulator runs a few hundred steps a second: leave room for the full mode's long runs.
     let limit =
-        |executions: usize| Duration::from_secs(120.max((executions * work.steps / 20) as u64));
+        |executions: usize| Duration::from_secs(300.max((executions * work.steps / 10) as u64));
     wait_all(&observer, &ids, limit(work.light)).await?;
     let (light_calls, light_invocations) = meter.take();
 

@@ -249,7 +249,7 @@ impl DynamoDbExecutionStore {
         let day = record.created_at.div_euclid(DAY_MS);
         item.insert(LIST_KEY.into(), s(list_key(&record.pipeline_id, day)));
         item.insert(LIST_AT.into(), n(record.created_at));
-        if let Some(due) = record.due_at() {
+        if let Some(due) = record.index_due() {
             item.insert(
                 DUE_SHARD.into(),
                 s(format!("s{}", due_shard(record.id, self.shards))),

@@ -63,7 +63,7 @@ pub(crate) struct Deferrals(BTreeMap<Uuid, (i64, u32)>);
 
 impl Deferrals {
     pub(crate) fn defer(&mut self, record: &Execution, now: i64, backoff: Backoff) -> Option<i64> {
-        record.due_at()?;
+        record.index_due()?;
         let entry = self.0.entry(record.id).or_insert((0, 0));
         entry.1 += 1;
         entry.0 = backoff.until(now, entry.1);
@@ -76,7 +76,7 @@ impl Deferrals {
 
     /// The record's due-index entry, deferrals applied.
     pub(crate) fn due_at(&self, record: &Execution) -> Option<i64> {
-        let due = record.due_at()?;
+        let due = record.index_due()?;
         Some(
             self.0
                 .get(&record.id)

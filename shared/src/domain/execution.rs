@@ -431,6 +431,10 @@ pub struct Execution {
     /// How many entries were moved to the journal (whole chunks of `history::JOURNAL_CHUNK`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub history_base: u64,
+    /// The due time its due-index entry was last keyed by (`index_due`): kept while it is not later
+    /// than `due_at`, so the hops of a running execution leave the entry where it is.
+    #[serde(rename = "ix", default, skip_serializing_if = "Option::is_none")]
+    pub indexed_due: Option<i64>,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -441,6 +445,16 @@ fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
 }
 
 impl Execution {
+    /// The due time its due-index entry is keyed by: the one it was keyed by before while that is not
+    /// later than `due_at` (the sweeper may find it early, never late: it then moves the entry to
+    /// `due_at`, see `machine::rekeyed`), else `due_at`. No entry when nothing is due. A running
+    /// execution whose steps end before its first deadline writes its entry once, at its creation,
+    /// and removes it once, at its end: its hops move the deadline, never the entry.
+    pub fn index_due(&self) -> Option<i64> {
+        let due = self.due_at()?;
+        Some(self.indexed_due.filter(|kept| *kept <= due).unwrap_or(due))
+    }
+
     /// When the sweeper should look at this execution: once terminal, only while its dead-letter envelope
     /// is unsent; at lease expiry while leased (the holder is expected to act first); otherwise at
     /// `wake_at`. Stored as the due-index sort key.

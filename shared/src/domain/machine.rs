@@ -426,12 +426,14 @@ pub fn start(new: NewExecution<'_>, ctx: &Context) -> (Execution, Vec<Action>) {
         write_id: write_id(ctx),
         history: Vec::new(),
         history_base: 0,
+        indexed_due: None,
         created_at: ctx.now,
         updated_at: ctx.now,
     };
     history::started(&mut record);
     let mut actions = vec![take_lease(&mut record, ctx, 0)];
     announce_start(&mut record, None, ctx, &mut actions);
+    record.indexed_due = record.index_due();
     (record, actions)
 }
 
@@ -480,6 +482,7 @@ pub fn start_launched(new: NewExecution<'_>, ctx: &Context) -> (Execution, Vec<A
     let mut actions = launch_attempt(&mut record, def, ctx, 1);
     history::observe(&queued, &mut record, history::Cause::Other, ctx.now);
     announce_start(&mut record, Some(&queued), ctx, &mut actions);
+    record.indexed_due = record.index_due();
     (record, actions)
 }
 
@@ -524,28 +527,32 @@ pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
         }
         history::observe(record, next, cause(event), ctx.now);
     }
+    let claimed = matches!(event, Event::Claim);
     if !ctx.lifecycle {
-        return decision;
+        return keyed(decision, claimed);
     }
-    match decision {
-        Decision::Commit {
-            record: mut next,
-            mut actions,
-        } => {
-            record_lifecycle(record, &mut next, ctx);
-            if !next.events.is_empty()
-                && !matches!(event, Event::EventsPublished { .. })
-                && !actions.contains(&Action::PublishEvents)
-            {
-                actions.push(Action::PublishEvents);
-            }
+    keyed(
+        match decision {
             Decision::Commit {
-                record: next,
-                actions,
+                record: mut next,
+                mut actions,
+            } => {
+                record_lifecycle(record, &mut next, ctx);
+                if !next.events.is_empty()
+                    && !matches!(event, Event::EventsPublished { .. })
+                    && !actions.contains(&Action::PublishEvents)
+                {
+                    actions.push(Action::PublishEvents);
+                }
+                Decision::Commit {
+                    record: next,
+                    actions,
+                }
             }
-        }
-        other => other,
-    }
+            other => other,
+        },
+        claimed,
+    )
 }
 
 /// Appends to the outbox the lifecycle events a transition from `before` to `next` amounts to.
@@ -786,7 +793,7 @@ fn claim(record: &Execution, ctx: &Context) -> Decision {
     match record.work_due_at() {
         Some(due) if due <= ctx.now => {}
         _ if record.status.is_terminal() => return Decision::Skip(Skip::Terminal),
-        _ => return Decision::Skip(Skip::NotDue),
+        _ => return rekeyed(record, ctx).unwrap_or(Decision::Skip(Skip::NotDue)),
     }
     if record.status.is_terminal() {
         // Due only while its dead-letter envelope or its parent's notice is unsent: send them (again)
@@ -1642,6 +1649,31 @@ fn take_lease(next: &mut Execution, ctx: &Context, delay_ms: i64) -> Action {
         token: ctx.token,
         delay_secs: (delay_ms.max(0) as u64).div_ceil(1000) as u32,
     }
+}
+
+/// A committed record with the due time its index entry is keyed by (`Execution::index_due`). The
+/// sweeper's own writes (`exact`: it found the entry due) key it by when the record is due next.
+fn keyed(mut decision: Decision, exact: bool) -> Decision {
+    if let Decision::Commit { record, .. } = &mut decision {
+        if exact {
+            record.indexed_due = None;
+        }
+        record.indexed_due = record.index_due();
+    }
+    decision
+}
+
+/// The sweeper found `record` before it is due: its entry was kept early. The entry moves to when
+/// the record is due (a write with no action); None when the entry is not early.
+fn rekeyed(record: &Execution, ctx: &Context) -> Option<Decision> {
+    let due = record.due_at()?;
+    let kept = record.index_due()?;
+    if kept >= due || kept > ctx.now {
+        return None;
+    }
+    let mut next = bump(record, ctx);
+    next.indexed_due = Some(due);
+    Some(commit(next, Vec::new()))
 }
 
 fn bump(record: &Execution, ctx: &Context) -> Execution {

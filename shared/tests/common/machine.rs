@@ -560,6 +560,30 @@ impl Machine {
         }
     }
 
+    /// A claim by a sweeper that found `record`'s due-index entry before the record is due (the entry
+    /// was kept early while the execution moved on): the entry moves to when it is due, and nothing
+    /// else changes. Returns the record so written.
+    #[track_caller]
+    pub fn found_early(&self, record: &Execution, at: i64, tok: u128) -> Execution {
+        assert!(record.index_due().is_some_and(|kept| kept <= at));
+        let (moved, actions) = self.commit(record, at, tok, &Event::Claim);
+        assert!(actions.is_empty(), "{actions:?}");
+        assert_eq!(
+            moved.index_due(),
+            record.due_at(),
+            "keyed by when it is due"
+        );
+        let unchanged = |r: &Execution| Execution {
+            version: 0,
+            write_id: String::new(),
+            updated_at: 0,
+            indexed_due: None,
+            ..r.clone()
+        };
+        assert_eq!(unchanged(&moved), unchanged(record), "nothing else changes");
+        moved
+    }
+
     /// Applies an event that must be rejected.
     #[track_caller]
     pub fn rejected(&self, record: &Execution, at: i64, tok: u128, event: &Event) -> Rejection {

@@ -29,10 +29,32 @@ fn claim_of_due_unleased_execution_takes_lease_with_next_generation_and_enqueues
 fn claim_before_due_time_is_skipped_as_not_due() {
     let m = Machine::of(three_steps());
     let record = m.running();
+    // Its entry was keyed at creation by the creation lease's expiry, and kept when the launch moved
+    // the due time on to the step's deadline: a sweeper that finds it there moves it, once.
+    assert_eq!(record.index_due(), Some(T0 + LEASE_MS));
+    assert_eq!(record.due_at(), Some(DEADLINE0));
+    let record = m.found_early(&record, DEADLINE0 - 1, 3);
     assert_eq!(
-        m.skipped(&record, DEADLINE0 - 1, 3, &Event::Claim),
+        m.skipped(&record, DEADLINE0 - 1, 4, &Event::Claim),
         Skip::NotDue
     );
+}
+
+#[test]
+fn hops_leave_the_due_index_entry_where_it_is_until_it_would_be_late() {
+    let m = Machine::of(three_steps());
+    let record = m.running_at_step(2);
+    // Two steps ended, each moving the deadline on: the entry stayed where the creation put it.
+    assert_eq!(record.index_due(), Some(T0 + LEASE_MS));
+    assert!(record.due_at() > record.index_due());
+    // A step whose deadline comes before the kept key moves it there (never later than due).
+    let mut early = record.clone();
+    early.indexed_due = Some(record.due_at().unwrap() + 1);
+    assert_eq!(early.index_due(), record.due_at());
+    // The end removes it.
+    let (done, _) = m.commit(&record, T0 + 10_000, 30, &ok_reply(2, 1, output(2)));
+    assert!(done.status.is_terminal());
+    assert_eq!((done.index_due(), done.indexed_due), (None, None));
 }
 
 /// A claim needs the lease absent or expired. `Execution::due_at` is the lease expiry while leased, so

@@ -42,8 +42,10 @@ fn heartbeat_of_current_attempt_extends_its_deadline_and_changes_nothing_else() 
             }
         }
     );
-    // The sweeper no longer finds it due at the original deadline.
-    assert_eq!(m.skipped(&next, DEADLINE0, 4, &Event::Claim), Skip::NotDue);
+    // The sweeper no longer finds it due at the original deadline (its entry moves on).
+    let moved = m.found_early(&next, DEADLINE0, 4);
+    assert_eq!(moved.index_due(), next.due_at());
+    assert_eq!(m.skipped(&moved, DEADLINE0, 5, &Event::Claim), Skip::NotDue);
 }
 
 #[test]
