@@ -42,6 +42,7 @@ pub async fn claim_within(
     tracing::info!(
         due = report.due,
         claimed = report.claimed,
+        moved = report.moved,
         skipped = report.skipped,
         failed = report.failed,
         deferred = report.deferred,

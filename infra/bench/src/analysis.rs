@@ -190,8 +190,7 @@ fn cost_of(
             }
         }
     }
-    let batches: Vec<usize> = measured
-        .cost_invocations
+    let batches: Vec<usize> = invocations
         .iter()
         .filter(|i| matches!(i.function, "launch" | "completion"))
         .map(|i| i.records)

@@ -90,6 +90,14 @@ impl Coordinator {
         let mut outbox = Outbox::default();
         for (id, result) in results {
             match result {
+                // Committed with nothing to send: no lease taken. An execution found before it was due
+                // (its entry kept early) whose entry moved, or an outbox given up.
+                Ok(Decided::Committed {
+                    record, actions, ..
+                }) if actions.is_empty() => {
+                    report.moved += 1;
+                    tracing::info!(execution_id = %id, due_at = ?record.index_due(), "no lease taken: the due-index entry moved");
+                }
                 Ok(Decided::Committed {
                     record,
                     actions,
@@ -188,6 +196,9 @@ mod stray_tests {
 pub struct ClaimReport {
     pub due: usize,
     pub claimed: usize,
+    /// Executions written without taking a lease: found before they were due (entries kept early),
+    /// their entries moved to when they are due (or an outbox given up).
+    pub moved: usize,
     pub skipped: usize,
     pub failed: usize,
     /// Failed claims pushed back in the due index.

@@ -482,6 +482,9 @@ pub fn start_launched(new: NewExecution<'_>, ctx: &Context) -> (Execution, Vec<A
     let mut actions = launch_attempt(&mut record, def, ctx, 1);
     history::observe(&queued, &mut record, history::Cause::Other, ctx.now);
     announce_start(&mut record, Some(&queued), ctx, &mut actions);
+    // Its first write: the entry is keyed by the launched step's due time (the lease `start` took
+    // for the launch is never written).
+    record.indexed_due = None;
     record.indexed_due = record.index_due();
     (record, actions)
 }
