@@ -62,6 +62,27 @@ async fn example_pipeline_succeeds_with_the_result_recorded_and_consumed_outputs
     Ok(())
 }
 
+/// SQS refuses a message holding characters outside XML's (U+0000-U+001F but tab, line feed and
+/// carriage return; U+FFFE, U+FFFF), which JSON strings may carry. Such a value travels escaped in
+/// every message and arrives intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn characters_sqs_refuses_in_a_message_travel_escaped_and_arrive_intact() -> anyhow::Result<()>
+{
+    let mut stack = TestStack::new("e2e-chars", |_| {}).await?;
+    stack.start(Arc::new(OrderSteps))?;
+    let order_id = "order-\u{1}\u{1f}\u{fffe}\u{ffff}-\u{10ffff}-1";
+    let mut input = order_worker::sample_order(1);
+    input["orderId"] = json!(order_id);
+    let id = stack.submit(input).await?;
+
+    let record = stack.wait_terminal(id).await?;
+
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    let result = record.result.as_ref().expect("result").value();
+    assert_eq!(result["orderId"], order_id);
+    Ok(())
+}
+
 /// Sends every message twice and keeps a copy of each body.
 struct DuplicatingSender {
     inner: SqsSender,

@@ -1,11 +1,14 @@
 //! Wiring of the AWS adapters. Every client is built from the default configuration chain, which reads
-//! `AWS_ENDPOINT_URL`: the same code talks to AWS, moto or LocalStack.
+//! `AWS_ENDPOINT_URL` and the service-specific `AWS_ENDPOINT_URL_<SERVICE>` (for example
+//! `AWS_ENDPOINT_URL_DYNAMODB`): the same code talks to AWS, moto or LocalStack, or to one endpoint for
+//! some services and another for the rest.
 
 use std::sync::Arc;
 
 use aws_config::environment::EnvironmentVariableCredentialsProvider;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_sqs::config::SharedCredentialsProvider;
+use aws_types::service_config::{LoadServiceConfig, ServiceConfigKey};
 
 use crate::adapters::{
     DynamoDbExecutionStore, DynamoDbReleaseRegistry, EventBridgePublisher, S3PayloadStore,
@@ -27,11 +30,11 @@ pub async fn sdk_config() -> SdkConfig {
 
 /// The configuration of code running in Lambda, which sets the function's credentials and region in
 /// the environment: nothing else is looked up (no profile files, SSO, STS or instance metadata), so
-/// init is faster and the binary does not carry those clients. `AWS_ENDPOINT_URL` is honoured as by
-/// the default chain.
+/// init is faster and the binary does not carry those clients. `AWS_ENDPOINT_URL` and
+/// `AWS_ENDPOINT_URL_<SERVICE>` are honoured as by the default chain.
 pub fn lambda_sdk_config() -> SdkConfig {
-    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let mut builder = SdkConfig::builder()
+        .service_config(ServiceEndpointsFromEnv)
         .behavior_version(BehaviorVersion::latest())
         .region(
             env("AWS_REGION")
@@ -45,6 +48,36 @@ pub fn lambda_sdk_config() -> SdkConfig {
         builder = builder.endpoint_url(endpoint);
     }
     builder.build()
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// Service-specific settings from the environment, read as the default chain reads them: the
+/// variable named after the service (`AWS_ENDPOINT_URL_DYNAMODB` for service id "DynamoDB"), else the
+/// global one.
+#[derive(Debug)]
+struct ServiceEndpointsFromEnv;
+
+impl LoadServiceConfig for ServiceEndpointsFromEnv {
+    fn load_config(&self, key: ServiceConfigKey<'_>) -> Option<String> {
+        let service = key.service_id().to_uppercase().replace(' ', "_");
+        env(&format!("{}_{service}", key.env())).or_else(|| env(key.env()))
+    }
+}
+
+/// Whether a configuration sends a service's requests to an endpoint of its own (an emulator, a VPC
+/// endpoint) rather than the service's public one.
+fn custom_endpoint(sdk: &SdkConfig, service_id: &str) -> bool {
+    let service_specific = ServiceConfigKey::builder()
+        .service_id(service_id)
+        .env("AWS_ENDPOINT_URL")
+        .profile("endpoint_url")
+        .build()
+        .ok()
+        .and_then(|key| sdk.service_config()?.load_config(key));
+    sdk.endpoint_url().is_some() || service_specific.is_some()
 }
 
 /// The service clients the adapters use. Built from one `SdkConfig`, or by hand (a benchmark adds an
@@ -82,7 +115,7 @@ impl Clients {
 /// buckets are addressed in the path: `bucket.host` names need DNS that such endpoints lack.
 pub fn s3_client(sdk: &SdkConfig) -> aws_sdk_s3::Client {
     let config = aws_sdk_s3::config::Builder::from(sdk)
-        .force_path_style(sdk.endpoint_url().is_some())
+        .force_path_style(custom_endpoint(sdk, "S3"))
         .build();
     aws_sdk_s3::Client::from_conf(config)
 }

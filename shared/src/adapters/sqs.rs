@@ -1,7 +1,9 @@
 //! SQS adapter of `MessageSender`: `SendMessageBatch` in groups of at most 10 entries and 256 KiB
 //! (the API's limits), queue names resolved to URLs once per process through `GetQueueUrl`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fmt::Write;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -19,6 +21,46 @@ use super::batches::{split, MAX_BATCH_BYTES, MAX_ENTRIES};
 
 /// SendMessageBatch takes at most 10 entries.
 pub const MAX_BATCH: usize = MAX_ENTRIES;
+
+/// A text as SQS takes it. SQS refuses a message holding a character outside XML's (U+0000-U+001F
+/// but tab, line feed and carriage return; U+FFFE and U+FFFF), which a JSON string may carry: each
+/// is written as its JSON escape (`\uffff`). Every body the project sends is JSON, where such a
+/// character can only stand inside a string, so the body means the same value.
+pub fn sqs_text(text: &str) -> Cow<'_, str> {
+    let refused = |c: char| {
+        (c < ' ' && !matches!(c, '\t' | '\n' | '\r')) || matches!(c, '\u{fffe}' | '\u{ffff}')
+    };
+    if !text.contains(refused) {
+        return Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if refused(c) {
+            let _ = write!(escaped, "\\u{:04x}", c as u32);
+        } else {
+            escaped.push(c);
+        }
+    }
+    Cow::Owned(escaped)
+}
+
+/// A message as SQS takes it (see [`sqs_text`]).
+fn sendable(message: &OutMessage) -> Cow<'_, OutMessage> {
+    let body = sqs_text(&message.body);
+    let attributes_ok = message
+        .attributes
+        .iter()
+        .all(|(_, value)| matches!(sqs_text(value), Cow::Borrowed(_)));
+    if matches!(body, Cow::Borrowed(_)) && attributes_ok {
+        return Cow::Borrowed(message);
+    }
+    let mut owned = message.clone();
+    owned.body = body.into_owned();
+    for (_, value) in owned.attributes.iter_mut() {
+        *value = sqs_text(value).into_owned();
+    }
+    Cow::Owned(owned)
+}
 
 /// The size SQS counts for a message: its body and each attribute's name, type and value.
 fn message_bytes(message: &OutMessage) -> usize {
@@ -83,9 +125,11 @@ impl MessageSender for SqsSender {
             Ok(url) => url,
             Err(e) => return messages.iter().map(|_| Err(e.clone())).collect(),
         };
+        let prepared: Vec<Cow<'_, OutMessage>> = messages.iter().map(sendable).collect();
+        let messages = &prepared[..];
         let mut results = Vec::with_capacity(messages.len());
         let groups = split(
-            messages.iter().map(message_bytes),
+            messages.iter().map(|m| message_bytes(m)),
             MAX_BATCH,
             MAX_BATCH_BYTES,
         );
@@ -338,5 +382,45 @@ where
                 tracing::warn!(queue = %source.name, error = %DisplayErrorContext(e), "delete failed; messages will be redelivered");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn characters_sqs_refuses_are_escaped_and_the_json_means_the_same() {
+        let value =
+            serde_json::json!({"id": "a\u{0}b\u{1f}\t\n\r\u{fffe}\u{ffff}\u{fffd}\u{10ffff}é"});
+        // A body written by hand, with the characters raw (serde_json escapes control characters).
+        let raw = "{\"id\":\"a\u{0}b\u{1f}\\t\\n\\r\u{fffe}\u{ffff}\u{fffd}\u{10ffff}é\"}";
+        for body in [serde_json::to_string(&value).unwrap(), raw.to_string()] {
+            let text = sqs_text(&body);
+            assert!(
+                !text.contains(|c: char| (c < ' ' && !"\t\n\r".contains(c))
+                    || c == '\u{fffe}'
+                    || c == '\u{ffff}'),
+                "{text:?}"
+            );
+            let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(back, value);
+        }
+        assert!(matches!(
+            sqs_text("{\"ok\":\"é\u{10ffff}\"}"),
+            Cow::Borrowed(_)
+        ));
+    }
+
+    #[test]
+    fn a_message_is_copied_only_when_something_in_it_is_escaped() {
+        let with_reason = |reason: &str| OutMessage {
+            attributes: vec![("reason".into(), reason.into())],
+            ..OutMessage::new("{}".into())
+        };
+        let plain = with_reason("fine");
+        assert!(matches!(sendable(&plain), Cow::Borrowed(_)));
+        let odd = with_reason("bad \u{ffff}");
+        assert_eq!(sendable(&odd).attributes[0].1, "bad \\uffff");
     }
 }
