@@ -14,13 +14,13 @@ lanes="${STEPLINE_LANES:-all localstack}"
 logs="$(mktemp -d)"
 trap 'rm -rf "$logs"' EXIT
 
-# The end-to-end suites: every test target that talks to an emulator's SQS, EventBridge or S3 (chosen
-# by name within the whole workspace, so that the first lane's build serves). `atomicity` races writers
-# on DynamoDB only, which is moto's in both lanes.
+# The end-to-end suites: every test target of the packages whose tests talk to an emulator (the root
+# suite, the local tools, the CLI, the benchmark), chosen by name within the whole workspace so that the
+# first lane's build serves. `atomicity` races writers on DynamoDB only, which is moto's in both lanes.
 end_to_end=()
-for target in api awaits binaries emulator fan_out lifecycle limits memory releases sweeper triggers trust \
-  campaign demos existing_stages guide processes provisioning python_worker cli console bench; do
-  end_to_end+=(--test "$target")
+for file in tests/*.rs infra/local/tests/*.rs infra/cli/tests/*.rs infra/bench/tests/*.rs; do
+  target="$(basename "$file" .rs)"
+  [ "$target" = atomicity ] || end_to_end+=(--test "$target")
 done
 
 infra/browser.sh
