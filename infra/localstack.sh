@@ -17,7 +17,6 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv-localstack"
 state="$root/.local"
 port="${STEPLINE_LOCALSTACK_PORT:-4566}"
-moto_port="${STEPLINE_EMULATOR_PORT:-5055}"
 version="2026.3.0"
 # Each pin was found by a start that failed without it.
 pins=("cbor2<5.7" "pyopenssl==24.2.1" "cryptography==43.0.3" "service_identity<24.2")
@@ -101,12 +100,9 @@ case "${1:-start}" in
   stop) stop ;;
   status) ready ;;
   env)
+    # moto's environment, its endpoint kept for DynamoDB alone.
     echo "export AWS_ENDPOINT_URL=$(endpoint)"
-    echo "export AWS_ENDPOINT_URL_DYNAMODB=http://127.0.0.1:$moto_port"
-    echo "export AWS_REGION=${AWS_REGION:-us-east-1}"
-    echo "export AWS_DEFAULT_REGION=${AWS_REGION:-us-east-1}"
-    echo "export AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-test}"
-    echo "export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test}"
+    AWS_ENDPOINT_URL="" "$root/infra/emulator.sh" env | sed 's/^export AWS_ENDPOINT_URL=/export AWS_ENDPOINT_URL_DYNAMODB=/'
     ;;
   *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
 esac

@@ -7,12 +7,11 @@ mod common;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use common::{last_request, reply, settings, sqs, task_pipeline};
+use common::{last_request, registry_of, reply, settings, sqs, task_pipeline};
 use serde_json::json;
-use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
+use stepline::adapters::{InMemoryExecutionStore, RecordingSender};
 use stepline::envelope::ReplyOutcome;
-use stepline::ports::{Clock, ReleaseRegistry, SystemClock};
-use stepline::release::Release;
+use stepline::ports::{Clock, SystemClock};
 use stepline::{handlers, Coordinator, SubmitRequest};
 use uuid::Uuid;
 
@@ -43,17 +42,7 @@ impl Clock for SetClock {
 #[tokio::test]
 async fn an_entry_kept_early_is_moved_by_the_sweep_that_finds_it_and_claimed_once_due() {
     let store = Arc::new(InMemoryExecutionStore::default());
-    let registry = Arc::new(InMemoryReleaseRegistry::default());
-    let def = task_pipeline("due", &["a", "b", "c"]);
-    let release = Release::new(def, Vec::new());
-    registry.register(&release).await.unwrap();
-    let activation = stepline::ports::ActivationRequest {
-        pipeline_id: &release.pipeline_id,
-        release_version: &release.release_version,
-        at: 0,
-        reason: "test",
-    };
-    registry.activate(activation).await.unwrap();
+    let registry = registry_of(task_pipeline("due", &["a", "b", "c"])).await;
     let sender = Arc::new(RecordingSender::default());
     let clock = Arc::new(SetClock(AtomicI64::new(T0)));
     let coordinator = Coordinator::new(

@@ -22,14 +22,16 @@ use super::batches::{split, MAX_BATCH_BYTES, MAX_ENTRIES};
 /// SendMessageBatch takes at most 10 entries.
 pub const MAX_BATCH: usize = MAX_ENTRIES;
 
-/// A text as SQS takes it. SQS refuses a message holding a character outside XML's (U+0000-U+001F
-/// but tab, line feed and carriage return; U+FFFE and U+FFFF), which a JSON string may carry: each
-/// is written as its JSON escape (`\uffff`). Every body the project sends is JSON, where such a
-/// character can only stand inside a string, so the body means the same value.
+/// Whether SQS refuses a character in a message: those outside XML's (U+0000-U+001F but tab, line
+/// feed and carriage return; U+FFFE and U+FFFF).
+fn refused(c: char) -> bool {
+    (c < ' ' && !matches!(c, '\t' | '\n' | '\r')) || matches!(c, '\u{fffe}' | '\u{ffff}')
+}
+
+/// A text as SQS takes it: each character SQS refuses, which a JSON string may carry, is written as
+/// its JSON escape (`\uffff`). Every body the project sends is JSON, where such a character can only
+/// stand inside a string, so the body means the same value.
 pub fn sqs_text(text: &str) -> Cow<'_, str> {
-    let refused = |c: char| {
-        (c < ' ' && !matches!(c, '\t' | '\n' | '\r')) || matches!(c, '\u{fffe}' | '\u{ffff}')
-    };
     if !text.contains(refused) {
         return Cow::Borrowed(text);
     }
@@ -44,22 +46,21 @@ pub fn sqs_text(text: &str) -> Cow<'_, str> {
     Cow::Owned(escaped)
 }
 
-/// A message as SQS takes it (see [`sqs_text`]).
+/// A message as SQS takes it (see [`sqs_text`]): copied only when something in it is escaped.
 fn sendable(message: &OutMessage) -> Cow<'_, OutMessage> {
-    let body = sqs_text(&message.body);
-    let attributes_ok = message
-        .attributes
-        .iter()
-        .all(|(_, value)| matches!(sqs_text(value), Cow::Borrowed(_)));
-    if matches!(body, Cow::Borrowed(_)) && attributes_ok {
+    let clean = |text: &str| !text.contains(refused);
+    if clean(&message.body) && message.attributes.iter().all(|(_, value)| clean(value)) {
         return Cow::Borrowed(message);
     }
-    let mut owned = message.clone();
-    owned.body = body.into_owned();
-    for (_, value) in owned.attributes.iter_mut() {
-        *value = sqs_text(value).into_owned();
-    }
-    Cow::Owned(owned)
+    Cow::Owned(OutMessage {
+        body: sqs_text(&message.body).into_owned(),
+        delay_secs: message.delay_secs,
+        attributes: message
+            .attributes
+            .iter()
+            .map(|(name, value)| (name.clone(), sqs_text(value).into_owned()))
+            .collect(),
+    })
 }
 
 /// The size SQS counts for a message: its body and each attribute's name, type and value.

@@ -39,6 +39,13 @@ pub async fn coordinator_of(
     store: Arc<dyn ExecutionStore>,
     sender: Arc<dyn MessageSender>,
 ) -> Coordinator {
+    let registry = registry_of(def).await;
+    Coordinator::new(store, registry, sender, Arc::new(SystemClock), settings())
+        .with_ledger(Arc::new(stepline::adapters::InMemoryFanOutLedger::default()))
+}
+
+/// A release registry holding `def`'s release, registered and active.
+pub async fn registry_of(def: PipelineDef) -> Arc<InMemoryReleaseRegistry> {
     let registry = Arc::new(InMemoryReleaseRegistry::default());
     let release = Release::new(def, Vec::new());
     registry.register(&release).await.unwrap();
@@ -49,8 +56,7 @@ pub async fn coordinator_of(
         reason: "test",
     };
     registry.activate(activation).await.unwrap();
-    Coordinator::new(store, registry, sender, Arc::new(SystemClock), settings())
-        .with_ledger(Arc::new(stepline::adapters::InMemoryFanOutLedger::default()))
+    registry
 }
 
 /// A coordinator over `store` and a recording sender with one execution of `def` submitted (its
