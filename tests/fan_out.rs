@@ -15,7 +15,7 @@ use stepline::envelope::RequestHeader;
 use stepline::handlers::{self, RedriveRequest};
 use stepline::worker::StepFunction;
 use stepline::SubmitRequest;
-use stepline_local::{fresh_stage, functions, require_emulator, LocalStack};
+use stepline_local::{fresh_stage, functions, require_emulator, LocalStack, RunnerOptions};
 use stepline_suite::wait_until;
 use uuid::Uuid;
 
@@ -122,18 +122,27 @@ async fn batch_of(
     for def in [batch, csv_payments::payment_pipeline(payment_queue)] {
         local.release(def, Vec::new()).await?;
     }
-    let runner = local.run_workers(vec![
-        (
-            "CsvWorkerFunction",
-            csv_payments::batch_contract(),
-            steps.clone(),
-        ),
-        (
-            "PaymentWorkerFunction",
-            csv_payments::payment_contract(),
-            steps.clone(),
-        ),
-    ])?;
+    // A held row keeps its worker invocation open: its batch's poller receives nothing more until
+    // it returns. Lambda scales its pollers out; here there is one per held row at least, so the
+    // rows run together however their requests were split into batches.
+    let runner = local.run_workers_with(
+        vec![
+            (
+                "CsvWorkerFunction",
+                csv_payments::batch_contract(),
+                steps.clone(),
+            ),
+            (
+                "PaymentWorkerFunction",
+                csv_payments::payment_contract(),
+                steps.clone(),
+            ),
+        ],
+        RunnerOptions {
+            pollers: RunnerOptions::default().pollers.max(steps.held.len()),
+            ..RunnerOptions::default()
+        },
+    )?;
     let api = local.coordinator(functions::REDRIVE)?;
     let id = api
         .submit(SubmitRequest {
@@ -291,7 +300,8 @@ async fn cancelling_a_fan_out_cancels_its_children_still_running() -> anyhow::Re
         let steps = steps.clone();
         async move { Ok(steps.runs.lock().unwrap().len() == 4) }
     })
-    .await?;
+    .await
+    .map_err(|e| e.context(format!("rows running: {:?}", steps.runs.lock().unwrap())))?;
 
     // Its progress, as `stepline status` and `watch` show it: four children, none answered.
     let waiting = wait_for(&api, id, Duration::from_secs(30), |r| {

@@ -137,11 +137,21 @@ impl LocalStack {
         &self,
         workers: Vec<(&str, Contract, Arc<dyn StepFunction>)>,
     ) -> Result<Runner> {
+        self.run_workers_with(workers, RunnerOptions::default())
+    }
+
+    /// [`LocalStack::run_workers`] with other runner options: more pollers where a test holds more
+    /// invocations open at once than the default allows (Lambda scales its pollers out).
+    pub fn run_workers_with(
+        &self,
+        workers: Vec<(&str, Contract, Arc<dyn StepFunction>)>,
+        options: RunnerOptions,
+    ) -> Result<Runner> {
         let mut bindings = self.coordinator_bindings()?;
         for (function, contract, steps) in workers {
             bindings.push(self.worker_binding(function, &contract, steps)?);
         }
-        self.run(bindings, RunnerOptions::default())
+        self.run(bindings, options)
     }
 
     /// Releases the restaurant example on its request and approval queues (approvals wait 120 s).
