@@ -269,19 +269,22 @@ fn cost_of(
     cost
 }
 
-/// Average bill of one claim run in this workload, at one run a minute for 30 days.
+/// Average bill of one claim run in this workload (the light and the sustained runs: the sweeper runs
+/// on its schedule, so one of them may hold none), at one run a minute for 30 days.
 fn claim_per_month(measured: &Measured, prices: &Prices) -> f64 {
     let runs: Vec<&Invocation> = measured
-        .cost_invocations
+        .light_invocations
         .iter()
+        .chain(&measured.cost_invocations)
         .filter(|i| i.function == "claim")
         .collect();
     if runs.is_empty() {
         return 0.0;
     }
     let calls: f64 = measured
-        .cost_calls
+        .light_calls
         .iter()
+        .chain(&measured.cost_calls)
         .filter(|c| c.function == Some("claim"))
         .map(|c| billed(c, prices).1)
         .sum();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use stepline::domain::Status;
 use stepline::SubmitRequest;
@@ -22,7 +22,7 @@ const BATCH_QUEUE: &str = "CsvRequestQueue";
 const PAYMENT_QUEUE: &str = "PaymentRequestQueue";
 
 /// One line of the fan-out's bill.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct FanOutLine {
     pub side: String,
     pub service: String,
@@ -33,7 +33,7 @@ pub struct FanOutLine {
 }
 
 /// What the run measured.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FanOut {
     pub children: usize,
     pub wall_s: f64,

@@ -1,7 +1,8 @@
 //! `stepline-bench`: cost per step (P1), critical path (P2), hop latency (P3), cold start (P4) and scale
-//! (P5), measured on the local emulator and in simulation. Writes `target/bench/summary.json` and, with
-//! `--update-doc`, the results section of BENCHMARKS.md. With `--recovery`, only how the sweeper recovers
-//! a backlog: `target/bench/recovery.json` and the recovery section.
+//! (P5), measured on the local emulator and in simulation, then the sweeper's recovery of a backlog and
+//! a fan-out, in the same report. Writes `target/bench/summary.json` and, with `--update-doc`, the
+//! results section of BENCHMARKS.md. With `--recovery` (or `--fan-out N`), only how the sweeper recovers
+//! a backlog (or the fan-out): `target/bench/recovery.json` (`fan-out.json`) and its own section.
 
 use std::path::PathBuf;
 
@@ -55,9 +56,10 @@ struct Args {
     /// recovery.json and, with `--update-doc`, the recovery section instead of the results section.
     #[arg(long)]
     recovery: bool,
-    /// Executions in the backlog the sweeper recovers (with `--recovery`).
-    #[arg(long, default_value_t = 2000)]
-    backlog: usize,
+    /// Executions in the backlog the sweeper recovers (default 2000 with `--recovery` and in the full
+    /// run, 500 in the quick run).
+    #[arg(long)]
+    backlog: Option<usize>,
     /// Undecodable items at the head of one shard (with `--recovery`).
     #[arg(long, default_value_t = 100)]
     poison: usize,
@@ -65,6 +67,9 @@ struct Args {
     /// fan-out.json and, with `--update-doc`, the fan-out section.
     #[arg(long)]
     fan_out: Option<usize>,
+    /// Children of the fan-out the full report includes (default 1000 full, 200 quick).
+    #[arg(long)]
+    fan_out_children: Option<usize>,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -147,6 +152,14 @@ async fn main() -> Result<()> {
     );
     let rows = scale::table(&model, &scale::RATES, &scale::SHARDS);
 
+    // The sweeper's and the fan-out's figures, in the same report.
+    let backlog = args.backlog.unwrap_or(if args.full { 2000 } else { 500 });
+    let sweeper = sweeper(backlog, args.poison).await?;
+    let children = args
+        .fan_out_children
+        .unwrap_or(if args.full { 1000 } else { 200 });
+    let fan = fan_out_run(children).await?;
+
     let summary = report::summary(&report::Figures {
         mode: if args.full { "full" } else { "quick" },
         work,
@@ -162,6 +175,8 @@ async fn main() -> Result<()> {
         cold: &cold,
         model: &model,
         rows: &rows,
+        sweeper: Some(&sweeper),
+        fan_out: Some(&fan),
         elapsed_s: started.elapsed().as_secs_f64(),
     });
     let markdown = report::markdown(&summary);
@@ -201,25 +216,50 @@ fn publish(
     Ok(())
 }
 
-async fn recover(args: &Args) -> Result<()> {
+/// The sweeper's recovery of a backlog of `executions` and of a shard headed by `poison` items:
+/// recovery.json's figures.
+async fn sweeper(executions: usize, poison: usize) -> Result<serde_json::Value> {
     let started = std::time::Instant::now();
     let budget_ms = recovery::claim_timeout_ms(&Template::load(&Template::default_path())?)?;
     eprintln!(
-        "recovery: a backlog of {} executions, sweeps of {budget_ms} ms, on {}",
-        args.backlog,
+        "recovery: a backlog of {executions} executions, sweeps of {budget_ms} ms, on {}",
         std::env::var("AWS_ENDPOINT_URL").unwrap_or_default()
     );
-    let backlog = recovery::backlog(args.backlog, budget_ms).await?;
+    let backlog = recovery::backlog(executions, budget_ms).await?;
     anyhow::ensure!(
         backlog.leased == backlog.executions,
         "{} of {} executions leased after the sweeps",
         backlog.leased,
         backlog.executions
     );
-    eprintln!("recovery: {} poison items in one shard", args.poison);
-    let poison = recovery::poison(args.poison, 20, budget_ms).await?;
+    eprintln!("recovery: {poison} poison items in one shard");
+    let poison = recovery::poison(poison, 20, budget_ms).await?;
+    Ok(report::recovery_summary(
+        &backlog,
+        &poison,
+        started.elapsed().as_secs_f64(),
+    ))
+}
 
-    let summary = report::recovery_summary(&backlog, &poison, started.elapsed().as_secs_f64());
+/// A fan-out of `children`, which must all succeed.
+async fn fan_out_run(children: usize) -> Result<fanout::FanOut> {
+    eprintln!(
+        "fan-out: {children} children on {}",
+        std::env::var("AWS_ENDPOINT_URL").unwrap_or_default()
+    );
+    let run = fanout::run(children, &pricing::US_EAST_1).await?;
+    anyhow::ensure!(
+        run.status == stepline::domain::Status::Succeeded && run.paid == children as u64,
+        "the batch ended {} with {} of {children} rows paid",
+        run.status,
+        run.paid
+    );
+    Ok(run)
+}
+
+async fn recover(args: &Args) -> Result<()> {
+    let started = std::time::Instant::now();
+    let summary = sweeper(args.backlog.unwrap_or(2000), args.poison).await?;
     let markdown = report::recovery_markdown(&summary);
     publish(
         args,
@@ -235,17 +275,7 @@ async fn recover(args: &Args) -> Result<()> {
 
 async fn fan_out(args: &Args, children: usize) -> Result<()> {
     let started = std::time::Instant::now();
-    eprintln!(
-        "fan-out: {children} children on {}",
-        std::env::var("AWS_ENDPOINT_URL").unwrap_or_default()
-    );
-    let run = fanout::run(children, &pricing::US_EAST_1).await?;
-    anyhow::ensure!(
-        run.status == stepline::domain::Status::Succeeded && run.paid == children as u64,
-        "the batch ended {} with {} of {children} rows paid",
-        run.status,
-        run.paid
-    );
+    let run = fan_out_run(children).await?;
     let markdown = report::fan_out_markdown(&run);
     publish(
         args,

@@ -24,7 +24,7 @@ use uuid::Uuid;
 
 /// How far ahead of the wall clock the sweeps run: past every step deadline of the example pipeline.
 const AHEAD_MS: i64 = 600_000;
-/// Seconds between claim runs (the template's `rate(1 minute)`).
+/// Seconds between claim runs (the template's `rate(1 minute)`, checked by [`claim_period`]'s test).
 pub const CLAIM_PERIOD_S: f64 = 60.0;
 /// Submits and reads in flight at once: a busy API, without swamping the emulator.
 const IN_FLIGHT: usize = 16;
@@ -88,6 +88,41 @@ pub fn claim_timeout_ms(template: &Template) -> Result<i64> {
         .and_then(Yaml::as_u64)
         .context("the template gives the claim function no Timeout")?;
     Ok(seconds as i64 * 1000)
+}
+
+/// The claim function's schedule, from the template: its `Schedule` event's `rate(N unit)`.
+pub fn claim_period(template: &Template) -> Result<std::time::Duration> {
+    let events = template
+        .function_property(functions::CLAIM, "Events")
+        .context("the template gives the claim function no Events")?;
+    let rate = events
+        .as_mapping()
+        .into_iter()
+        .flatten()
+        .filter(|(_, event)| event.get("Type").and_then(Yaml::as_str) == Some("Schedule"))
+        .find_map(|(_, event)| event.get("Properties")?.get("Schedule")?.as_str())
+        .context("the claim function has no Schedule event")?;
+    parse_rate(rate)
+}
+
+/// Seconds of an EventBridge `rate(N unit)` expression.
+fn parse_rate(expression: &str) -> Result<std::time::Duration> {
+    let inner = expression
+        .trim()
+        .strip_prefix("rate(")
+        .and_then(|r| r.strip_suffix(')'))
+        .with_context(|| format!("not a rate expression: {expression}"))?;
+    let (count, unit) = inner
+        .split_once(' ')
+        .with_context(|| format!("not a rate expression: {expression}"))?;
+    let count: u64 = count.trim().parse()?;
+    let unit_s = match unit.trim().trim_end_matches('s') {
+        "minute" => 60,
+        "hour" => 3_600,
+        "day" => 86_400,
+        other => bail!("unknown rate unit {other} in {expression}"),
+    };
+    Ok(std::time::Duration::from_secs(count * unit_s))
 }
 
 /// A fresh stage with the example pipeline released, and the claim function's configuration.
@@ -313,4 +348,20 @@ pub async fn poison(poison: usize, good_in_shard: usize, budget_ms: i64) -> Resu
         pushed_back,
         second,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_claim_period_is_the_templates_schedule() -> Result<()> {
+        let template = Template::load(&Template::default_path())?;
+        assert_eq!(claim_period(&template)?.as_secs_f64(), CLAIM_PERIOD_S);
+        assert_eq!(parse_rate("rate(5 minutes)")?.as_secs(), 300);
+        assert_eq!(parse_rate("rate(1 hour)")?.as_secs(), 3_600);
+        assert!(parse_rate("cron(0 * * * ? *)").is_err());
+        assert!(parse_rate("rate(1 fortnight)").is_err());
+        Ok(())
+    }
 }

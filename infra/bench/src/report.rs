@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use crate::analysis::{Cost, CriticalPath, Latency, Length};
 use crate::coldstart::ColdStart;
+use crate::fanout::FanOut;
 use crate::pricing::Prices;
 use crate::recovery::{Backlog, Poison, CLAIM_PERIOD_S};
 use crate::scale::{Model, Row, PARTITION_WCU_LIMIT};
@@ -32,6 +33,9 @@ pub struct Figures<'a> {
     pub cold: &'a ColdStart,
     pub model: &'a Model,
     pub rows: &'a [Row],
+    /// The sweeper's recovery of a backlog (recovery.json's figures) and a fan-out, when run.
+    pub sweeper: Option<&'a Value>,
+    pub fan_out: Option<&'a FanOut>,
     pub elapsed_s: f64,
 }
 
@@ -45,6 +49,7 @@ pub fn summary(f: &Figures<'_>) -> Value {
         "critical_path_calls_multi": f.path.median_calls,
         "hop_latency_ratio": f.latency.ratio,
         "hop_latency_ratio_multi": f.latency.ratio,
+        "hop_latency_ratio_p99_multi": f.latency.p99_ratio,
         "completion_instances": f.work.completions,
         "init_ms_max": f.cold.init_ms_max,
         "binary_mb_max": f.cold.binary_mb_max,
@@ -83,6 +88,14 @@ pub fn summary(f: &Figures<'_>) -> Value {
             "partition_wcu_limit": PARTITION_WCU_LIMIT,
             "rows": f.rows,
         },
+        "sweeper": f.sweeper,
+        "sweeper_recovered_per_s": f.sweeper.map(|s| {
+            num(&s["backlog"]["executions"]) / num(&s["backlog"]["sweeping_s"]).max(0.001)
+        }),
+        "sweeper_all_before_deadline": f.sweeper.map(|s| s["backlog"]["all_before_deadline"].clone()),
+        "fan_out": f.fan_out,
+        "fan_out_usd_per_million_children": f.fan_out.map(|r| r.per_child(r.coordinator_usd) * 1e6),
+        "fan_out_parent_writes": f.fan_out.map(|r| r.parent_writes),
         "elapsed_s": f.elapsed_s,
     })
 }
@@ -90,8 +103,8 @@ pub fn summary(f: &Figures<'_>) -> Value {
 pub const START: &str = "<!-- bench:results:start -->";
 pub const END: &str = "<!-- bench:results:end -->";
 
-/// The targets, as (summary key, label, target, whether lower is better).
-pub const TARGETS: [(&str, &str, f64); 7] = [
+/// The targets, as (summary key, label, target), lower is better.
+pub const TARGETS: [(&str, &str, f64); 8] = [
     (
         "usd_per_million_steps_sustained",
         "Coordinator cost at sustained load, $ per million step transitions",
@@ -105,6 +118,11 @@ pub const TARGETS: [(&str, &str, f64); 7] = [
     (
         "hop_latency_ratio_multi",
         "Hop latency / bare SQS round trip (medians, over the completion instances)",
+        1.3,
+    ),
+    (
+        "hop_latency_ratio_p99_multi",
+        "Hop latency / bare SQS round trip (p99s, over the completion instances)",
         1.3,
     ),
     (
@@ -320,6 +338,20 @@ pub fn markdown(s: &Value) -> String {
             yes(&r["claim_keeps_up"]),
         );
     }
+    if s["sweeper"].is_object() {
+        let _ = writeln!(
+            md,
+            "\n### Sweeper under a backlog\n\nIn the same run, on the same emulator (the section \"Recovery under a backlog\" below gives the method).\n\n{}",
+            recovery_markdown(&s["sweeper"]).trim_end()
+        );
+    }
+    if let Ok(fan_out) = serde_json::from_value::<FanOut>(s["fan_out"].clone()) {
+        let _ = writeln!(
+            md,
+            "\n### Fan-out\n\nIn the same run, on the same emulator (the section \"Fan-out at scale\" below gives the method).\n\n{}",
+            fan_out_markdown(&fan_out).trim_end()
+        );
+    }
     md
 }
 
@@ -461,11 +493,11 @@ pub const FAN_OUT_START: &str = "<!-- bench:fan-out:start -->";
 pub const FAN_OUT_END: &str = "<!-- bench:fan-out:end -->";
 
 /// The fan-out section: the run's figures, then its bill by side, service and operation.
-pub fn fan_out_markdown(run: &crate::fanout::FanOut) -> String {
+pub fn fan_out_markdown(run: &FanOut) -> String {
     let n = run.children;
     let mut out = format!(
         "A batch of {n} rows of the csv example, each row paid by a child execution (parse, fan-out, \
-         summary), on the emulator through the local runner. Measured by `infra/bench.sh --fan-out {n}`.\n\n\
+         summary), on the emulator through the local runner.\n\n\
          | figure | value |\n|---|---|\n\
          | children | {n} ({} paid, the batch {}) |\n\
          | wall time | {:.1} s ({:.1} children/s) |\n\
@@ -505,4 +537,53 @@ pub fn fan_out_markdown(run: &crate::fanout::FanOut) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fanout::FanOutLine;
+
+    #[test]
+    fn the_results_carry_the_sweeper_and_the_fan_out_of_the_same_run() {
+        let fan_out = FanOut {
+            children: 4,
+            wall_s: 2.0,
+            status: stepline::domain::Status::Succeeded,
+            paid: 4,
+            parent_writes: 6,
+            ledger_writes: 8,
+            ledger_reads: 1,
+            lines: vec![FanOutLine {
+                side: "coordinator".into(),
+                service: "dynamodb".into(),
+                operation: "PutItem".into(),
+                calls: 20,
+                units: 20.0,
+                usd: 0.000012,
+            }],
+            calls: 20,
+            lambda_invocations: 3,
+            coordinator_usd: 0.000012,
+            worker_usd: 0.0,
+        };
+        let sweeper = json!({
+            "backlog": {"executions": 30, "sweeping_s": 3.0, "all_before_deadline": true, "sweeps": []},
+            "poison": {"poison": 2, "first": {}, "second": {}},
+        });
+        let s = json!({
+            "sweeper": sweeper,
+            "fan_out": serde_json::to_value(&fan_out).unwrap(),
+        });
+        let md = markdown(&s);
+        assert!(md.contains("### Sweeper under a backlog"), "{md}");
+        assert!(md.contains("### Fan-out"), "{md}");
+        assert!(
+            md.contains("| coordinator side | $3.00 per million children |"),
+            "{md}"
+        );
+        // Without them (a run that skipped them), neither section.
+        let md = markdown(&json!({}));
+        assert!(!md.contains("### Sweeper") && !md.contains("### Fan-out"));
+    }
 }

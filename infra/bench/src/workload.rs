@@ -298,12 +298,15 @@ pub async fn run(work: Workload) -> Result<Measured> {
         handler: bouncer(sender.clone(), ping.queue_url.clone(), meter.clone(), None),
     });
     let bindings = bindings.into_iter().map(|b| metered(&meter, b)).collect();
+    // The claim sweeper on the template's schedule, as deployed: a sweep queries every due-index
+    // shard, and on this emulator a Query over an index reads the whole table, so sweeping every
+    // second (the tests' pace) would load it with work a deployment does not do.
     let _runner = Runner::start(
         sqs.clone(),
         &local.stack,
         bindings,
         RunnerOptions {
-            tick: Duration::from_secs(1),
+            tick: crate::recovery::claim_period(&template)?,
             pollers: 2,
         },
     )?;
@@ -440,31 +443,28 @@ async fn submit(meter: &Meter, api: &Coordinator, n: usize, payload_bytes: usize
     Ok(meter.invoke("api", 1, api.submit(request)).await?.execution)
 }
 
+/// Waits until every execution of `ids` has succeeded. The observer reads in submission order and
+/// stops at the first one still running: reading every pending record on every round would load the
+/// emulator (and so every handler's measured duration) with work no deployment does.
 async fn wait_all(observer: &Coordinator, ids: &[Uuid], limit: Duration) -> Result<()> {
     let deadline = Instant::now() + limit;
-    let mut pending: Vec<Uuid> = ids.to_vec();
-    while !pending.is_empty() {
-        let mut still = Vec::new();
-        for id in pending {
-            let record = observer.get(id).await?;
-            if !record.status.is_terminal() {
-                still.push(id);
-            } else if record.status != stepline::domain::Status::Succeeded {
-                bail!(
-                    "execution {id} ended {:?}: {:?}",
-                    record.status,
-                    record.error
-                );
-            }
-        }
-        pending = still;
-        if pending.is_empty() {
-            break;
+    let mut pending = ids.iter().copied().peekable();
+    while let Some(&id) = pending.peek() {
+        let record = observer.get(id).await?;
+        if record.status.is_terminal() {
+            anyhow::ensure!(
+                record.status == stepline::domain::Status::Succeeded,
+                "execution {id} ended {:?}: {:?}",
+                record.status,
+                record.error
+            );
+            pending.next();
+            continue;
         }
         if Instant::now() > deadline {
-            bail!("{} executions did not finish in {limit:?}", pending.len());
+            bail!("{} executions did not finish in {limit:?}", pending.count());
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
 }

@@ -146,6 +146,8 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
         cold: &cold,
         model: &model,
         rows: &rows,
+        sweeper: None,
+        fan_out: None,
         elapsed_s: 0.0,
     });
     for (key, _, _) in report::TARGETS {
