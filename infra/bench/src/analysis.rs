@@ -376,9 +376,28 @@ pub struct Latency {
     pub call_median_ms: BTreeMap<String, f64>,
 }
 
+/// P3 in the sequential run: hops and bare round trips one at a time, with the calls' durations.
 pub fn latency(measured: &Measured) -> Latency {
-    let mut hops = measured.hops_us.clone();
-    let mut pings = measured.ping_pong_us.clone();
+    latency_of(
+        &measured.hops_us,
+        &measured.ping_pong_us,
+        &measured.sequential_calls,
+    )
+}
+
+/// P3 at sustained load: the hops of executions submitted together against as many bare chains
+/// run beside them.
+pub fn latency_sustained(measured: &Measured) -> Latency {
+    latency_of(
+        &measured.sustained_hops_us,
+        &measured.sustained_ping_pong_us,
+        &[],
+    )
+}
+
+fn latency_of(hops: &[u64], pings: &[u64], calls: &[Call]) -> Latency {
+    let mut hops = hops.to_vec();
+    let mut pings = pings.to_vec();
     hops.sort_unstable();
     pings.sort_unstable();
     let ms = |us: u64| us as f64 / 1000.0;
@@ -387,7 +406,7 @@ pub fn latency(measured: &Measured) -> Latency {
     let hop_p99 = ms(percentile(&hops, 0.99));
     let ping_p99 = ms(percentile(&pings, 0.99));
     let mut durations: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for call in &measured.sequential_calls {
+    for call in calls {
         durations
             .entry(format!("{}.{}", call.service, call.operation))
             .or_default()

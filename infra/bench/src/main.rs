@@ -104,6 +104,7 @@ async fn main() -> Result<()> {
     let cost_light = analysis::cost_light(&measured, &prices);
     let path = analysis::critical_path(&measured);
     let latency = analysis::latency(&measured);
+    let latency_sustained = analysis::latency_sustained(&measured);
 
     eprintln!("P1 with lifecycle events on");
     let with_events = workload::run(workload::Workload {
@@ -147,6 +148,7 @@ async fn main() -> Result<()> {
 
     eprintln!("P5: simulation");
     let model = scale::Model::deployed(
+        recovery::Schedule::of(&Template::load(&Template::default_path())?)?,
         cost.index_writes_per_step * work.steps as f64,
         if args.full { 10 } else { 2 },
     );
@@ -172,6 +174,7 @@ async fn main() -> Result<()> {
         lengths: &lengths,
         path: &path,
         latency: &latency,
+        latency_sustained: &latency_sustained,
         cold: &cold,
         model: &model,
         rows: &rows,
@@ -216,16 +219,16 @@ fn publish(
     Ok(())
 }
 
-/// The sweeper's recovery of a backlog of `executions` and of a shard headed by `poison` items:
-/// recovery.json's figures.
-async fn sweeper(executions: usize, poison: usize) -> Result<serde_json::Value> {
+/// The sweeper's recovery of a backlog of `executions` and of a shard headed by `poison` items.
+async fn sweeper(executions: usize, poison: usize) -> Result<recovery::Recovery> {
     let started = std::time::Instant::now();
-    let budget_ms = recovery::claim_timeout_ms(&Template::load(&Template::default_path())?)?;
+    let schedule = recovery::Schedule::of(&Template::load(&Template::default_path())?)?;
+    let emulator = std::env::var("AWS_ENDPOINT_URL").unwrap_or_default();
     eprintln!(
-        "recovery: a backlog of {executions} executions, sweeps of {budget_ms} ms, on {}",
-        std::env::var("AWS_ENDPOINT_URL").unwrap_or_default()
+        "recovery: a backlog of {executions} executions, sweeps of {} ms, on {emulator}",
+        schedule.timeout_ms
     );
-    let backlog = recovery::backlog(executions, budget_ms).await?;
+    let backlog = recovery::backlog(executions, schedule).await?;
     anyhow::ensure!(
         backlog.leased == backlog.executions,
         "{} of {} executions leased after the sweeps",
@@ -233,12 +236,13 @@ async fn sweeper(executions: usize, poison: usize) -> Result<serde_json::Value> 
         backlog.executions
     );
     eprintln!("recovery: {poison} poison items in one shard");
-    let poison = recovery::poison(poison, 20, budget_ms).await?;
-    Ok(report::recovery_summary(
-        &backlog,
-        &poison,
-        started.elapsed().as_secs_f64(),
-    ))
+    let poison = recovery::poison(poison, 20, schedule.timeout_ms).await?;
+    Ok(recovery::Recovery {
+        emulator,
+        backlog,
+        poison,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    })
 }
 
 /// A fan-out of `children`, which must all succeed.
@@ -259,7 +263,8 @@ async fn fan_out_run(children: usize) -> Result<fanout::FanOut> {
 
 async fn recover(args: &Args) -> Result<()> {
     let started = std::time::Instant::now();
-    let summary = sweeper(args.backlog.unwrap_or(2000), args.poison).await?;
+    let run = sweeper(args.backlog.unwrap_or(2000), args.poison).await?;
+    let summary = serde_json::to_value(&run)?;
     let markdown = report::recovery_markdown(&summary);
     publish(
         args,

@@ -24,8 +24,6 @@ use uuid::Uuid;
 
 /// How far ahead of the wall clock the sweeps run: past every step deadline of the example pipeline.
 const AHEAD_MS: i64 = 600_000;
-/// Seconds between claim runs (the template's `rate(1 minute)`, checked by [`claim_period`]'s test).
-pub const CLAIM_PERIOD_S: f64 = 60.0;
 /// Submits and reads in flight at once: a busy API, without swamping the emulator.
 const IN_FLIGHT: usize = 16;
 const WORKER_QUEUE: &str = "OrderRequestQueue";
@@ -42,11 +40,39 @@ pub struct Sweep {
     pub launched: usize,
 }
 
+/// The claim sweeper as the template deploys it: how often it runs and how long a run may last.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Schedule {
+    pub period_s: f64,
+    pub timeout_ms: i64,
+}
+
+impl Schedule {
+    pub fn of(template: &Template) -> Result<Self> {
+        Ok(Self {
+            period_s: claim_period(template)?.as_secs_f64(),
+            timeout_ms: claim_timeout_ms(template)?,
+        })
+    }
+}
+
+/// The sweeper's figures: a backlog's recovery and a shard headed by poison items (recovery.json).
+#[derive(Debug, Clone, Serialize)]
+pub struct Recovery {
+    pub emulator: String,
+    pub backlog: Backlog,
+    pub poison: Poison,
+    pub elapsed_s: f64,
+}
+
 /// The backlog scenario's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct Backlog {
     pub executions: usize,
+    /// Each sweep's deadline after its start: the claim function's timeout.
     pub budget_ms: i64,
+    /// Seconds between sweeps on the template's schedule.
+    pub claim_period_s: f64,
     pub shards: u32,
     pub claim_limit: i32,
     pub submit_s: f64,
@@ -62,6 +88,13 @@ pub struct Backlog {
     pub min_margin_ms: i64,
     /// Executions found with a lease taken (generation > 0) once the sweeps were done.
     pub leased: usize,
+}
+
+impl Backlog {
+    /// Executions recovered per second of sweeping, the sweeps back to back.
+    pub fn recovered_per_s(&self) -> f64 {
+        self.executions as f64 / self.sweeping_s.max(0.001)
+    }
 }
 
 /// The poison scenario's figures.
@@ -226,8 +259,9 @@ async fn sweep(
 }
 
 /// Submits `executions` with no worker running, drains their requests, and sweeps until every one is
-/// claimed and its launch work sent, each sweep bounded by `budget_ms`.
-pub async fn backlog(executions: usize, budget_ms: i64) -> Result<Backlog> {
+/// claimed and its launch work sent, each sweep bounded by the schedule's timeout.
+pub async fn backlog(executions: usize, schedule: Schedule) -> Result<Backlog> {
+    let budget_ms = schedule.timeout_ms;
     let (local, api, pipeline, config) = stage("bench-backlog").await?;
     let api = Arc::new(api);
     let submitted = Instant::now();
@@ -278,13 +312,14 @@ pub async fn backlog(executions: usize, budget_ms: i64) -> Result<Backlog> {
     Ok(Backlog {
         executions,
         budget_ms,
+        claim_period_s: schedule.period_s,
         shards: config.due_shards,
         claim_limit: config.claim_limit,
         submit_s,
         claimed_per_sweep_mean: executions as f64 / sweeps.len() as f64,
         sweeping_s,
         elapsed_s,
-        scheduled_s: (sweeps.len() - 1) as f64 * CLAIM_PERIOD_S + last_s,
+        scheduled_s: (sweeps.len() - 1) as f64 * schedule.period_s + last_s,
         all_before_deadline: sweeps.iter().all(|s| s.margin_ms > 0),
         min_margin_ms: sweeps.iter().map(|s| s.margin_ms).min().unwrap_or(0),
         leased: leased(&api, &ids).await?,
@@ -357,7 +392,15 @@ mod tests {
     #[test]
     fn the_claim_period_is_the_templates_schedule() -> Result<()> {
         let template = Template::load(&Template::default_path())?;
-        assert_eq!(claim_period(&template)?.as_secs_f64(), CLAIM_PERIOD_S);
+        let schedule = Schedule::of(&template)?;
+        assert!(
+            schedule.period_s >= 60.0 && schedule.timeout_ms > 0,
+            "{schedule:?}"
+        );
+        assert!(
+            (schedule.timeout_ms as f64) < schedule.period_s * 1e3,
+            "a sweep ends before the next starts: {schedule:?}"
+        );
         assert_eq!(parse_rate("rate(5 minutes)")?.as_secs(), 300);
         assert_eq!(parse_rate("rate(1 hour)")?.as_secs(), 3_600);
         assert!(parse_rate("cron(0 * * * ? *)").is_err());

@@ -8,6 +8,8 @@ use serde::Serialize;
 use stepline::adapters::dynamodb::due_shard;
 use uuid::Uuid;
 
+use crate::recovery::Schedule;
+
 /// DynamoDB's write throughput per partition (write units per second).
 pub const PARTITION_WCU_LIMIT: f64 = 1000.0;
 
@@ -30,16 +32,16 @@ pub struct Model {
 }
 
 impl Model {
-    /// The deployed sweeper (the template's one run a minute, `CLAIM_LIMIT` 100, a 300 s timeout, about
-    /// 10 ms a claim), 1 % of executions needing it, and the index writes an execution was measured to make.
-    pub fn deployed(index_writes_per_execution: f64, seconds: u32) -> Self {
+    /// The deployed sweeper (the template's schedule and timeout, `CLAIM_LIMIT` 100, about 10 ms a
+    /// claim), 1 % of executions needing it, and the index writes an execution was measured to make.
+    pub fn deployed(schedule: Schedule, index_writes_per_execution: f64, seconds: u32) -> Self {
         Self {
             index_writes_per_execution,
             recovery_fraction: 0.01,
-            claim_period_s: 60.0,
+            claim_period_s: schedule.period_s,
             claim_limit: 100,
             claim_ms: 10.0,
-            claim_timeout_s: 300.0,
+            claim_timeout_s: schedule.timeout_ms as f64 / 1e3,
             seconds,
         }
     }
@@ -129,7 +131,11 @@ mod tests {
     use super::*;
 
     fn model() -> Model {
-        Model::deployed(2.0, 2)
+        let schedule = Schedule {
+            period_s: 60.0,
+            timeout_ms: 300_000,
+        };
+        Model::deployed(schedule, 2.0, 2)
     }
 
     #[test]

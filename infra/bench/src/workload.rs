@@ -112,6 +112,10 @@ pub struct Measured {
     pub hops_us: Vec<u64>,
     /// Bare SQS request/reply round trips, in microseconds.
     pub ping_pong_us: Vec<u64>,
+    /// P3 at sustained load: the step hops of as many executions as the sustained run, submitted
+    /// together, and the round trips of as many bare chains run beside them.
+    pub sustained_hops_us: Vec<u64>,
+    pub sustained_ping_pong_us: Vec<u64>,
     /// Queue URLs consumed by coordinator functions and by workers.
     pub coordinator_queues: Vec<String>,
     pub worker_queues: Vec<String>,
@@ -336,9 +340,39 @@ pub async fn run(work: Workload) -> Result<Measured> {
     ids.extend(sustained);
     let (cost_calls, cost_invocations) = meter.take();
 
+    // P3 at sustained load: the sustained run again, each submission starting a bare chain of as many
+    // round trips beside it, so both see the same queues and the same emulator. Hops in deep queues
+    // are mostly waiting; the ratio says what the coordinator adds to that wait.
+    let hops_per_execution = work.steps.saturating_sub(1).max(1) as u64;
+    let chain_of = |n: usize| {
+        let first = SUSTAINED_CHAINS + n as u64 * 1_000;
+        first..first + hops_per_execution
+    };
+    let loaded: Vec<Uuid> = futures_util::stream::iter(0..work.executions)
+        .map(|n| {
+            let (api, sender, ping, meter) = (&api, &sender, &ping.queue_url, &meter);
+            async move {
+                let chain = chain_of(n);
+                let start = json!({"seq": chain.start, "last": chain.end}).to_string();
+                sender.send(ping, &[OutMessage::new(start)]).await;
+                submit(meter, api, n, work.payload_bytes).await
+            }
+        })
+        .buffer_unordered(SUBMITS_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_>>()?;
+    wait_all(&observer, &loaded, limit(work.executions)).await?;
+    let chains: Vec<_> = (0..work.executions).map(chain_of).collect();
+    wait_chains(&arrivals, &chains, limit(work.executions)).await?;
+    let sustained_hops_us = hops_of(&times, &loaded, false);
+    let sustained_ping_pong_us = round_trips(&arrivals, &departures, &chains);
+    ids.extend(loaded);
+    meter.take();
+
     // P2 and P3: one execution at a time, so every completion handles exactly one reply. Each is
     // followed by as many bare round trips (P3's baseline), so both see the same conditions.
-    let hops_per_execution = work.steps.saturating_sub(1).max(1) as u64;
     let mut chains = Vec::new();
     for n in 0..work.sequential {
         let id = submit(&meter, &api, n, work.payload_bytes).await?;
@@ -368,27 +402,19 @@ pub async fn run(work: Workload) -> Result<Measured> {
                 )],
             )
             .await;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !arrivals.lock().unwrap().contains_key(&last) {
-            if Instant::now() > deadline {
-                bail!("the bare round trips did not finish");
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        chains.push(first..last);
+        let chain = first..last;
+        wait_chains(
+            &arrivals,
+            std::slice::from_ref(&chain),
+            Duration::from_secs(30),
+        )
+        .await?;
+        chains.push(chain);
     }
     let (sequential_calls, _) = meter.take();
     // Only executions of the sequential run count: the concurrent ones queued behind each other.
     let sequential_hops = hops_of(&times, &ids, true);
-    let ping_pong_us = {
-        let arrivals = arrivals.lock().unwrap();
-        let departures = departures.lock().unwrap();
-        chains
-            .into_iter()
-            .flatten()
-            .filter_map(|seq| Some(arrivals.get(&(seq + 1))? - departures.get(&seq)?))
-            .collect()
-    };
+    let ping_pong_us = round_trips(&arrivals, &departures, &chains);
 
     let queues_of = |names: &[&str]| -> Vec<String> {
         names
@@ -407,6 +433,8 @@ pub async fn run(work: Workload) -> Result<Measured> {
         sequential_calls,
         hops_us: sequential_hops,
         ping_pong_us,
+        sustained_hops_us,
+        sustained_ping_pong_us,
         coordinator_queues: queues_of(&[functions::LAUNCH, functions::COMPLETION]),
         worker_queues: queues_of(&[functions::ORDER_WORKER]),
         memory_mb: memory_sizes(&template),
@@ -431,6 +459,47 @@ fn hops_of(times: &StepTimes, ids: &[Uuid], exclude: bool) -> Vec<u64> {
         }
     }
     hops
+}
+
+/// Where the bare chains of the sustained latency run start numbering their messages (the sequential
+/// run's chains number from 0, a thousand apart).
+const SUSTAINED_CHAINS: u64 = 1 << 40;
+
+/// Waits until the last round trip of every chain has arrived.
+async fn wait_chains(
+    arrivals: &Marks,
+    chains: &[std::ops::Range<u64>],
+    limit: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = {
+            let arrivals = arrivals.lock().unwrap();
+            chains
+                .iter()
+                .filter(|c| !arrivals.contains_key(&c.end))
+                .count()
+        };
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{left} chains of bare round trips did not finish in {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The round trips of `chains`: from each message's departure to the arrival of the next.
+fn round_trips(arrivals: &Marks, departures: &Marks, chains: &[std::ops::Range<u64>]) -> Vec<u64> {
+    let arrivals = arrivals.lock().unwrap();
+    let departures = departures.lock().unwrap();
+    chains
+        .iter()
+        .cloned()
+        .flatten()
+        .filter_map(|seq| Some(arrivals.get(&(seq + 1))? - departures.get(&seq)?))
+        .collect()
 }
 
 async fn submit(meter: &Meter, api: &Coordinator, n: usize, payload_bytes: usize) -> Result<Uuid> {
@@ -492,6 +561,7 @@ fn bouncer(
     Arc::new(move |event: SqsEvent| {
         let (sender, to, meter, marks) = (sender.clone(), to.clone(), meter.clone(), marks.clone());
         Box::pin(async move {
+            let mut out = Vec::new();
             for record in event.records {
                 let body: Value = serde_json::from_str(record.body.as_deref().unwrap_or("{}"))
                     .unwrap_or_default();
@@ -510,8 +580,13 @@ fn bouncer(
                     }
                     None => seq,
                 };
-                let message = OutMessage::new(json!({"seq": next, "last": last}).to_string());
-                sender.send(&to, &[message]).await;
+                out.push(OutMessage::new(
+                    json!({"seq": next, "last": last}).to_string(),
+                ));
+            }
+            // One batched send per invocation, as the coordinator's handlers send.
+            if !out.is_empty() {
+                sender.send(&to, &out).await;
             }
             SqsBatchResponse::default()
         })

@@ -117,6 +117,13 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
         "as many bare round trips as hops, in the same run"
     );
     assert!(latency.ratio > 0.0);
+    let sustained = analysis::latency_sustained(&measured);
+    assert_eq!(
+        (sustained.hops, sustained.ping_pongs),
+        (12, 12),
+        "at sustained load too, as many bare round trips as hops: {sustained:?}"
+    );
+    assert!(sustained.ratio > 0.0 && sustained.p99_ratio > 0.0);
 
     // Cold start of the debug binaries (the benchmark proper uses the release build).
     let packages: Vec<&str> = coldstart::BINARIES.iter().map(|(b, _)| *b).collect();
@@ -129,7 +136,8 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
         .all(|b| b.bytes > 0 && b.peak_rss_kib > 0));
     assert!(cold.init_ms_max > 0.0);
 
-    let model = scale::Model::deployed(cost.index_writes_per_step * work.steps as f64, 1);
+    let schedule = recovery::Schedule::of(&Template::load(&Template::default_path())?)?;
+    let model = scale::Model::deployed(schedule, cost.index_writes_per_step * work.steps as f64, 1);
     let rows = scale::table(&model, &[1_000], &[1, 4]);
     let summary = report::summary(&report::Figures {
         mode: "test",
@@ -143,6 +151,7 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
         lengths: &[analysis::Length::of(work.steps, work.executions, &cost)],
         path: &path,
         latency: &latency,
+        latency_sustained: &sustained,
         cold: &cold,
         model: &model,
         rows: &rows,
@@ -175,8 +184,10 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_backlog_is_recovered_and_poison_is_pushed_back() -> anyhow::Result<()> {
     require_emulator();
-    let budget_ms = recovery::claim_timeout_ms(&Template::load(&Template::default_path())?)?;
-    let backlog = recovery::backlog(200, budget_ms).await?;
+    let schedule = recovery::Schedule::of(&Template::load(&Template::default_path())?)?;
+    let budget_ms = schedule.timeout_ms;
+    let backlog = recovery::backlog(200, schedule).await?;
+    assert_eq!(backlog.claim_period_s, schedule.period_s);
     assert_eq!(backlog.leased, 200, "{backlog:?}");
     let claimed: usize = backlog.sweeps.iter().map(|s| s.report.claimed).sum();
     assert_eq!(claimed, 200, "each execution claimed once: {backlog:?}");
@@ -199,8 +210,13 @@ async fn a_small_backlog_is_recovered_and_poison_is_pushed_back() -> anyhow::Res
         "{poison:?}"
     );
 
-    let summary = report::recovery_summary(&backlog, &poison, 0.0);
-    let markdown = report::recovery_markdown(&summary);
+    let run = recovery::Recovery {
+        emulator: String::new(),
+        backlog,
+        poison,
+        elapsed_s: 0.0,
+    };
+    let markdown = report::recovery_markdown(&serde_json::to_value(&run)?);
     assert!(markdown.contains("| Sweeps needed |"), "{markdown}");
     let doc = std::env::temp_dir().join(format!("bench-recovery-{}.md", uuid::Uuid::new_v4()));
     let text = format!(
