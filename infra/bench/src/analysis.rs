@@ -371,6 +371,8 @@ pub struct Latency {
     /// Median hop through the coordinator over the median bare round trip.
     pub ratio: f64,
     pub p99_ratio: f64,
+    /// Messages per completion invocation meanwhile.
+    pub completion_batch_mean: f64,
     /// Median duration of each kind of call in the same run (service.operation -> ms): what the
     /// emulator charges in time for the calls on the path.
     pub call_median_ms: BTreeMap<String, f64>,
@@ -382,6 +384,7 @@ pub fn latency(measured: &Measured) -> Latency {
         &measured.hops_us,
         &measured.ping_pong_us,
         &measured.sequential_calls,
+        measured.sequential_batch_mean,
     )
 }
 
@@ -392,10 +395,11 @@ pub fn latency_sustained(measured: &Measured) -> Latency {
         &measured.sustained_hops_us,
         &measured.sustained_ping_pong_us,
         &[],
+        measured.sustained_batch_mean,
     )
 }
 
-fn latency_of(hops: &[u64], pings: &[u64], calls: &[Call]) -> Latency {
+fn latency_of(hops: &[u64], pings: &[u64], calls: &[Call], batch_mean: f64) -> Latency {
     let mut hops = hops.to_vec();
     let mut pings = pings.to_vec();
     hops.sort_unstable();
@@ -421,6 +425,7 @@ fn latency_of(hops: &[u64], pings: &[u64], calls: &[Call]) -> Latency {
         .collect();
     Latency {
         call_median_ms,
+        completion_batch_mean: batch_mean,
         hops: hops.len(),
         hop_median_ms: hop_median,
         hop_p99_ms: hop_p99,

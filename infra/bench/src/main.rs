@@ -40,6 +40,10 @@ struct Args {
     /// Executions run one at a time for latency and the critical path (default 60 quick, 200 full).
     #[arg(long)]
     sequential: Option<usize>,
+    /// Executions run together, beside as many bare chains, for hop latency at sustained load
+    /// (default 40 quick, 100 full; 0: skip).
+    #[arg(long)]
+    loaded: Option<usize>,
     /// Directory of the release binaries (default: target/release).
     #[arg(long)]
     binaries: Option<PathBuf>,
@@ -91,6 +95,7 @@ async fn main() -> Result<()> {
         steps: args.steps,
         payload_bytes: args.payload_bytes,
         sequential: args.sequential.unwrap_or(if args.full { 200 } else { 60 }),
+        loaded: args.loaded.unwrap_or(if args.full { 100 } else { 40 }),
         lifecycle_events: false,
     };
     let prices = pricing::US_EAST_1;
@@ -111,6 +116,7 @@ async fn main() -> Result<()> {
         lifecycle_events: true,
         executions: work.light.max(1),
         sequential: 0,
+        loaded: 0,
         light: 0,
         ..work
     })
@@ -126,6 +132,7 @@ async fn main() -> Result<()> {
             executions: (work.executions * work.steps / steps).max(1),
             steps,
             sequential: 0,
+            loaded: 0,
             light: 0,
             ..work
         };

@@ -303,6 +303,14 @@ pub fn markdown(s: &Value) -> String {
             num(&l["ratio"]), num(&l["p99_ratio"]),
         );
     }
+    if s["latency_sustained"].is_object() {
+        let _ = writeln!(
+            md,
+            "\nMessages per completion invocation: {:.1} one at a time, {:.1} at sustained load.",
+            num(&s["latency"]["completion_batch_mean"]),
+            num(&s["latency_sustained"]["completion_batch_mean"]),
+        );
+    }
 
     let cold = &s["cold_start"];
     let _ = writeln!(

@@ -46,6 +46,9 @@ pub struct Workload {
     pub payload_bytes: usize,
     /// Executions run one at a time for the latency and critical-path figures.
     pub sequential: usize,
+    /// Executions run together, each beside a bare chain of as many round trips, for hop latency at
+    /// sustained load (0: none).
+    pub loaded: usize,
     /// Publish lifecycle events (the template's LifecycleEvents parameter).
     pub lifecycle_events: bool,
     /// Completion instances (each a coordinator with its own cache) the reply queue's batches are
@@ -112,10 +115,13 @@ pub struct Measured {
     pub hops_us: Vec<u64>,
     /// Bare SQS request/reply round trips, in microseconds.
     pub ping_pong_us: Vec<u64>,
-    /// P3 at sustained load: the step hops of as many executions as the sustained run, submitted
-    /// together, and the round trips of as many bare chains run beside them.
+    /// Messages per completion invocation in the sequential run.
+    pub sequential_batch_mean: f64,
+    /// P3 at sustained load: the step hops of executions submitted together, the round trips of as
+    /// many bare chains run beside them, and the messages per completion invocation meanwhile.
     pub sustained_hops_us: Vec<u64>,
     pub sustained_ping_pong_us: Vec<u64>,
+    pub sustained_batch_mean: f64,
     /// Queue URLs consumed by coordinator functions and by workers.
     pub coordinator_queues: Vec<String>,
     pub worker_queues: Vec<String>,
@@ -340,15 +346,15 @@ pub async fn run(work: Workload) -> Result<Measured> {
     ids.extend(sustained);
     let (cost_calls, cost_invocations) = meter.take();
 
-    // P3 at sustained load: the sustained run again, each submission starting a bare chain of as many
-    // round trips beside it, so both see the same queues and the same emulator. Hops in deep queues
-    // are mostly waiting; the ratio says what the coordinator adds to that wait.
+    // P3 at sustained load: executions submitted together, each beside a bare chain of as many round
+    // trips, so both see the same queues, the same full batches and the same emulator. As many as
+    // keep the batches full without a backlog: in a backlog a hop measures the queue's depth.
     let hops_per_execution = work.steps.saturating_sub(1).max(1) as u64;
     let chain_of = |n: usize| {
         let first = SUSTAINED_CHAINS + n as u64 * 1_000;
         first..first + hops_per_execution
     };
-    let loaded: Vec<Uuid> = futures_util::stream::iter(0..work.executions)
+    let loaded: Vec<Uuid> = futures_util::stream::iter(0..work.loaded)
         .map(|n| {
             let (api, sender, ping, meter) = (&api, &sender, &ping.queue_url, &meter);
             async move {
@@ -363,13 +369,13 @@ pub async fn run(work: Workload) -> Result<Measured> {
         .await
         .into_iter()
         .collect::<Result<_>>()?;
-    wait_all(&observer, &loaded, limit(work.executions)).await?;
-    let chains: Vec<_> = (0..work.executions).map(chain_of).collect();
-    wait_chains(&arrivals, &chains, limit(work.executions)).await?;
+    wait_all(&observer, &loaded, limit(work.loaded)).await?;
+    let chains: Vec<_> = (0..work.loaded).map(chain_of).collect();
+    wait_chains(&arrivals, &chains, limit(work.loaded)).await?;
     let sustained_hops_us = hops_of(&times, &loaded, false);
     let sustained_ping_pong_us = round_trips(&arrivals, &departures, &chains);
     ids.extend(loaded);
-    meter.take();
+    let sustained_batch_mean = completion_batch_mean(&meter.take().1);
 
     // P2 and P3: one execution at a time, so every completion handles exactly one reply. Each is
     // followed by as many bare round trips (P3's baseline), so both see the same conditions.
@@ -411,7 +417,8 @@ pub async fn run(work: Workload) -> Result<Measured> {
         .await?;
         chains.push(chain);
     }
-    let (sequential_calls, _) = meter.take();
+    let (sequential_calls, sequential_invocations) = meter.take();
+    let sequential_batch_mean = completion_batch_mean(&sequential_invocations);
     // Only executions of the sequential run count: the concurrent ones queued behind each other.
     let sequential_hops = hops_of(&times, &ids, true);
     let ping_pong_us = round_trips(&arrivals, &departures, &chains);
@@ -433,8 +440,10 @@ pub async fn run(work: Workload) -> Result<Measured> {
         sequential_calls,
         hops_us: sequential_hops,
         ping_pong_us,
+        sequential_batch_mean,
         sustained_hops_us,
         sustained_ping_pong_us,
+        sustained_batch_mean,
         coordinator_queues: queues_of(&[functions::LAUNCH, functions::COMPLETION]),
         worker_queues: queues_of(&[functions::ORDER_WORKER]),
         memory_mb: memory_sizes(&template),
@@ -464,6 +473,16 @@ fn hops_of(times: &StepTimes, ids: &[Uuid], exclude: bool) -> Vec<u64> {
 /// Where the bare chains of the sustained latency run start numbering their messages (the sequential
 /// run's chains number from 0, a thousand apart).
 const SUSTAINED_CHAINS: u64 = 1 << 40;
+
+/// Messages per completion invocation (0 when there was none).
+fn completion_batch_mean(invocations: &[Invocation]) -> f64 {
+    let completions: Vec<usize> = invocations
+        .iter()
+        .filter(|i| i.function == "completion")
+        .map(|i| i.records)
+        .collect();
+    completions.iter().sum::<usize>() as f64 / completions.len().max(1) as f64
+}
 
 /// Waits until the last round trip of every chain has arrived.
 async fn wait_chains(

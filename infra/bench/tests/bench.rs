@@ -72,6 +72,7 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
         // Enough hops that the first reply of each completion instance (which reads the sealing key
         // once) cannot make the median.
         sequential: 5,
+        loaded: 6,
         lifecycle_events: false,
         completions: 4,
     };
@@ -124,6 +125,8 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
         "at sustained load too, as many bare round trips as hops: {sustained:?}"
     );
     assert!(sustained.ratio > 0.0 && sustained.p99_ratio > 0.0);
+    assert_eq!(latency.completion_batch_mean, 1.0, "one reply at a time");
+    assert!(sustained.completion_batch_mean >= 1.0, "{sustained:?}");
 
     // Cold start of the debug binaries (the benchmark proper uses the release build).
     let packages: Vec<&str> = coldstart::BINARIES.iter().map(|(b, _)| *b).collect();
