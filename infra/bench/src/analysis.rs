@@ -29,6 +29,9 @@ pub struct Cost {
     pub coordinator_usd_per_million_steps: f64,
     /// Worker side (the user's step code): the same for the worker functions.
     pub worker_usd_per_million_steps: f64,
+    /// The coordinator side's figure split by the function that made the calls or was invoked (`api`
+    /// is the submit; `polling` the event source's receives and deletes on the coordinator's queues).
+    pub by_function: BTreeMap<String, f64>,
     pub step_functions_usd_per_million_steps: f64,
     pub durable_functions_usd_per_million_steps: f64,
     /// Per step transition, on the coordinator side.
@@ -81,6 +84,16 @@ fn template_function(short: &str) -> &'static str {
         .iter()
         .find(|(_, name)| *name == short)
         .map_or("ApiFunction", |(function, _)| function)
+}
+
+/// Messages per invocation of the `functions` named, on average (0 when there was none).
+pub fn batch_mean(invocations: &[Invocation], functions: &[&str]) -> f64 {
+    let batches: Vec<usize> = invocations
+        .iter()
+        .filter(|i| functions.contains(&i.function))
+        .map(|i| i.records)
+        .collect();
+    batches.iter().sum::<usize>() as f64 / batches.len().max(1) as f64
 }
 
 /// Units and price of one call.
@@ -167,6 +180,10 @@ fn cost_of(
         line.units += units;
         line.usd_per_million_steps += per_million(usd);
         if side == "coordinator" {
+            *cost
+                .by_function
+                .entry(call.function.unwrap_or("polling").into())
+                .or_default() += per_million(usd);
             match call.service.as_str() {
                 "dynamodb" => {
                     if call.operation == "PutItem" {
@@ -190,13 +207,7 @@ fn cost_of(
             }
         }
     }
-    let batches: Vec<usize> = invocations
-        .iter()
-        .filter(|i| matches!(i.function, "launch" | "completion"))
-        .map(|i| i.records)
-        .collect();
-    cost.records_per_invocation =
-        batches.iter().sum::<usize>() as f64 / batches.len().max(1) as f64;
+    cost.records_per_invocation = batch_mean(invocations, &["launch", "completion"]);
     for invocation in invocations {
         let side = match invocation.function {
             "claim" | "ping-pong" => continue,
@@ -226,6 +237,12 @@ fn cost_of(
                 if side == "coordinator" {
                     cost.lambda_invocations_per_step += 1.0;
                 }
+            }
+            if side == "coordinator" {
+                *cost
+                    .by_function
+                    .entry(invocation.function.into())
+                    .or_default() += per_million(usd);
             }
             line.units += units;
             line.usd_per_million_steps += per_million(usd);

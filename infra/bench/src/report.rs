@@ -233,6 +233,17 @@ pub fn markdown(s: &Value) -> String {
         num(&c["events_per_step"]), c["item_bytes_median"], c["item_bytes_max"], num(&c["claim_usd_per_month"]),
         c["empty_receives"],
     );
+    let by_function: Vec<String> = c["by_function"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(function, usd)| format!("{function} ${:.3}", num(usd)))
+        .collect();
+    let _ = writeln!(
+        md,
+        "By function, at sustained load (each with its Lambda requests and duration; `polling` is the event sources' receives and deletes on the coordinator's queues): {}.\n",
+        by_function.join(", "),
+    );
     let _ = writeln!(
         md,
         "Listing and history, included above: {:.3} list-index entries written per step ({:.2} per {}-step execution: one, at its creation), {:.3} history journal writes per step ({:.3} write units), together ${:.3} per million steps; the list keys and the history entries the record holds take a median {} B of the execution item.\n",

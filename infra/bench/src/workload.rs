@@ -335,13 +335,10 @@ pub async fn run(work: Workload) -> Result<Measured> {
     let (light_calls, light_invocations) = meter.take();
 
     // P1, sustained: executions submitted together, so every queue stays deep and batches fill.
-    let sustained: Vec<Uuid> = futures_util::stream::iter(0..work.executions)
-        .map(|n| submit(&meter, &api, work.light + n, work.payload_bytes))
-        .buffer_unordered(SUBMITS_IN_FLIGHT)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_>>()?;
+    let sustained = together(work.executions, |n| {
+        submit(&meter, &api, work.light + n, work.payload_bytes)
+    })
+    .await?;
     wait_all(&observer, &sustained, limit(work.executions)).await?;
     ids.extend(sustained);
     let (cost_calls, cost_invocations) = meter.take();
@@ -354,21 +351,14 @@ pub async fn run(work: Workload) -> Result<Measured> {
         let first = SUSTAINED_CHAINS + n as u64 * 1_000;
         first..first + hops_per_execution
     };
-    let loaded: Vec<Uuid> = futures_util::stream::iter(0..work.loaded)
-        .map(|n| {
-            let (api, sender, ping, meter) = (&api, &sender, &ping.queue_url, &meter);
-            async move {
-                let chain = chain_of(n);
-                let start = json!({"seq": chain.start, "last": chain.end}).to_string();
-                sender.send(ping, &[OutMessage::new(start)]).await;
-                submit(meter, api, n, work.payload_bytes).await
-            }
-        })
-        .buffer_unordered(SUBMITS_IN_FLIGHT)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_>>()?;
+    let loaded = together(work.loaded, |n| {
+        let (api, sender, ping, meter) = (&api, &sender, &ping.queue_url, &meter);
+        async move {
+            start_chain(sender, ping, &chain_of(n)).await;
+            submit(meter, api, n, work.payload_bytes).await
+        }
+    })
+    .await?;
     wait_all(&observer, &loaded, limit(work.loaded)).await?;
     let chains: Vec<_> = (0..work.loaded).map(chain_of).collect();
     wait_chains(&arrivals, &chains, limit(work.loaded)).await?;
@@ -399,16 +389,8 @@ pub async fn run(work: Workload) -> Result<Measured> {
         }
         wait_all(&observer, &[id], Duration::from_secs(30)).await?;
         let first = n as u64 * 1_000;
-        let last = first + hops_per_execution;
-        sender
-            .send(
-                &ping.queue_url,
-                &[OutMessage::new(
-                    json!({"seq": first, "last": last}).to_string(),
-                )],
-            )
-            .await;
-        let chain = first..last;
+        let chain = first..first + hops_per_execution;
+        start_chain(&sender, &ping.queue_url, &chain).await;
         wait_chains(
             &arrivals,
             std::slice::from_ref(&chain),
@@ -476,12 +458,28 @@ const SUSTAINED_CHAINS: u64 = 1 << 40;
 
 /// Messages per completion invocation (0 when there was none).
 fn completion_batch_mean(invocations: &[Invocation]) -> f64 {
-    let completions: Vec<usize> = invocations
-        .iter()
-        .filter(|i| i.function == "completion")
-        .map(|i| i.records)
-        .collect();
-    completions.iter().sum::<usize>() as f64 / completions.len().max(1) as f64
+    crate::analysis::batch_mean(invocations, &["completion"])
+}
+
+/// Runs `submit(n)` for every `n` below `count`, [`SUBMITS_IN_FLIGHT`] at a time, as concurrent API
+/// calls; the ids in the order they were returned.
+async fn together<F>(count: usize, submit: impl Fn(usize) -> F) -> Result<Vec<Uuid>>
+where
+    F: std::future::Future<Output = Result<Uuid>>,
+{
+    futures_util::stream::iter(0..count)
+        .map(submit)
+        .buffer_unordered(SUBMITS_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// Starts a bare chain: its first message, numbered `chain.start`, passed on until `chain.end`.
+async fn start_chain(sender: &SqsSender, ping: &str, chain: &std::ops::Range<u64>) {
+    let start = json!({"seq": chain.start, "last": chain.end}).to_string();
+    sender.send(ping, &[OutMessage::new(start)]).await;
 }
 
 /// Waits until the last round trip of every chain has arrived.

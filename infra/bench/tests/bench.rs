@@ -98,6 +98,22 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
         .lines
         .iter()
         .any(|l| l.side == "worker" && l.operation == "SendMessageBatch"));
+    // The split by function adds up to the coordinator's figure, and names the functions that did the
+    // work: the submit, the completion and the event sources' polling.
+    let split: f64 = cost.by_function.values().sum();
+    assert!(
+        (split - cost.coordinator_usd_per_million_steps).abs() < 1e-6,
+        "{:?} against {}",
+        cost.by_function,
+        cost.coordinator_usd_per_million_steps
+    );
+    for function in ["api", "completion", "polling"] {
+        assert!(
+            cost.by_function.get(function).is_some_and(|usd| *usd > 0.0),
+            "{function} in {:?}",
+            cost.by_function
+        );
+    }
 
     let path = analysis::critical_path(&measured);
     assert_eq!(
@@ -169,6 +185,11 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
     for (_, label, _) in report::TARGETS {
         assert!(markdown.contains(label), "{label}");
     }
+    assert!(
+        markdown.contains("By function, at sustained load"),
+        "{markdown}"
+    );
+    assert!(markdown.contains("completion $"), "{markdown}");
 
     // The doc update replaces only the marked section.
     let doc = std::env::temp_dir().join(format!("bench-doc-{}.md", uuid::Uuid::new_v4()));
