@@ -44,6 +44,9 @@ struct Args {
     /// (default 40 quick, 100 full; 0: skip).
     #[arg(long)]
     loaded: Option<usize>,
+    /// Rounds of the `loaded` executions, one after another (more hops at the same load).
+    #[arg(long, default_value_t = 5)]
+    loaded_rounds: usize,
     /// Directory of the release binaries (default: target/release).
     #[arg(long)]
     binaries: Option<PathBuf>,
@@ -96,6 +99,7 @@ async fn main() -> Result<()> {
         payload_bytes: args.payload_bytes,
         sequential: args.sequential.unwrap_or(if args.full { 200 } else { 60 }),
         loaded: args.loaded.unwrap_or(if args.full { 100 } else { 40 }),
+        loaded_rounds: args.loaded_rounds,
         lifecycle_events: false,
     };
     let prices = pricing::US_EAST_1;

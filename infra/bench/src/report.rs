@@ -68,6 +68,7 @@ pub fn summary(f: &Figures<'_>) -> Value {
             "payload_bytes": f.work.payload_bytes,
             "sequential_executions": f.work.sequential,
             "loaded_executions": f.work.loaded,
+            "loaded_rounds": f.work.loaded_rounds,
         },
         "emulator": std::env::var("AWS_ENDPOINT_URL").unwrap_or_default(),
         "prices": f.prices,
@@ -161,10 +162,10 @@ pub fn markdown(s: &Value) -> String {
     let w = &s["workload"];
     let _ = writeln!(
         md,
-        "Mode `{}`: a {}-step pipeline ({}-byte payloads); for cost, {} executions submitted together ({} submissions in flight: sustained load) and {} submitted one after another (light load); {} run one at a time for latency, and {} together, each beside a bare chain, for latency at sustained load. The reply queue's batches are spread over {} completion instances (coordinators with their own caches); launches and submissions run in instances of their own. On `{}`.\n",
+        "Mode `{}`: a {}-step pipeline ({}-byte payloads); for cost, {} executions submitted together ({} submissions in flight: sustained load) and {} submitted one after another (light load); {} run one at a time for latency, and {} together, each beside a bare chain, in {} rounds one after another, for latency at sustained load. The reply queue's batches are spread over {} completion instances (coordinators with their own caches); launches and submissions run in instances of their own. On `{}`.\n",
         s["mode"].as_str().unwrap_or("?"),
         w["steps"], w["payload_bytes"], w["executions"], w["submits_in_flight"], w["light_executions"],
-        w["sequential_executions"], w["loaded_executions"], w["completion_instances"],
+        w["sequential_executions"], w["loaded_executions"], w["loaded_rounds"], w["completion_instances"],
         s["emulator"].as_str().unwrap_or("?"),
     );
     let _ = writeln!(

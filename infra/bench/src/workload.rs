@@ -49,6 +49,9 @@ pub struct Workload {
     /// Executions run together, each beside a bare chain of as many round trips, for hop latency at
     /// sustained load (0: none).
     pub loaded: usize,
+    /// Times the `loaded` executions are run together, one round after another: more hops at the same
+    /// load, so that a p99 is not the second-slowest of a few hundred.
+    pub loaded_rounds: usize,
     /// Publish lifecycle events (the template's LifecycleEvents parameter).
     pub lifecycle_events: bool,
     /// Completion instances (each a coordinator with its own cache) the reply queue's batches are
@@ -185,6 +188,28 @@ pub(crate) fn metered(meter: &Meter, binding: Binding) -> Binding {
     }
 }
 
+/// Wraps the sweeper's schedule so that its runs are skipped while `hold` is held for writing (and a
+/// run under way holds off the writer until it has returned).
+fn held(hold: &Arc<tokio::sync::RwLock<()>>, binding: Binding) -> Binding {
+    match binding {
+        Binding::Schedule { function, handler } => {
+            let hold = hold.clone();
+            Binding::Schedule {
+                function,
+                handler: Arc::new(move |event| {
+                    let (hold, handler) = (hold.clone(), handler.clone());
+                    Box::pin(async move {
+                        if let Ok(_running) = hold.try_read() {
+                            handler(event).await;
+                        }
+                    })
+                }),
+            }
+        }
+        other => other,
+    }
+}
+
 /// A fresh stage of the template (with `params`) whose clients carry a meter, and an observer
 /// coordinator on its own, unmetered clients (its polls and submissions are not the stack's work).
 pub async fn metered_stage(
@@ -307,10 +332,16 @@ pub async fn run(work: Workload) -> Result<Measured> {
         source: pong.clone(),
         handler: bouncer(sender.clone(), ping.queue_url.clone(), meter.clone(), None),
     });
-    let bindings = bindings.into_iter().map(|b| metered(&meter, b)).collect();
     // The claim sweeper on the template's schedule, as deployed: a sweep queries every due-index
     // shard, and on this emulator a Query over an index reads the whole table, so sweeping every
-    // second (the tests' pace) would load it with work a deployment does not do.
+    // second (the tests' pace) would load it with work a deployment does not do. For the same reason
+    // it is held off while hops are timed: one sweep stalls every other call to the emulator for
+    // seconds, which DynamoDB's Queries do not do to other clients.
+    let sweeps = Arc::new(tokio::sync::RwLock::new(()));
+    let bindings = bindings
+        .into_iter()
+        .map(|b| held(&sweeps, metered(&meter, b)))
+        .collect();
     let _runner = Runner::start(
         sqs.clone(),
         &local.stack,
@@ -347,21 +378,28 @@ pub async fn run(work: Workload) -> Result<Measured> {
     // trips, so both see the same queues, the same full batches and the same emulator. As many as
     // keep the batches full without a backlog: in a backlog a hop measures the queue's depth.
     let hops_per_execution = work.steps.saturating_sub(1).max(1) as u64;
+    let timing = sweeps.write().await;
     let chain_of = |n: usize| {
         let first = SUSTAINED_CHAINS + n as u64 * 1_000;
         first..first + hops_per_execution
     };
-    let loaded = together(work.loaded, |n| {
-        let (api, sender, ping, meter) = (&api, &sender, &ping.queue_url, &meter);
-        async move {
-            start_chain(sender, ping, &chain_of(n)).await;
-            submit(meter, api, n, work.payload_bytes).await
-        }
-    })
-    .await?;
-    wait_all(&observer, &loaded, limit(work.loaded)).await?;
-    let chains: Vec<_> = (0..work.loaded).map(chain_of).collect();
-    wait_chains(&arrivals, &chains, limit(work.loaded)).await?;
+    let (mut loaded, mut chains) = (Vec::new(), Vec::new());
+    for round in 0..work.loaded_rounds {
+        let first = round * work.loaded;
+        let these = together(work.loaded, |n| {
+            let (api, sender, ping, meter) = (&api, &sender, &ping.queue_url, &meter);
+            async move {
+                start_chain(sender, ping, &chain_of(first + n)).await;
+                submit(meter, api, first + n, work.payload_bytes).await
+            }
+        })
+        .await?;
+        wait_all(&observer, &these, limit(work.loaded)).await?;
+        let these_chains: Vec<_> = (first..first + work.loaded).map(chain_of).collect();
+        wait_chains(&arrivals, &these_chains, limit(work.loaded)).await?;
+        loaded.extend(these);
+        chains.extend(these_chains);
+    }
     let sustained_hops_us = hops_of(&times, &loaded, false);
     let sustained_ping_pong_us = round_trips(&arrivals, &departures, &chains);
     ids.extend(loaded);
@@ -399,6 +437,7 @@ pub async fn run(work: Workload) -> Result<Measured> {
         .await?;
         chains.push(chain);
     }
+    drop(timing);
     let (sequential_calls, sequential_invocations) = meter.take();
     let sequential_batch_mean = completion_batch_mean(&sequential_invocations);
     // Only executions of the sequential run count: the concurrent ones queued behind each other.
@@ -608,4 +647,63 @@ fn bouncer(
             SqsBatchResponse::default()
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_held_schedule_skips_its_runs_and_a_run_under_way_holds_off_the_timing() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (started, finish) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        let handler: stepline_local::runner::ScheduleHandler = {
+            let (runs, started, finish) = (runs.clone(), started.clone(), finish.clone());
+            Arc::new(move |_| {
+                let (runs, started, finish) = (runs.clone(), started.clone(), finish.clone());
+                Box::pin(async move {
+                    started.notify_one();
+                    finish.notified().await;
+                    runs.fetch_add(1, Ordering::SeqCst);
+                })
+            })
+        };
+        let hold = Arc::new(tokio::sync::RwLock::new(()));
+        let Binding::Schedule { handler, .. } = held(
+            &hold,
+            Binding::Schedule {
+                function: functions::CLAIM.into(),
+                handler,
+            },
+        ) else {
+            panic!("a schedule stays a schedule");
+        };
+        let event = stepline_local::runner::scheduled_event;
+
+        // A run under way: the timing waits for it to return.
+        let run = tokio::spawn(handler(event()));
+        started.notified().await;
+        assert!(hold.try_write().is_err(), "the run holds off the timing");
+        finish.notify_one();
+        run.await.unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+        // While held, a tick returns at once without running.
+        let timing = hold.write().await;
+        // (A run would wait for `finish`, which nothing notifies here.)
+        let skipped = tokio::time::timeout(Duration::from_secs(10), handler(event())).await;
+        assert!(skipped.is_ok(), "the tick returns at once while held");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "skipped while held");
+        drop(timing);
+        let run = tokio::spawn(handler(event()));
+        started.notified().await;
+        finish.notify_one();
+        run.await.unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "runs again once released");
+    }
 }

@@ -73,6 +73,7 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
         // once) cannot make the median.
         sequential: 5,
         loaded: 6,
+        loaded_rounds: 2,
         lifecycle_events: false,
         completions: 4,
     };
@@ -137,8 +138,8 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
     let sustained = analysis::latency_sustained(&measured);
     assert_eq!(
         (sustained.hops, sustained.ping_pongs),
-        (12, 12),
-        "at sustained load too, as many bare round trips as hops: {sustained:?}"
+        (24, 24),
+        "at sustained load too, as many bare round trips as hops, over both rounds: {sustained:?}"
     );
     assert!(sustained.ratio > 0.0 && sustained.p99_ratio > 0.0);
     assert_eq!(latency.completion_batch_mean, 1.0, "one reply at a time");
