@@ -684,13 +684,30 @@ mod tests {
             panic!("a schedule stays a schedule");
         };
         let event = stepline_local::runner::scheduled_event;
+        let within = |what: &'static str| {
+            let started = started.clone();
+            async move {
+                tokio::time::timeout(Duration::from_secs(10), started.notified())
+                    .await
+                    .unwrap_or_else(|_| panic!("{what}"))
+            }
+        };
 
         // A run under way: the timing waits for it to return.
         let run = tokio::spawn(handler(event()));
-        started.notified().await;
-        assert!(hold.try_write().is_err(), "the run holds off the timing");
+        within("a tick runs while nothing holds the schedule").await;
+        let timing = tokio::spawn({
+            let hold = hold.clone();
+            async move { drop(hold.write().await) }
+        });
+        tokio::task::yield_now().await;
+        assert!(!timing.is_finished(), "the run holds off the timing");
         finish.notify_one();
         run.await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), timing)
+            .await
+            .expect("the timing goes on once the run has returned")
+            .unwrap();
         assert_eq!(runs.load(Ordering::SeqCst), 1);
 
         // While held, a tick returns at once without running.
@@ -701,7 +718,7 @@ mod tests {
         assert_eq!(runs.load(Ordering::SeqCst), 1, "skipped while held");
         drop(timing);
         let run = tokio::spawn(handler(event()));
-        started.notified().await;
+        within("a tick runs again once the timing is over").await;
         finish.notify_one();
         run.await.unwrap();
         assert_eq!(runs.load(Ordering::SeqCst), 2, "runs again once released");
