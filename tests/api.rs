@@ -138,6 +138,7 @@ impl StepFunction for Gated {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_is_idempotent_and_status_and_result_follow_the_execution() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("api-submit", |_| {}).await?;
     let body = submission(&stack, 1, Some("order-1"));
 
@@ -251,6 +252,7 @@ async fn submit_is_idempotent_and_status_and_result_follow_the_execution() -> an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_unknown_requests_are_refused_with_stable_codes() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let stack = TestStack::new("api-bad", |_| {}).await?;
     let unknown = Uuid::new_v4();
 
@@ -382,6 +384,7 @@ async fn malformed_and_unknown_requests_are_refused_with_stable_codes() -> anyho
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_execution_is_cancelled_once() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     // No runner: the execution stays queued.
     let stack = TestStack::new("api-cancel", |_| {}).await?;
     let id = submit(&stack, 2).await;
@@ -428,6 +431,7 @@ async fn a_queued_execution_is_cancelled_once() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let (stack, steps) = TestStack::with_failing_pricing("api-redrive", false, |_| {}).await?;
     let id = submit(&stack, 4).await;
     // Settled: failed, and its dead-letter envelope sent (which is one more write).
@@ -507,6 +511,7 @@ async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_are_registered_once_and_activated_by_version() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let stack = TestStack::new("api-releases", |_| {}).await?;
     let pipeline = stack.pipeline.pipeline_id.clone();
     let mut def = stack.pipeline.clone();
@@ -642,6 +647,7 @@ async fn releases_are_registered_once_and_activated_by_version() -> anyhow::Resu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interactions_are_listed_and_completed_once() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     // The approval notice goes to a queue nobody reads: the test finds the token through the API.
     let (stack, _) = TestStack::with_approval("api-await", 600).await?;
     let id = submit(&stack, 1).await;
@@ -735,6 +741,7 @@ async fn interactions_are_listed_and_completed_once() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executions_are_listed_and_their_history_read_over_http() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("api-list", |_| {}).await?;
     let pipeline = stack.pipeline.pipeline_id.clone();
     let first = submit(&stack, 1).await;

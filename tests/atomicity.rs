@@ -24,6 +24,7 @@ fn bulky(tag: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_conditional_writes_on_one_execution_let_exactly_one_win() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let stack = TestStack::new("atomic-put", |_| {}).await?;
     let id = stack.submit(json!({"orderId": "o-1", "items": []})).await?;
     let store = stack.api.store().clone();
@@ -72,6 +73,7 @@ async fn racing_conditional_writes_on_one_execution_let_exactly_one_win() -> any
 /// unit completed at the same moment. Each completion must be recorded, and the step must resolve.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn interactions_completed_at_once_are_all_recorded() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     const INTERACTIONS: usize = 8;
     let notices = format!("stepline-{}-gather", uuid::Uuid::new_v4().simple());
     let stack = TestStack::new("atomic-gather", |def: &mut PipelineDef| {

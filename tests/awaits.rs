@@ -67,6 +67,7 @@ async fn answer(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_resumes_the_execution_and_a_second_one_changes_nothing() -> anyhow::Result<()>
 {
+    stepline_local::needs_emulator!();
     let (stack, notices) = TestStack::with_approval("e2e-approve", 600).await?;
     let id = stack.submit(order_worker::sample_order(1)).await?;
 
@@ -113,6 +114,7 @@ async fn an_approval_resumes_the_execution_and_a_second_one_changes_nothing() ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejection_fails_the_execution_with_its_reason() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let (stack, notices) = TestStack::with_approval("e2e-reject", 600).await?;
     let id = stack.submit(order_worker::sample_order(2)).await?;
     let notice = notice(&stack, &notices).await?;
@@ -141,6 +143,7 @@ async fn a_rejection_fails_the_execution_with_its_reason() -> anyhow::Result<()>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unanswered_approval_fails_with_await_timeout_at_its_deadline() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let (stack, notices) = TestStack::with_approval("e2e-timeout", 2).await?;
     let id = stack.submit(order_worker::sample_order(3)).await?;
     let notice = notice(&stack, &notices).await?;
@@ -161,6 +164,7 @@ async fn an_unanswered_approval_fails_with_await_timeout_at_its_deadline() -> an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_or_wrong_resume_token_is_refused() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let (stack, notices) = TestStack::with_approval("e2e-forge", 600).await?;
     let id = stack.submit(order_worker::sample_order(4)).await?;
     let notice = notice(&stack, &notices).await?;

@@ -19,7 +19,7 @@ fn now_ms() -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Result<()> {
-    tokio::task::spawn_blocking(binaries::build).await??;
+    stepline_local::needs_emulator!();
     let stack = TestStack::new("e2e-bin", |_| {}).await?;
     let env = |function: &str| stack.function_env(function);
     let arn_of = |logical: &str| -> Result<String> {

@@ -32,6 +32,7 @@ const HAPPY_PATH_VERSION: u64 = 4;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_pipeline_succeeds_with_the_result_recorded_and_consumed_outputs_dropped(
 ) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("e2e-ok", |_| {}).await?;
     stack.start(Arc::new(OrderSteps))?;
     let input = order_worker::sample_order(1);
@@ -68,6 +69,7 @@ async fn example_pipeline_succeeds_with_the_result_recorded_and_consumed_outputs
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn characters_sqs_refuses_in_a_message_travel_escaped_and_arrive_intact() -> anyhow::Result<()>
 {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("e2e-chars", |_| {}).await?;
     stack.start(Arc::new(OrderSteps))?;
     let order_id = "order-\u{1}\u{1f}\u{fffe}\u{ffff}-\u{10ffff}-1";
@@ -107,6 +109,7 @@ impl MessageSender for DuplicatingSender {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicated_replies_do_not_advance_an_execution_twice() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("e2e-dup", |_| {}).await?;
     let sender = Arc::new(DuplicatingSender {
         inner: SqsSender::new(stack.sqs()),
@@ -169,6 +172,7 @@ async fn duplicated_replies_do_not_advance_an_execution_twice() -> anyhow::Resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let (stack, steps) = TestStack::with_failing_pricing("e2e-retry", true, |def| {
         for step in &mut def.steps {
             step.retry.max_attempts = 3;
@@ -209,6 +213,7 @@ async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redrive_runs_a_failed_execution_to_success_once_the_fault_is_gone() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let (stack, steps) = TestStack::with_failing_pricing("e2e-redrive", false, |_| {}).await?;
     let id = stack.submit(order_worker::sample_order(4)).await?;
     // Settled: failed, and its dead-letter envelope sent (which is one more write).
@@ -258,6 +263,7 @@ async fn redrive_runs_a_failed_execution_to_success_once_the_fault_is_gone() -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_claims_take_exactly_one_lease_per_execution() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     // No runner, and the first requests are lost: only the sweeper can move these executions.
     let stack = TestStack::new("e2e-claim", |_| {}).await?;
     let mut ids = Vec::new();
@@ -306,6 +312,7 @@ async fn racing_claims_take_exactly_one_lease_per_execution() -> anyhow::Result<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_replies_go_to_the_dlq_with_their_reason_and_leave_records_alone(
 ) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let stack = TestStack::new("e2e-poison", |_| {}).await?;
     let id = stack.submit(order_worker::sample_order(5)).await?;
     let before = stack.api.get(id).await?;
@@ -377,6 +384,7 @@ impl StepFunction for SlowPricing {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_execution_launches_nothing_more_and_ignores_a_late_reply() -> anyhow::Result<()>
 {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("e2e-cancel", |_| {}).await?;
     stack.start(Arc::new(SlowPricing::new(Duration::from_secs(2))))?;
     let id = stack.submit(order_worker::sample_order(6)).await?;
@@ -433,6 +441,7 @@ async fn a_cancelled_execution_launches_nothing_more_and_ignores_a_late_reply() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_replay_filters_dry_runs_and_redrives_from_the_execution_dlq() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let (stack, steps) = TestStack::with_failing_pricing("e2e-replay", false, |_| {}).await?;
     let mut ids = Vec::new();
     for (n, tenant) in ["acme", "acme", "globex"].into_iter().enumerate() {
@@ -547,6 +556,7 @@ async fn bulk_replay_filters_dry_runs_and_redrives_from_the_execution_dlq() -> a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicated_requests_stale_launch_work_and_garbage_in_every_queue_change_nothing(
 ) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("e2e-garbage", |_| {}).await?;
     let mut ids = Vec::new();
     for n in 0..4 {
@@ -641,6 +651,7 @@ impl MessageSender for DivertingSender {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("e2e-move", |_| {}).await?;
     let (_, reply_dlq) = stack.local.stack.queue("ReplyDeadLetterQueue")?;
     let sender = Arc::new(DivertingSender {
@@ -703,6 +714,7 @@ async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_keep_a_step_that_outlives_its_timeout_on_its_first_attempt(
 ) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     // A 4 s timeout and a 9 s price step: without heartbeats the sweeper would re-send the request at
     // 4 s and give up on the attempt at 8 s. (Heartbeats come every ~1.3 s: wide margins on a busy box.)
     let mut stack = TestStack::new("e2e-beat", |def| {

@@ -15,7 +15,7 @@ use stepline::envelope::RequestHeader;
 use stepline::handlers::{self, RedriveRequest};
 use stepline::worker::StepFunction;
 use stepline::SubmitRequest;
-use stepline_local::{fresh_stage, functions, require_emulator, LocalStack, RunnerOptions};
+use stepline_local::{fresh_stage, functions, LocalStack, RunnerOptions};
 use stepline_suite::wait_until;
 use uuid::Uuid;
 
@@ -113,7 +113,6 @@ async fn batch_of(
     stepline::Coordinator,
     Uuid,
 )> {
-    require_emulator();
     let local = LocalStack::up(&fresh_stage(prefix)).await?;
     let (batch_queue, _) = local.stack.queue("CsvRequestQueue")?;
     let (payment_queue, _) = local.stack.queue("PaymentRequestQueue")?;
@@ -169,6 +168,7 @@ fn children_of(parent: Uuid) -> Vec<Uuid> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_driven_fan_out_runs_only_the_children_that_did_not_succeed() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     // The slow row holds its first run past the fan-out's deadline (4 s).
     let steps = CountedPayments::new(&[SLOW_LINE], true);
     let (_local, _runner, api, id) = batch_of_four("fanout", &steps, 4).await?;
@@ -294,6 +294,7 @@ async fn wait_for(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_fan_out_cancels_its_children_still_running() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     // Every row holds its first run: all four children are running when the batch is cancelled.
     let steps = CountedPayments::new(&[2, 3, 4, 5], false);
     let (local, _runner, api, id) = batch_of_four("fanout-cancel", &steps, 600).await?;
@@ -349,23 +350,25 @@ async fn cancelling_a_fan_out_cancels_its_children_still_running() -> anyhow::Re
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_children_succeed_and_their_parent_is_written_a_constant_number_of_times(
+async fn many_children_succeed_and_their_parent_is_written_a_constant_number_of_times(
 ) -> anyhow::Result<()> {
-    const ROWS: usize = 1000;
+    stepline_local::needs_emulator!();
+    // A thousand children in the full tier, a hundred in the quick one.
+    let rows: usize = stepline_local::testing::sized(100, 1000);
     let steps = CountedPayments::new(&[], false);
     let started = std::time::Instant::now();
-    // The thousand requests are sent at once. A child still waiting in the queue when its step's
+    // The requests are sent at once. A child still waiting in the queue when its step's
     // deadline passes is retried, as any timed-out step is, and its row runs twice: on a slow machine
-    // the last few hundred did with the example's 120 s. What this test checks is not deadlines, so
+    // the last few hundred of a thousand did with the example's 120 s. What this test checks is not deadlines, so
     // the children get as long as it waits for them.
     let (_local, _runner, api, id) = batch_of(
-        "fanout-1k",
+        "fanout-many",
         &steps,
         |fan_out, pay| {
             fan_out.timeout_secs = 900;
             pay.timeout_secs = 900;
         },
-        &csv_of(ROWS),
+        &csv_of(rows),
     )
     .await?;
     let done = wait_for(&api, id, Duration::from_secs(900), |r| {
@@ -375,7 +378,7 @@ async fn a_thousand_children_succeed_and_their_parent_is_written_a_constant_numb
     let elapsed = started.elapsed();
     assert_eq!(done.status, Status::Succeeded, "{done:#?}");
     let summary = done.result.clone().expect("a summary").value().clone();
-    assert_eq!(summary["paid"], ROWS, "{summary}");
+    assert_eq!(summary["paid"], rows, "{summary}");
     assert_eq!(summary["failed"], json!([]));
     assert_eq!(
         summary["badRows"],
@@ -384,13 +387,13 @@ async fn a_thousand_children_succeed_and_their_parent_is_written_a_constant_numb
     );
     // Every row paid once.
     let runs = steps.runs.lock().unwrap().clone();
-    assert_eq!(runs.len(), ROWS);
+    assert_eq!(runs.len(), rows);
     assert!(runs.values().all(|n| *n == 1), "a row paid twice: {runs:?}");
     // Created, the rows parsed (the fan-out launched in that write), sized, children started,
     // settled (the summary launched in that write), summary done: six writes of the parent's item,
     // whatever the number of children.
     eprintln!(
-        "fan-out of {ROWS} children: {:.1} s, the parent's item written {} times",
+        "fan-out of {rows} children: {:.1} s, the parent's item written {} times",
         elapsed.as_secs_f64(),
         done.version
     );
@@ -405,6 +408,7 @@ async fn a_thousand_children_succeed_and_their_parent_is_written_a_constant_numb
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fan_out_failed_beyond_its_tolerance_is_re_driven_and_only_children_that_did_not_succeed_run_again(
 ) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     // No failure tolerated: the declined row fails the batch, and the children still running then
     // are cancelled.
     let steps = CountedPayments::new(&[], true);
@@ -500,9 +504,9 @@ impl StepFunction for ConcurrentPayments {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fan_out_over_json_lines_in_the_payload_bucket_runs_at_most_its_window_at_once(
 ) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     const ROWS: u64 = 12;
     const WINDOW: u32 = 3;
-    require_emulator();
     let local = LocalStack::up(&fresh_stage("fanout-window")).await?;
     let (batch_queue, _) = local.stack.queue("CsvRequestQueue")?;
     let (payment_queue, _) = local.stack.queue("PaymentRequestQueue")?;

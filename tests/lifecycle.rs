@@ -88,6 +88,7 @@ fn kinds(events: &BTreeMap<String, Value>) -> Vec<(String, Option<u64>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_run_publishes_one_lifecycle_event_per_transition() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::with_lifecycle_events("e2e-life", |_| {}).await?;
     let url = subscribe(&stack).await?;
     stack.start(Arc::new(OrderSteps))?;
@@ -135,6 +136,7 @@ impl StepFunction for FailingPrice {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_attempts_and_the_failure_are_published() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::with_lifecycle_events("e2e-lifefail", |def| {
         for step in &mut def.steps {
             step.retry.max_attempts = 2;

@@ -35,6 +35,7 @@ impl StepFunction for HugeError {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_300_kb_worker_error_is_stored_once_and_fails_the_execution_with_its_code(
 ) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("limits-error", |_| {}).await?;
     stack.start(Arc::new(HugeError(300_000)))?;
     let id = stack.submit(order_worker::sample_order(1)).await?;
@@ -69,6 +70,7 @@ async fn a_300_kb_worker_error_is_stored_once_and_fails_the_execution_with_its_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_too_large_for_the_item_fails_the_execution_with_item_too_large(
 ) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     // Claim checks set as high as they go (200 KiB): these payloads stay inline.
     let mut stack =
         TestStack::with_parameters("limits", &[("PayloadThresholdBytes", "204800")], |_| {})
@@ -114,6 +116,7 @@ async fn an_outcome_too_large_for_the_item_fails_the_execution_with_item_too_lar
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_messages_sent_together_are_split_into_batches_that_fit() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     // Ten replies of 120 KB: 1.2 MB in one SendMessageBatch is refused as a whole (over the batch
     // limit), and a sender that groups by count alone fails all ten, every time it retries.
     let stack = TestStack::new("limits-batch", |_| {}).await?;
@@ -152,6 +155,7 @@ impl StepFunction for Padded {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_30_kb_outputs_replied_in_one_batch_all_succeed() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("limits-30kb", |_| {}).await?;
     let ids = stack.submit_orders(10).await?;
     // The ten first requests, handled as one worker batch: ten replies of about 30 KB each (under the
@@ -187,17 +191,16 @@ async fn ten_30_kb_outputs_replied_in_one_batch_all_succeed() -> anyhow::Result<
     Ok(())
 }
 
-/// Step 0 returns a 100 MB document with its digest; step 1 checks what it received against it.
-struct Blob;
-
-const BLOB_BYTES: usize = 100 * 1024 * 1024;
+/// Step 0 returns a document of so many bytes with its digest; step 1 checks what it received against
+/// it.
+struct Blob(usize);
 
 #[async_trait]
 impl StepFunction for Blob {
     async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
         match request.step_index {
             0 => {
-                let blob: String = (0..BLOB_BYTES / 16)
+                let blob: String = (0..self.0 / 16)
                     .map(|i| format!("{:016x}", (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)))
                     .collect();
                 let sha256 = hex::encode(Sha256::digest(blob.as_bytes()));
@@ -217,14 +220,17 @@ impl StepFunction for Blob {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_100_mb_step_output_reaches_the_next_step_intact() -> anyhow::Result<()> {
-    let mut stack = TestStack::new("limits-100mb", |def| {
+async fn a_step_output_of_many_megabytes_reaches_the_next_step_intact() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
+    // 100 MB in the full tier; 8 MB, far past every inline limit, in the quick one.
+    let blob_bytes = stepline_local::testing::sized(8, 100) * 1024 * 1024;
+    let mut stack = TestStack::new("limits-blob", |def| {
         for step in &mut def.steps {
             step.timeout_secs = 600;
         }
     })
     .await?;
-    stack.start(Arc::new(Blob))?;
+    stack.start(Arc::new(Blob(blob_bytes)))?;
     let id = stack.submit(json!({"job": 1})).await?;
     let record = stack
         .wait_for(id, Duration::from_secs(600), |r| r.status.is_terminal())
@@ -233,7 +239,7 @@ async fn a_100_mb_step_output_reaches_the_next_step_intact() -> anyhow::Result<(
     let result = record.result.expect("a result");
     assert_eq!(
         result.value(),
-        &json!({"bytes": BLOB_BYTES, "intact": true})
+        &json!({"bytes": blob_bytes, "intact": true})
     );
     Ok(())
 }
@@ -251,6 +257,7 @@ impl StepFunction for Count {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_step_pipeline_succeeds_with_an_item_that_does_not_grow() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     const STEPS: usize = 1_000;
     let mut stack = TestStack::new("limits-long", |def| {
         let first = def.steps[0].clone();
@@ -344,6 +351,7 @@ impl StepFunction for Measure {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_input_is_claim_checked_at_submission_and_resolved_for_its_step(
 ) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("limits-input", |_| {}).await?;
     let input = json!({"note": "n".repeat(100_000)});
     let id = stack.submit(input.clone()).await?;

@@ -17,7 +17,8 @@ const FUNCTION_MEMORY_KIB: u64 = 128 * 1024;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_completion_function_stays_within_its_memory_under_large_outputs() -> anyhow::Result<()>
 {
-    tokio::task::spawn_blocking(binaries::build).await??;
+    stepline_local::full_tier_only!("the peak memory of 1,100 outputs of 100 KB");
+    stepline_local::needs_emulator!();
     // Outputs kept inline (the threshold at its largest), as a worker without claim checks sends them.
     let stack = TestStack::with_parameters(
         "mem-completion",

@@ -106,6 +106,7 @@ async fn v2_queues(stack: &TestStack) -> anyhow::Result<(ExtraQueue, ExtraQueue)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executions_stay_on_their_release_across_activation_and_rollback() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("e2e-rel", |_| {}).await?;
     let (v2_queue, v2_dlq) = v2_queues(&stack).await?;
     let v1 = stack.pipeline.clone();
@@ -221,6 +222,7 @@ async fn executions_stay_on_their_release_across_activation_and_rollback() -> an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_for_another_release_is_dead_lettered_unread_and_fails_its_execution_at_once(
 ) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("e2e-ident", |_| {}).await?;
     let (v2_queue, v2_dlq) = v2_queues(&stack).await?;
     let v2 = release_two(&stack.pipeline, &v2_queue.name);
@@ -298,6 +300,7 @@ async fn a_command_for_another_release_is_dead_lettered_unread_and_fails_its_exe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_descriptors_are_immutable() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let stack = TestStack::new("e2e-immut", |_| {}).await?;
     let registry = stack.api.registry().clone();
     let v2 = release_two(&stack.pipeline, "some-queue");

@@ -31,6 +31,7 @@ async fn executions_in_table(stack: &TestStack) -> anyhow::Result<usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_event_starts_one_execution_however_often_it_is_delivered() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("e2e-trigger", |_| {}).await?;
     stack.start(Arc::new(OrderSteps))?;
     let detail = json!({
@@ -110,6 +111,7 @@ async fn a_start_event_starts_one_execution_however_often_it_is_delivered() -> a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_queue_poison_goes_to_the_start_dlq_and_moves_back_to_the_start_queue(
 ) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("e2e-start-poison", |_| {}).await?;
     stack.start(Arc::new(OrderSteps))?;
     let (_, start_queue) = stack.local.stack.queue("StartQueue")?;

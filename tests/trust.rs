@@ -56,6 +56,7 @@ async fn send_reply(stack: &TestStack, reply: &Value) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_forged_from_the_public_derivation_is_refused_and_the_genuine_reply_applied(
 ) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("trust-forge", |_| {}).await?;
     let gate = Arc::new(AtomicBool::new(false));
     stack.start(Arc::new(Gated(gate.clone())))?;
@@ -129,6 +130,7 @@ impl StepFunction for Gated {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_of_an_unknown_kind_or_another_release_are_refused() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("trust-kind", |_| {}).await?;
     let id = stack.submit(order_worker::sample_order(2)).await?;
     // A worker that saw the request knows its token: still, the reply must be a reply, for the
@@ -179,6 +181,7 @@ async fn replies_of_an_unknown_kind_or_another_release_are_refused() -> anyhow::
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sealed_record_changed_on_its_way_is_not_trusted() -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
     let mut stack = TestStack::new("trust-seal", |_| {}).await?;
     let id = stack.submit(order_worker::sample_order(3)).await?;
     let requests = stack.take_all("OrderRequestQueue").await?;

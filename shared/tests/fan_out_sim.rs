@@ -1,6 +1,10 @@
 //! A fan-out in the deterministic simulation (`stepline::sim::fan_out`): the real handlers, worker
 //! runtime and ledger protocol over in-memory ports, with crashes, duplicate deliveries and
-//! reordering. `STEPLINE_FAN_OUT_CHILDREN` sets the large run's children (default 100,000).
+//! reordering. The large run has 100,000 children in the full tier and 10,000 in the quick one
+//! (`STEPLINE_FAN_OUT_CHILDREN` sets them); every run takes its schedules from the run's seed
+//! (`STEPLINE_SEED`, fresh every run and printed), which reproduces them.
+
+mod soak;
 
 use std::io::Write;
 
@@ -31,18 +35,16 @@ fn say(report: &FanOutReport, children: u32) {
 }
 
 #[test]
-fn a_hundred_thousand_children_are_each_counted_once_under_crashes_and_duplicates() {
-    let children = std::env::var("STEPLINE_FAN_OUT_CHILDREN")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
+fn a_large_fan_out_counts_each_child_once_under_crashes_and_duplicates() {
+    let children = soak::env_u64("STEPLINE_FAN_OUT_CHILDREN")
+        .unwrap_or_else(|| soak::size(10_000, 100_000)) as u32;
     let config = FanOutConfig {
         children,
         failing_every: 1000,
         tolerated: children / 1000,
         ..FanOutConfig::default()
     };
-    let report = run(7, &config);
+    let report = run(soak::seed(), &config);
     say(&report, children);
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert!(
@@ -58,7 +60,8 @@ fn a_hundred_thousand_children_are_each_counted_once_under_crashes_and_duplicate
 
 #[test]
 fn small_fan_outs_settle_once_under_many_schedules() {
-    for seed in 0..20 {
+    let first = soak::seed();
+    for seed in first..first + 20 {
         for (failing_every, tolerated) in [(0, 0), (5, 100), (5, 1)] {
             let config = FanOutConfig {
                 children: 40,
@@ -101,7 +104,8 @@ fn the_checker_catches_a_parent_resumed_twice() {
 
 #[test]
 fn a_window_keeps_at_most_so_many_children_running_under_crashes_and_duplicates() {
-    for seed in 0..5 {
+    let first = soak::seed();
+    for seed in first..first + 5 {
         let config = FanOutConfig {
             children: 2000,
             window: Some(25),
@@ -126,4 +130,31 @@ fn a_window_keeps_at_most_so_many_children_running_under_crashes_and_duplicates(
             "resumed at its next step"
         );
     }
+}
+
+#[test]
+fn a_fan_out_schedule_is_a_pure_function_of_its_seed() {
+    let config = FanOutConfig {
+        children: 200,
+        failing_every: 7,
+        tolerated: 100,
+        ..FanOutConfig::default()
+    };
+    let seed = soak::seed();
+    let trace = |report: FanOutReport| {
+        (
+            report.invocations,
+            report.deliveries,
+            report.crashes,
+            report.duplicates,
+            report.ledger_writes,
+            report.parent_writes,
+            format!("{:?} {:?}", report.status, report.tally),
+        )
+    };
+    assert_eq!(
+        trace(run(seed, &config)),
+        trace(run(seed, &config)),
+        "seed {seed} is not reproducible"
+    );
 }

@@ -32,14 +32,9 @@ pub mod binaries {
     use anyhow::Result;
     use stepline_local::runtime_api::Function;
 
-    /// Builds every function binary (the test suite itself only builds libraries and tests).
-    pub fn build() -> Result<()> {
-        stepline_local::binaries::build(&[])
-    }
-
-    /// Starts a workspace binary under the test-served Runtime API.
+    /// Starts a workspace binary (built before the tests) under the test-served Runtime API.
     pub async fn start(binary: &str, env: &BTreeMap<String, String>) -> Result<Function> {
-        Function::start(&stepline_local::binaries::dir().join(binary), env).await
+        Function::start(&stepline_local::binaries::path(binary)?, env).await
     }
 }
 

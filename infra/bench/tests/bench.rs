@@ -6,11 +6,11 @@
 use aws_sdk_dynamodb::types::AttributeValue;
 use stepline_bench::meter::Meter;
 use stepline_bench::{analysis, coldstart, pricing, recovery, report, scale, workload};
-use stepline_local::{fresh_stage, require_emulator, LocalStack, Template};
+use stepline_local::{fresh_stage, LocalStack, Template};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn meter_bills_puts_by_item_size_and_index_key_changes() -> anyhow::Result<()> {
-    require_emulator();
+    stepline_local::needs_emulator!();
     let local = LocalStack::up(&fresh_stage("bench-meter")).await?;
     let template = Template::load(&Template::default_path())?;
     let meter = Meter::new(workload::table_infos(&local, &template));
@@ -63,7 +63,10 @@ async fn meter_bills_puts_by_item_size_and_index_key_changes() -> anyhow::Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
-    require_emulator();
+    stepline_local::full_tier_only!(
+        "a whole benchmark run, with the function binaries' cold starts"
+    );
+    stepline_local::needs_emulator!();
     let work = workload::Workload {
         executions: 6,
         light: 2,
@@ -146,8 +149,9 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
     assert!(sustained.completion_batch_mean >= 1.0, "{sustained:?}");
 
     // Cold start of the debug binaries (the benchmark proper uses the release build).
-    let packages: Vec<&str> = coldstart::BINARIES.iter().map(|(b, _)| *b).collect();
-    stepline_local::binaries::build(&packages)?;
+    for (binary, _) in coldstart::BINARIES {
+        stepline_local::binaries::path(binary)?;
+    }
     let cold = coldstart::measure(&stepline_local::binaries::dir(), 1).await?;
     assert_eq!(cold.binaries.len(), coldstart::BINARIES.len());
     assert!(cold
@@ -208,7 +212,7 @@ async fn a_small_run_yields_every_summary_figure() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_backlog_is_recovered_and_poison_is_pushed_back() -> anyhow::Result<()> {
-    require_emulator();
+    stepline_local::needs_emulator!();
     let schedule = recovery::Schedule::of(&Template::load(&Template::default_path())?)?;
     let budget_ms = schedule.timeout_ms;
     let backlog = recovery::backlog(200, schedule).await?;

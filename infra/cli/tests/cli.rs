@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use stepline::domain::{Status, StepError};
 use stepline::envelope::RequestHeader;
 use stepline::worker::StepFunction;
-use stepline_local::{fresh_stage, functions, require_emulator, LocalStack};
+use stepline_local::{fresh_stage, functions, LocalStack};
 
 /// Runs `stepline --stage <stage> <args>`.
 fn stepline(stage: &str, args: &[&str]) -> Output {
@@ -44,7 +44,6 @@ impl StepFunction for Paced {
 }
 
 async fn running_stack(prefix: &str) -> Result<(LocalStack, stepline_local::Runner)> {
-    require_emulator();
     let local = LocalStack::up(&fresh_stage(prefix)).await?;
     let (orders, _) = local.stack.queue("OrderRequestQueue")?;
     local
@@ -91,6 +90,7 @@ fn submit(stage: &str, pipeline: &str, input: &Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_follows_an_execution_step_by_step_to_its_end() -> Result<()> {
+    stepline_local::needs_emulator!();
     let (local, _runner) = running_stack("cli-watch").await?;
     let stage = local.stack.stage.clone();
     let id = submit(&stage, "orders", &order_worker::sample_order(1));
@@ -140,6 +140,7 @@ async fn watch_follows_an_execution_step_by_step_to_its_end() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approve_and_reject_from_the_cli() -> Result<()> {
+    stepline_local::needs_emulator!();
     let (local, _runner) = running_stack("cli-approve").await?;
     let stage = local.stack.stage.clone();
     let api = local.coordinator(functions::REDRIVE)?;
@@ -232,6 +233,7 @@ async fn ended(api: &stepline::Coordinator, id: &str) -> Result<Status> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_finds_the_failed_executions_and_history_tells_each_attempt() -> Result<()> {
+    stepline_local::needs_emulator!();
     let (local, _runner) = running_stack("cli-list").await?;
     let stage = local.stack.stage.clone();
     let api = local.coordinator(functions::REDRIVE)?;

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use stepline::domain::{Status, StepError};
 use stepline::envelope::RequestHeader;
 use stepline::worker::StepFunction;
-use stepline_local::{fresh_stage, functions, require_emulator, LocalStack};
+use stepline_local::{fresh_stage, functions, LocalStack};
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -58,7 +58,6 @@ impl StepFunction for Paced {
 }
 
 async fn running_stack(prefix: &str) -> Result<(LocalStack, stepline_local::Runner)> {
-    require_emulator();
     let local = LocalStack::up(&fresh_stage(prefix)).await?;
     let (orders, _) = local.stack.queue("OrderRequestQueue")?;
     local
@@ -669,6 +668,8 @@ fn approve_in_the_browser(stage: &str, id: &str) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_shows_an_execution_and_approves_it_by_a_click_in_a_real_browser() -> Result<()>
 {
+    stepline_local::full_tier_only!("drives a real browser");
+    stepline_local::needs_emulator!();
     let (local, _runner) = running_stack("console").await?;
     let stage = local.stack.stage.clone();
     let api = local.coordinator(functions::REDRIVE)?;
@@ -865,6 +866,7 @@ async fn record_until(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_lists_cancels_re_drives_and_replays_dead_letters_with_a_dry_run() -> Result<()>
 {
+    stepline_local::needs_emulator!();
     let (local, _runner) = running_stack("console-ops").await?;
     let stage = local.stack.stage.clone();
     let api = local.coordinator(functions::REDRIVE)?;

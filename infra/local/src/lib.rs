@@ -4,6 +4,7 @@
 pub mod binaries;
 pub mod runner;
 pub mod runtime_api;
+pub mod testing;
 
 use std::collections::BTreeMap;
 use std::ops::Deref;
@@ -363,8 +364,9 @@ pub async fn receive(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<Vec<Message
         .unwrap_or_default())
 }
 
-/// Refuses to run a test against real AWS by accident: the tests need `AWS_ENDPOINT_URL`
-/// (infra/test.sh sets it).
+/// Refuses to run against real AWS by accident: what provisions a stage for a test needs
+/// `AWS_ENDPOINT_URL` (infra/test.sh sets it). Tests check first with [`needs_emulator!`], which skips
+/// them when it is unset.
 pub fn require_emulator() {
     assert!(
         std::env::var_os("AWS_ENDPOINT_URL").is_some(),

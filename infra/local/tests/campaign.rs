@@ -1,11 +1,13 @@
 //! The fault campaign on the emulator, with real processes: two `stepline-local run` processes per
-//! role (claim, launch, completion, worker) over one stage, and 20 rounds in which a random process is
+//! role (claim, launch, completion, worker) over one stage, and rounds (20 in the full tier, 6 in the
+//! quick one) in which a random process is
 //! killed (SIGKILL, then started again) or paused (SIGSTOP, then SIGCONT after up to seven seconds:
 //! longer than the lease, so a paused sweeper or launcher comes back a zombie holder). Executions are
 //! submitted before and during the rounds; some are invalid orders, planned to fail at their first step.
 //! Afterwards the campaign's end-state checker (`stepline::sim::judge_end`) judges every execution from
 //! its item and the execution DLQ, and nothing may be lost: every queue drained, no DLQ holding a
-//! message. `STEPLINE_CAMPAIGN_SEED` sets the seed of the rounds' choices (timing is the machine's).
+//! message. The run's seed (`STEPLINE_SEED`, fresh and printed when unset) chooses the rounds' victims
+//! (timing is the machine's).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -20,12 +22,11 @@ use uuid::Uuid;
 
 mod support;
 
-use support::{require_emulator, RunProcess};
+use support::RunProcess;
 
 const PARAMS: [(&str, &str); 2] = [("LeaseSeconds", "5"), ("QueueVisibilitySeconds", "10")];
 const STEP_TIMEOUT_SECS: u32 = 20;
 const ROLES: [&str; 4] = ["claim", "launch", "completion", "worker"];
-const ROUNDS: usize = 20;
 const EXECUTIONS: usize = 40;
 const QUEUES: [&str; 3] = ["LaunchQueue", "ReplyQueue", "OrderRequestQueue"];
 const DLQS: [&str; 3] = [
@@ -171,13 +172,10 @@ fn receipt_violations(record: &Execution) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn twenty_rounds_of_killed_and_paused_processes_end_every_execution_as_planned() -> Result<()>
-{
-    require_emulator();
-    let seed = std::env::var("STEPLINE_CAMPAIGN_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(7);
+async fn rounds_of_killed_and_paused_processes_end_every_execution_as_planned() -> Result<()> {
+    stepline_local::needs_emulator!();
+    let rounds: usize = stepline_local::testing::sized(6, 20);
+    let seed = stepline_local::testing::seed();
     let mut rng = fastrand::Rng::with_seed(seed);
     let params: BTreeMap<String, String> = PARAMS
         .iter()
@@ -202,7 +200,7 @@ async fn twenty_rounds_of_killed_and_paused_processes_end_every_execution_as_pla
         ids.push(submit(&api, n).await?);
     }
     let (mut kills, mut pauses) = (0, 0);
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         tokio::time::sleep(Duration::from_millis(rng.u64(200..1_200))).await;
         let index = rng.usize(0..processes.len());
         let role = processes[index].0;
@@ -217,13 +215,13 @@ async fn twenty_rounds_of_killed_and_paused_processes_end_every_execution_as_pla
             processes[index].1.resume();
         }
         // The second half of the executions arrives during the rounds.
-        while ids.len() < EXECUTIONS / 2 + (round + 1) * EXECUTIONS / (2 * ROUNDS) {
+        while ids.len() < EXECUTIONS / 2 + (round + 1) * EXECUTIONS / (2 * rounds) {
             let n = ids.len();
             ids.push(submit(&api, n).await?);
         }
     }
     eprintln!(
-        "emulator campaign (seed {seed}): {ROUNDS} rounds, {kills} processes killed, {pauses} paused, {} executions",
+        "emulator campaign (seed {seed}): {rounds} rounds, {kills} processes killed, {pauses} paused, {} executions",
         ids.len()
     );
 

@@ -2,11 +2,11 @@
 
 mod support;
 
-use support::{require_emulator, run};
+use support::run;
 
 #[test]
 fn every_example_demo_succeeds() {
-    require_emulator();
+    stepline_local::needs_emulator!();
     for example in ["orders", "restaurant", "csv"] {
         let out = run(
             env!("CARGO_BIN_EXE_stepline-local"),
@@ -23,7 +23,7 @@ fn every_example_demo_succeeds() {
 
 #[test]
 fn the_csv_demo_pays_a_generated_batch_each_row_once() {
-    require_emulator();
+    stepline_local::needs_emulator!();
     let out = run(
         env!("CARGO_BIN_EXE_stepline-local"),
         &[

@@ -10,7 +10,7 @@ use stepline_local::{fresh_stage, functions, LocalStack};
 
 mod support;
 
-use support::{require_emulator, run, stepline_binary, RunProcess};
+use support::{run, stepline_binary, RunProcess};
 
 /// Runs `stepline --stage <stage> <args>`, which must succeed.
 fn stepline(stage: &str, args: &[&str]) -> String {
@@ -34,7 +34,7 @@ async fn active_release(local: &LocalStack) -> Result<Option<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_runner_keeps_the_release_an_operator_activated() -> Result<()> {
-    require_emulator();
+    stepline_local::needs_emulator!();
     let stage = fresh_stage("restart-release");
     let mut first = RunProcess::started(&stage, "first", &[])?;
     let local = LocalStack::find(&stage).await?;
@@ -94,7 +94,7 @@ async fn a_restarted_runner_keeps_the_release_an_operator_activated() -> Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_commands_attach_to_a_stage_run_with_other_parameters() -> Result<()> {
-    require_emulator();
+    stepline_local::needs_emulator!();
     let stage = fresh_stage("attach");
     let _runner = RunProcess::started(&stage, "run", &["--param", "QueueVisibilitySeconds=30"])?;
 
@@ -128,7 +128,7 @@ async fn release_commands_attach_to_a_stage_run_with_other_parameters() -> Resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_commands_on_a_missing_stage_fail_and_create_nothing() -> Result<()> {
-    require_emulator();
+    stepline_local::needs_emulator!();
     let stage = fresh_stage("missing");
     let out = run(
         env!("CARGO_BIN_EXE_stepline-local"),

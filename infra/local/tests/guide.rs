@@ -11,7 +11,7 @@ use stepline_local::{fresh_stage, workspace_root};
 
 mod support;
 
-use support::{require_emulator, stepline_binary};
+use support::stepline_binary;
 
 /// The shell commands of the README block marked `<!-- guide: LANG -->`.
 fn block(lang: &str) -> Result<String> {
@@ -30,7 +30,6 @@ fn block(lang: &str) -> Result<String> {
 /// Runs a guide block with `bash -eo pipefail` in a fresh directory; its background jobs are killed
 /// when it ends. Returns its standard output.
 fn run_guide(lang: &str, timeout: Duration, env: &[(&str, String)]) -> Result<String> {
-    require_emulator();
     let commands = block(lang)?;
     let bin = PathBuf::from(stepline_binary())
         .parent()
@@ -125,6 +124,7 @@ fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
 
 #[test]
 fn the_python_guide_runs_to_a_succeeded_execution() -> Result<()> {
+    stepline_local::needs_emulator!();
     let stdout = run_guide("python", Duration::from_secs(300), &[])?;
     assert!(
         stdout.contains("\"processed\":true"),
@@ -139,6 +139,8 @@ fn the_python_guide_runs_to_a_succeeded_execution() -> Result<()> {
 
 #[test]
 fn the_rust_guide_runs_to_a_succeeded_execution() -> Result<()> {
+    stepline_local::full_tier_only!("builds the generated Rust worker from cold");
+    stepline_local::needs_emulator!();
     // The generated worker builds in a target directory of its own, kept between runs.
     let target = workspace_root().join("target/guide");
     let stdout = run_guide(

@@ -16,7 +16,7 @@ const STEP_TIMEOUT_SECS: &str = "15";
 
 mod support;
 
-use support::{require_emulator, RunProcess};
+use support::RunProcess;
 
 /// A `stepline-local run` process with the test's parameters and step timeout, running `functions`
 /// (all when empty).
@@ -34,7 +34,6 @@ fn runner(stage: &str, functions: &str, tag: &str, extra: &[&str]) -> Result<Run
 }
 
 async fn stack(prefix: &str) -> Result<(LocalStack, Coordinator)> {
-    require_emulator();
     let params: BTreeMap<String, String> = PARAMS
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -108,6 +107,7 @@ fn assert_correct(record: &Execution, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_claim_processes_take_each_lease_once_and_every_execution_finishes() -> Result<()>
 {
+    stepline_local::needs_emulator!();
     let (local, api) = stack("proc-claim").await?;
     let stage = local.stack.stage.clone();
     // Register what the processes register (identical, so theirs is a no-op), then submit before any
@@ -180,6 +180,7 @@ async fn parallel_claim_processes_take_each_lease_once_and_every_execution_finis
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_killed_with_sigkill_mid_run_and_restarted_finishes_every_execution() -> Result<()>
 {
+    stepline_local::needs_emulator!();
     let (local, api) = stack("proc-kill").await?;
     let stage = local.stack.stage.clone();
     let slow = ["--worker-delay-ms", "150"];

@@ -8,11 +8,11 @@ use anyhow::Result;
 use aws_sdk_sqs::types::QueueAttributeName;
 use stepline_local::stack::Physical;
 use stepline_local::template::{resolve, scalar};
-use stepline_local::{fresh_stage, require_emulator, LocalStack, Template};
+use stepline_local::{fresh_stage, LocalStack, Template};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provisioning_creates_every_resource_of_the_template_as_declared() -> Result<()> {
-    require_emulator();
+    stepline_local::needs_emulator!();
     let params: BTreeMap<String, String> =
         [("QueueVisibilitySeconds".to_string(), "42".to_string())].into();
     let local = LocalStack::up_with(&fresh_stage("prov"), &params).await?;
@@ -145,7 +145,7 @@ async fn provisioning_creates_every_resource_of_the_template_as_declared() -> Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provisioning_an_existing_stage_with_other_parameters_reuses_its_queues_unchanged(
 ) -> Result<()> {
-    require_emulator();
+    stepline_local::needs_emulator!();
     let stage = fresh_stage("reprov");
     let params: BTreeMap<String, String> =
         [("QueueVisibilitySeconds".to_string(), "30".to_string())].into();

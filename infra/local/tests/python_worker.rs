@@ -18,7 +18,7 @@ use stepline_local::{fresh_stage, functions, workspace_root, LocalStack};
 
 mod support;
 
-use support::{require_emulator, run, stepline_binary, RunProcess};
+use support::{run, stepline_binary, RunProcess};
 
 /// Runs a binary to its end; it must succeed. Returns its standard output.
 fn ok(binary: &str, args: &[&str]) -> Result<String> {
@@ -103,7 +103,7 @@ impl Drop for PythonWorker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_worker_runs_its_pipeline_with_a_retry_heartbeats_and_a_duplicate() -> Result<()> {
-    require_emulator();
+    stepline_local::needs_emulator!();
     let stage = fresh_stage("python-worker");
     let _coordinator = RunProcess::started(
         &stage,
@@ -440,7 +440,7 @@ async fn a_python_worker_runs_its_pipeline_with_a_retry_heartbeats_and_a_duplica
 /// cut error messages, crashes, the Lambda handler's partial batch failures.
 #[test]
 fn the_python_runtime_passes_its_protocol_checks() {
-    require_emulator();
+    stepline_local::needs_emulator!();
     let out = Command::new(python())
         .arg("examples/python-worker/test_runtime.py")
         .current_dir(workspace_root())

@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
 
-pub use stepline_local::require_emulator;
-
 /// A `stepline-local run --stage <stage> <args>` process logging JSON lines to a file; killed
 /// (SIGKILL) when dropped.
 pub struct RunProcess {
@@ -101,12 +99,11 @@ pub fn run(binary: &str, args: &[&str]) -> Output {
         .expect("the binary runs")
 }
 
-/// The operator CLI (`stepline`, package stepline-cli), built once per test binary.
+/// The operator CLI (`stepline`, package stepline-cli), built before the tests.
 pub fn stepline_binary() -> &'static str {
     static PATH: OnceLock<String> = OnceLock::new();
     PATH.get_or_init(|| {
-        stepline_local::binaries::build(&["stepline-cli"]).expect("the CLI builds");
-        let path = stepline_local::binaries::dir().join("stepline");
+        let path = stepline_local::binaries::path("stepline").expect("the CLI was built");
         path.to_string_lossy().into_owned()
     })
 }
