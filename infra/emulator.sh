@@ -36,6 +36,8 @@ install() {
 }
 
 start() {
+  # The virtualenv serves more than the server: the Python worker's tests run its interpreter (boto3).
+  install
   if answers; then
     echo "emulator: reusing $(endpoint)" >&2
     return
@@ -44,7 +46,6 @@ start() {
     echo "emulator: AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL does not answer; start it first" >&2
     exit 1
   fi
-  install
   echo "emulator: starting moto server on 127.0.0.1:$port" >&2
   nohup "$venv/bin/python" "$root/infra/moto_server.py" -H 127.0.0.1 -p "$port" > "$state/moto-$port.log" 2>&1 &
   echo $! > "$state/moto-$port.pid"
