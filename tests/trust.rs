@@ -10,7 +10,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use order_worker::OrderSteps;
 use serde_json::{json, Value};
-use stepline::domain::seal::{sealed_token, split_token};
+use stepline::domain::seal::{seal, sealed_token, split_token, SealKey};
 use stepline::domain::{launch_id, Status, StepError};
 use stepline::envelope::{
     Identity, RawRequest, ReplyEnvelope, ReplyOutcome, RequestHeader, REASON_ATTRIBUTE, REPLY_KIND,
@@ -180,24 +180,36 @@ async fn replies_of_an_unknown_kind_or_another_release_are_refused() -> anyhow::
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sealed_record_changed_on_its_way_is_not_trusted() -> anyhow::Result<()> {
+async fn a_worker_reads_nothing_in_the_seal_and_a_record_sealed_without_the_key_is_not_trusted(
+) -> anyhow::Result<()> {
     stepline_local::needs_emulator!();
     let mut stack = TestStack::new("trust-seal", |_| {}).await?;
     let id = stack.submit(order_worker::sample_order(3)).await?;
     let requests = stack.take_all("OrderRequestQueue").await?;
     assert_eq!(requests.len(), 1);
-    // Someone on the way rewrites the record sealed in the token (same version, another tenant) and
-    // passes the request on; the worker copies the token into its reply untouched.
     let mut request: Value = serde_json::from_str(&requests[0])?;
     let token = request["header"]["replyToken"].as_str().unwrap_or_default();
     let (own, sealed) = split_token(token);
-    let (body, mac) = sealed.expect("sealed").split_once('.').expect("record.mac");
-    let mut record: Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(body)?)?;
-    assert_eq!(record["id"], id.to_string());
-    let tenant = record["tenant"].clone();
-    record["tenant"] = json!("mallory");
-    let changed = format!("{}.{mac}", URL_SAFE_NO_PAD.encode(record.to_string()));
-    request["header"]["replyToken"] = json!(sealed_token(own, &changed));
+    // What the worker sees of the record in its token: nothing, neither its secret nor its tenant.
+    let record = stack.api.get(id).await?;
+    let opened =
+        String::from_utf8_lossy(&URL_SAFE_NO_PAD.decode(sealed.expect("sealed"))?).into_owned();
+    for visible in [
+        record.secret.as_str(),
+        "\"tenant\"",
+        "order-3",
+        &record.write_id,
+    ] {
+        assert!(!opened.contains(visible), "{visible} readable in the seal");
+    }
+    // Someone who reads the table (not the key) seals a record of their choosing (another tenant,
+    // a secret of theirs) under a key of their own and passes the request on; the worker copies the
+    // token into its reply untouched.
+    let mut chosen = record.clone();
+    chosen.tenant = "mallory".into();
+    chosen.secret = "00".repeat(16);
+    let forged = seal(&SealKey::generate(), &chosen).expect("sealed");
+    request["header"]["replyToken"] = json!(sealed_token(own, &forged));
     let (_, url) = stack.local.stack.queue("OrderRequestQueue")?;
     stack
         .sqs()
@@ -208,12 +220,15 @@ async fn a_sealed_record_changed_on_its_way_is_not_trusted() -> anyhow::Result<(
         .await?;
     stack.start(Arc::new(OrderSteps))?;
     // The reply is genuine (its launch's own token): it is applied, on the record as read.
-    let record = stack.wait_terminal(id).await?;
-    assert_eq!(record.status, Status::Succeeded);
+    let ended = stack.wait_terminal(id).await?;
+    assert_eq!(ended.status, Status::Succeeded);
     assert_eq!(
-        json!(record.tenant),
-        tenant,
-        "the changed record was not written"
+        ended.tenant, record.tenant,
+        "the chosen record was not written"
+    );
+    assert_eq!(
+        ended.secret, record.secret,
+        "the chosen secret was not written"
     );
     Ok(())
 }

@@ -320,6 +320,11 @@ pub trait Clock: Send + Sync {
     fn now_ms(&self) -> i64;
     /// A fresh random token.
     fn token(&self) -> Uuid;
+    /// A fresh reply secret, drawn on its own (from the operating system unless a simulation's clock
+    /// draws it from its seed).
+    fn secret(&self) -> [u8; 16] {
+        crate::domain::crypto::random()
+    }
     /// Uniform in `[0, 1)`.
     fn jitter(&self) -> f64;
 }

@@ -1406,6 +1406,9 @@ impl Clock for SimClock {
     fn token(&self) -> Uuid {
         Uuid::from_u128(self.0.lock().expect("world").rng.u128(..))
     }
+    fn secret(&self) -> [u8; 16] {
+        self.0.lock().expect("world").rng.u128(..).to_le_bytes()
+    }
     fn jitter(&self) -> f64 {
         self.0.lock().expect("world").rng.f64()
     }

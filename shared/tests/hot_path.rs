@@ -166,12 +166,15 @@ async fn a_seal_that_does_not_hold_or_is_stale_is_never_trusted() {
     let other = another_process(&store, coordinator.registry().clone(), sender.clone());
     header = last_request(&sender);
     let (token, sealed) = stepline::domain::seal::split_token(&header.reply_token);
-    let (body, mac) = sealed.expect("sealed").split_once('.').unwrap();
-    let mut body = body.to_string();
-    let flipped = if body.ends_with('A') { 'B' } else { 'A' };
-    body.pop();
-    body.push(flipped);
-    header.reply_token = format!("{token}.{body}.{mac}");
+    let mut body = sealed.expect("sealed").to_string();
+    let middle = body.len() / 2;
+    let flipped = if body[middle..].starts_with('A') {
+        "B"
+    } else {
+        "A"
+    };
+    body.replace_range(middle..=middle, flipped);
+    header.reply_token = format!("{token}.{body}");
     let gets = store.gets();
     let forged = reply(&header, ReplyOutcome::Succeeded { output: json!({}) });
     assert!(handlers::completion(&other, sqs(forged))

@@ -969,6 +969,7 @@ mod item_tests {
             now: 1_000_001,
             jitter: 0.5,
             token: Uuid::from_u128(9),
+            secret: [9; 16],
             owner: "test".into(),
             lease_ms: 60_000,
             lifecycle: false,

@@ -334,6 +334,7 @@ impl Coordinator {
             now: self.clock.now_ms(),
             jitter: self.clock.jitter(),
             token: self.clock.token(),
+            secret: self.clock.secret(),
             owner: format!("{role}:{}", self.settings.instance),
             lease_ms: self.settings.lease_ms,
             lifecycle: self.publisher.is_some(),

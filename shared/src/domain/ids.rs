@@ -1,7 +1,8 @@
 //! Deterministic identifiers.
 
-use sha2::{Digest, Sha256};
 use uuid::Uuid;
+
+use super::crypto::hmac_sha256;
 
 /// Namespace of launch ids (a fixed, project-specific UUID).
 const LAUNCH_NAMESPACE: Uuid = Uuid::from_u128(0x6f1c_2a4e_9b3d_4c57_a8e2_5d0f_7b19_c6e3);
@@ -44,9 +45,9 @@ pub fn fan_out_child_id(tenant: &str, pipeline: &str, parent: Uuid, step: u32, i
     idempotent_id(tenant, pipeline, &key)
 }
 
-/// A new execution's reply secret: 128 random bits (from the decision's fresh token) as hex.
-pub fn new_secret(random: Uuid) -> String {
-    Uuid::new_v5(&random, b"reply-secret").simple().to_string()
+/// A new execution's reply secret: 128 random bits drawn for it alone (`Context::secret`), as hex.
+pub fn new_secret(random: [u8; 16]) -> String {
+    hex::encode(random)
 }
 
 /// The token a reply (or heartbeat) for `launch` must carry: HMAC-SHA256 under the execution's secret,
@@ -65,27 +66,6 @@ pub fn fan_out_token(secret: &str, execution: Uuid, step: u32, item: &str) -> St
     hex::encode(&hmac_sha256(secret.as_bytes(), message.as_bytes())[..16])
 }
 
-/// HMAC-SHA256 (RFC 2104).
-pub(crate) fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
-    const BLOCK: usize = 64;
-    let mut block = [0u8; BLOCK];
-    if key.len() > BLOCK {
-        block[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        block[..key.len()].copy_from_slice(key);
-    }
-    let pad = |byte: u8| block.map(|b| b ^ byte);
-    let inner = Sha256::new()
-        .chain_update(pad(0x36))
-        .chain_update(message)
-        .finalize();
-    Sha256::new()
-        .chain_update(pad(0x5c))
-        .chain_update(inner)
-        .finalize()
-        .into()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,16 +80,8 @@ mod tests {
     }
 
     #[test]
-    fn hmac_matches_rfc_4231_test_case_2() {
-        assert_eq!(
-            hex::encode(hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
-            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
-        );
-    }
-
-    #[test]
     fn fan_out_tokens_are_stable_per_item_and_secret() {
-        let secret = new_secret(Uuid::from_u128(1));
+        let secret = new_secret([1; 16]);
         let e = Uuid::from_u128(7);
         assert_eq!(
             fan_out_token(&secret, e, 1, "item-0"),
@@ -121,19 +93,19 @@ mod tests {
         );
         assert_ne!(
             fan_out_token(&secret, e, 1, "item-0"),
-            fan_out_token(&new_secret(Uuid::from_u128(2)), e, 1, "item-0")
+            fan_out_token(&new_secret([2; 16]), e, 1, "item-0")
         );
     }
 
     #[test]
     fn reply_tokens_depend_on_the_secret_and_the_launch() {
-        let secret = new_secret(Uuid::from_u128(1));
+        let secret = new_secret([1; 16]);
         let launch = launch_id(Uuid::from_u128(7), 0, 1);
         assert_eq!(reply_token(&secret, launch), reply_token(&secret, launch));
         assert_eq!(reply_token(&secret, launch).len(), 32);
         assert_ne!(
             reply_token(&secret, launch),
-            reply_token(&new_secret(Uuid::from_u128(2)), launch)
+            reply_token(&new_secret([2; 16]), launch)
         );
         assert_ne!(
             reply_token(&secret, launch),

@@ -74,6 +74,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::codes::Code;
+use super::crypto::same;
 use super::execution::{
     AwaitUnit, DeadLetterMark, Execution, Incident, Interaction, InteractionCompletion, Lease,
     LifecycleEvent, LifecycleKind, Receipt, RedriveNote, Status, StepError, StepProgress,
@@ -106,6 +107,9 @@ pub struct Context {
     pub jitter: f64,
     /// A fresh token for a lease this decision may take.
     pub token: Uuid,
+    /// A fresh reply secret for an execution this decision may create: 128 random bits drawn on their
+    /// own, sharing nothing with `token` (whose bits the record shows as its lease and write id).
+    pub secret: [u8; 16],
     /// Who acts (handler name and instance), recorded as lease owner.
     pub owner: String,
     pub lease_ms: i64,
@@ -421,7 +425,7 @@ pub fn start(new: NewExecution<'_>, ctx: &Context) -> (Execution, Vec<Action>) {
         event_seq: 0,
         publish_by: None,
         publish_attempts: 0,
-        secret: new_secret(ctx.token),
+        secret: new_secret(ctx.secret),
         launched_at: None,
         write_id: write_id(ctx),
         history: Vec::new(),
@@ -636,7 +640,7 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
             let Some(parent) = &record.parent else {
                 return Decision::Reject(Rejection::InvalidToken);
             };
-            if !constant_time_eq(parent.token.as_bytes(), token.as_bytes()) {
+            if !same(parent.token.as_bytes(), token.as_bytes()) {
                 return Decision::Reject(Rejection::InvalidToken);
             }
             if record.status.is_terminal() {
@@ -743,7 +747,7 @@ fn authenticate(record: &Execution, sender: &Sender, event: &Event) -> Result<()
     };
     if !record.secret.is_empty()
         && !planted::active(Bug::AcceptsUnauthenticatedReplies)
-        && !constant_time_eq(
+        && !same(
             reply_token(&record.secret, launch).as_bytes(),
             super::seal::split_token(&sender.token).0.as_bytes(),
         )
@@ -1103,7 +1107,7 @@ fn complete_interaction(
         return Decision::Reject(Rejection::UnknownInteraction(interaction.to_string()));
     };
     let found = &unit.interactions[index];
-    if !constant_time_eq(found.token.as_bytes(), token.as_bytes()) {
+    if !same(found.token.as_bytes(), token.as_bytes()) {
         return Decision::Reject(Rejection::InvalidToken);
     }
     // An answer naming an earlier await unit of the step (sent before a later attempt replaced it),
@@ -1176,11 +1180,6 @@ fn complete_interaction(
     commit(next, actions)
 }
 
-/// Compares secrets in time independent of where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// When to check that an await notice went out: soon, but never after the deadline.
 fn notice_check(next: &Execution, ctx: &Context) -> i64 {
     let deadline = next.await_unit.as_ref().map_or(i64::MAX, |u| u.deadline);
@@ -1228,7 +1227,7 @@ fn rejoin(record: &Execution, ctx: &Context, token: &str, unit: Option<Uuid>) ->
     let Some(parent) = &record.parent else {
         return Decision::Reject(Rejection::InvalidToken);
     };
-    if !constant_time_eq(parent.token.as_bytes(), token.as_bytes()) {
+    if !same(parent.token.as_bytes(), token.as_bytes()) {
         return Decision::Reject(Rejection::InvalidToken);
     }
     if parent.unit == unit {
@@ -1479,7 +1478,7 @@ pub fn child_notice(
         return Err(Decision::Reject(Rejection::InvalidToken));
     }
     let expected = fan_out_token(&record.secret, record.id, step, &item_name(item));
-    if !constant_time_eq(expected.as_bytes(), token.as_bytes()) {
+    if !same(expected.as_bytes(), token.as_bytes()) {
         return Err(Decision::Reject(Rejection::InvalidToken));
     }
     let current = record

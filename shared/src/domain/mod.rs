@@ -4,6 +4,7 @@
 
 pub mod codes;
 pub mod contract;
+pub mod crypto;
 pub mod entries;
 pub mod execution;
 pub mod fan_out;

@@ -2,19 +2,21 @@
 //! sealed under a key only the coordinator holds, inside the reply token the worker copies untouched.
 //! The reply's completion, in whichever process it runs, decides on that record and writes
 //! conditionally on its version with no read first; the condition proves the copy was current, and a
-//! failed seal or write falls back to a read.
+//! seal that does not open, or a failed write, falls back to a read.
 //!
-//! Token: `<reply token>.<record>.<mac>`: the launch's reply token (`ids::reply_token`), the record's
-//! JSON (base64url) with its reply secret encrypted, and an HMAC-SHA256 (128 bits, base64url) under the
-//! key over that JSON. A worker sees what the record holds besides its secret (the execution's current
-//! step, its progress and history); it cannot change it, and with the secret hidden it cannot derive
-//! the token of any launch it was not sent.
+//! Token: `<reply token>.<sealed>`: the launch's reply token (`ids::reply_token`), then base64url of
+//! a fresh 192-bit nonce followed by the record's JSON encrypted and authenticated with
+//! XChaCha20-Poly1305 under the key, the execution's id as associated data. A worker learns nothing of
+//! the record (its secret, history, incidents, a fan-out parent's token) and cannot change it, move it
+//! to another execution or make one. Random nonces suit a key shared by every coordinator process:
+//! at 192 bits they never repeat in practice, with no counter to keep. A token of an older format,
+//! or sealed under a retired key, does not open: its completion reads the record.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use uuid::Uuid;
 
-use super::ids::hmac_sha256;
+use super::crypto::{self, NONCE_BYTES};
 use super::Execution;
 
 /// Records whose JSON is larger are not sealed (their completion reads the record): a request stays
@@ -23,7 +25,14 @@ pub const SEAL_MAX_BYTES: usize = 8 * 1024;
 
 const SEPARATOR: char = '.';
 
-/// The coordinator's sealing key (32 random bytes, kept in the release registry).
+/// What the seal authenticates beside the record: its format and the execution it belongs to.
+fn associated(id: Uuid) -> Vec<u8> {
+    let mut aad = b"stepline/seal/v2/".to_vec();
+    aad.extend_from_slice(id.as_bytes());
+    aad
+}
+
+/// The coordinator's sealing key (256 random bits).
 #[derive(Clone)]
 pub struct SealKey([u8; 32]);
 
@@ -48,54 +57,36 @@ impl SealKey {
         hex::encode(self.0)
     }
 
-    /// A fresh random key.
+    /// A fresh random key, from the operating system's random source.
     pub fn generate() -> Self {
-        let mut bytes = [0u8; 32];
-        for chunk in bytes.chunks_mut(16) {
-            chunk.copy_from_slice(Uuid::new_v4().as_bytes());
-        }
-        // Two v4 ids hold 244 random bits; hashing spreads them over the whole key.
-        Self(hmac_sha256(&bytes, b"stepline/seal-key"))
-    }
-
-    /// The one-time pad hiding `record`'s secret: the same secret under the same id always gives the
-    /// same ciphertext, and nothing else is ever encrypted under it.
-    fn pad(&self, id: Uuid) -> [u8; 32] {
-        let mut message = b"seal/secret/".to_vec();
-        message.extend_from_slice(id.as_bytes());
-        hmac_sha256(&self.0, &message)
-    }
-
-    fn mac(&self, body: &[u8]) -> [u8; 16] {
-        let mut message = b"seal/v1/".to_vec();
-        message.extend_from_slice(body);
-        let mut mac = [0u8; 16];
-        mac.copy_from_slice(&hmac_sha256(&self.0, &message)[..16]);
-        mac
+        Self(crypto::random())
     }
 }
 
-fn xor(pad: &[u8; 32], bytes: &[u8]) -> Vec<u8> {
-    bytes.iter().zip(pad).map(|(b, p)| b ^ p).collect()
-}
-
-/// `record` sealed under `key`, to append to a reply token; None when it is too large to travel (or
-/// its secret longer than the pad).
+/// `record` sealed under `key` with a fresh random nonce, to append to a reply token; None when it is
+/// too large to travel.
 pub fn seal(key: &SealKey, record: &Execution) -> Option<String> {
-    if record.secret.len() > 32 {
-        return None;
-    }
-    let mut hidden = record.clone();
-    hidden.secret = hex::encode(xor(&key.pad(record.id), record.secret.as_bytes()));
-    let body = serde_json::to_vec(&hidden).ok()?;
+    seal_with_nonce(key, record, crypto::random())
+}
+
+/// `seal` with the nonce given (each nonce must be used once under a key).
+pub fn seal_with_nonce(
+    key: &SealKey,
+    record: &Execution,
+    nonce: [u8; NONCE_BYTES],
+) -> Option<String> {
+    let body = serde_json::to_vec(record).ok()?;
     if body.len() > SEAL_MAX_BYTES {
         return None;
     }
-    Some(format!(
-        "{}{SEPARATOR}{}",
-        URL_SAFE_NO_PAD.encode(&body),
-        URL_SAFE_NO_PAD.encode(key.mac(&body))
-    ))
+    let mut sealed = nonce.to_vec();
+    sealed.extend(crypto::encrypt(
+        &key.0,
+        &nonce,
+        &associated(record.id),
+        &body,
+    ));
+    Some(URL_SAFE_NO_PAD.encode(sealed))
 }
 
 /// A reply token with `sealed` appended.
@@ -111,28 +102,17 @@ pub fn split_token(token: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// The record sealed in `sealed`, if the seal holds under `key` and it is execution `id`'s.
+/// The record sealed in `sealed`, if it opens under `key` as execution `id`'s, unchanged.
 pub fn unseal(key: &SealKey, sealed: &str, id: Uuid) -> Option<Execution> {
-    let (body, mac) = sealed.split_once(SEPARATOR)?;
-    let body = URL_SAFE_NO_PAD.decode(body).ok()?;
-    let mac = URL_SAFE_NO_PAD.decode(mac).ok()?;
-    if body.len() > SEAL_MAX_BYTES || !constant_time_eq(&key.mac(&body), &mac) {
+    let bytes = URL_SAFE_NO_PAD.decode(sealed).ok()?;
+    if bytes.len() <= NONCE_BYTES || bytes.len() > NONCE_BYTES + SEAL_MAX_BYTES + 16 {
         return None;
     }
-    let mut record: Execution = serde_json::from_slice(&body).ok()?;
-    if record.id != id {
-        return None;
-    }
-    let hidden = hex::decode(&record.secret).ok()?;
-    if hidden.len() > 32 {
-        return None;
-    }
-    record.secret = String::from_utf8(xor(&key.pad(id), &hidden)).ok()?;
-    Some(record)
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let (nonce, ciphertext) = bytes.split_at(NONCE_BYTES);
+    let nonce: [u8; NONCE_BYTES] = nonce.try_into().ok()?;
+    let body = crypto::decrypt(&key.0, &nonce, &associated(id), ciphertext)?;
+    let record: Execution = serde_json::from_slice(&body).ok()?;
+    (record.id == id).then_some(record)
 }
 
 #[cfg(test)]
@@ -148,6 +128,7 @@ mod tests {
             now: 1_000,
             jitter: 0.5,
             token: Uuid::from_u128(9),
+            secret: [9; 16],
             owner: "test".into(),
             lease_ms: 30_000,
             lifecycle: false,
@@ -164,40 +145,70 @@ mod tests {
     }
 
     #[test]
-    fn a_sealed_record_comes_back_whole_and_hides_its_secret() {
+    fn a_sealed_record_comes_back_whole_and_shows_nothing_of_itself() {
         let key = SealKey::generate();
-        let record = record();
+        let mut record = record();
+        record.input = domain::Payload::new(json!({"card": "4111-visible-to-nobody"}));
         assert!(!record.secret.is_empty());
         let sealed = seal(&key, &record).expect("sealed");
-        assert!(!sealed.contains(&record.secret));
-        let body = URL_SAFE_NO_PAD
-            .decode(sealed.split_once('.').unwrap().0)
-            .unwrap();
-        assert!(!String::from_utf8(body).unwrap().contains(&record.secret));
+        let bytes = URL_SAFE_NO_PAD.decode(&sealed).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        for hidden in [
+            record.secret.as_str(),
+            "4111-visible-to-nobody",
+            "\"tenant\"",
+            "\"t\"",
+        ] {
+            assert!(!text.contains(hidden), "{hidden} readable in the seal");
+        }
+        assert!(!sealed.contains(SEPARATOR));
         assert_eq!(unseal(&key, &sealed, record.id), Some(record.clone()));
         let token = sealed_token("abc", &sealed);
         assert_eq!(split_token(&token), ("abc", Some(sealed.as_str())));
         assert_eq!(split_token("abc"), ("abc", None));
+        // A fresh nonce each time: the same record never seals to the same text.
+        assert_ne!(seal(&key, &record), Some(sealed));
     }
 
     #[test]
-    fn a_seal_holds_only_under_its_key_for_its_execution_untouched() {
+    fn a_seal_opens_only_under_its_key_for_its_execution_untouched() {
         let key = SealKey::generate();
         let record = record();
-        let sealed = seal(&key, &record).unwrap();
+        let sealed = seal_with_nonce(&key, &record, [3; NONCE_BYTES]).unwrap();
         assert_eq!(unseal(&SealKey::generate(), &sealed, record.id), None);
         assert_eq!(unseal(&key, &sealed, Uuid::from_u128(8)), None);
-        // Any change to the record (here: its version) breaks the seal.
-        let (body, mac) = sealed.split_once('.').unwrap();
-        let text = String::from_utf8(URL_SAFE_NO_PAD.decode(body).unwrap()).unwrap();
-        let changed = text.replace("\"version\":1", "\"version\":9");
-        assert_ne!(changed, text);
-        let forged = format!("{}.{mac}", URL_SAFE_NO_PAD.encode(changed));
-        assert_eq!(unseal(&key, &forged, record.id), None);
+        // Any bit changed anywhere (nonce, ciphertext or tag) breaks the seal.
+        let bytes = URL_SAFE_NO_PAD.decode(&sealed).unwrap();
+        for at in [0, NONCE_BYTES, bytes.len() / 2, bytes.len() - 1] {
+            let mut changed = bytes.clone();
+            changed[at] ^= 0x01;
+            assert_eq!(
+                unseal(&key, &URL_SAFE_NO_PAD.encode(changed), record.id),
+                None
+            );
+        }
+        // Cut short, or missing its tag: refused.
+        let short = URL_SAFE_NO_PAD.encode(&bytes[..bytes.len() - 16]);
+        assert_eq!(unseal(&key, &short, record.id), None);
         assert_eq!(unseal(&key, "garbage", record.id), None);
-        assert_eq!(unseal(&key, "a.b", record.id), None);
+        assert_eq!(unseal(&key, "", record.id), None);
+        // The format before this one (a JSON body and a MAC, dot-separated) does not open: its
+        // completion reads the record instead.
+        assert_eq!(unseal(&key, "e30.AAAAAAAAAAAAAAAAAAAAAA", record.id), None);
         let stored = SealKey::from_hex(&key.to_hex()).unwrap();
         assert_eq!(unseal(&stored, &sealed, record.id), Some(record));
+    }
+
+    #[test]
+    fn a_record_sealed_by_whoever_lacks_the_key_does_not_open() {
+        // Whoever can read every record but not the key makes a seal of a record of their choosing
+        // under a key of their own: it does not open under the coordinator's.
+        let key = SealKey::generate();
+        let mut chosen = record();
+        chosen.tenant = "mallory".into();
+        chosen.secret = "00".repeat(16);
+        let forged = seal(&SealKey::new([0; 32]), &chosen).unwrap();
+        assert_eq!(unseal(&key, &forged, chosen.id), None);
     }
 
     #[test]

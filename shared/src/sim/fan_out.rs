@@ -363,6 +363,9 @@ impl Clock for SimClock {
     fn token(&self) -> Uuid {
         Uuid::from_u128(u128::from(self.next.fetch_add(1, Ordering::SeqCst)) | (1 << 100))
     }
+    fn secret(&self) -> [u8; 16] {
+        (u128::from(self.next.fetch_add(1, Ordering::SeqCst)) | (1 << 101)).to_le_bytes()
+    }
     fn jitter(&self) -> f64 {
         0.5
     }

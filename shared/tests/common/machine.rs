@@ -53,6 +53,7 @@ pub fn ctx(now: i64, tok: u128) -> Context {
         now,
         jitter: JITTER,
         token: token(tok),
+        secret: (0x5ec0_0000_u128 | tok).to_le_bytes(),
         owner: OWNER.to_string(),
         lease_ms: LEASE_MS,
         lifecycle: false,

@@ -325,6 +325,7 @@ fn walk(seed: u64, seen: &mut Seen) {
             now,
             jitter: rng.below(1_000) as f64 / 1_000.0,
             token: token(n),
+            secret: n.to_le_bytes(),
             owner: format!("walker-{seed}"),
             lease_ms: 10_000,
             lifecycle: false,
