@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use stepline::domain::{Status, Verdict};
-use stepline::envelope::{
-    AwaitNotice, InteractionMessage, AWAIT_NOTICE_KIND, INTERACTION_KIND, REASON_ATTRIBUTE,
-};
+use stepline::envelope::{AwaitNotice, InteractionMessage, AWAIT_NOTICE_KIND, INTERACTION_KIND};
 use stepline::handlers;
 use stepline::CoordinatorError;
 use stepline_suite::TestStack;
@@ -180,25 +178,30 @@ async fn a_forged_or_wrong_resume_token_is_refused() -> anyhow::Result<()> {
         let refused = refused_approval(&stack, id, &token).await;
         assert_eq!(refused.code(), "INVALID_TOKEN");
     }
-    // Through the queue: dead-lettered with its reason.
+    // Through the queue: dead-lettered with its reason. The token is checked before anything else:
+    // naming an interaction the execution does not have, or carrying an answer over the claim-check
+    // threshold, gets a forger no further.
     let before = stack.api.get(id).await?;
-    answer(&stack, &notice, "not-the-token", true, json!({})).await?;
-    let parked = stack
-        .receive_from(
-            stack.local.stack.queue("ReplyDeadLetterQueue")?.1,
-            Duration::from_secs(30),
-        )
+    let large = json!({"note": "x".repeat(stack.claims()?.threshold() + 1)});
+    answer(&stack, &notice, "not-the-token", true, large.clone()).await?;
+    let mut owner = manager_answer(id, "not-the-token", true, json!({}));
+    owner.interaction = "owner".into();
+    stack
+        .sqs()
+        .send_message()
+        .queue_url(&notice.complete_to)
+        .message_body(serde_json::to_string(&owner)?)
+        .send()
         .await?;
     assert_eq!(
-        parked[0].message_attributes.as_ref().unwrap()[REASON_ATTRIBUTE]
-            .string_value
-            .as_deref(),
-        Some("INVALID_TOKEN")
+        stack.dead_letter_reasons(2).await?,
+        vec!["INVALID_TOKEN"; 2]
     );
     // A message that did not prove it may answer writes nothing to the execution (anyone can name
-    // one), which keeps waiting for the real answer.
+    // one): no incident, no stored answer. The execution keeps waiting for the real answer.
     let record = stack.api.get(id).await?;
     assert_eq!(record, before);
+    assert!(!stack.holds_payload(id, &large).await?);
     assert_eq!(record.status, Status::WaitingExternal);
     Ok(())
 }

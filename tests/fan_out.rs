@@ -26,6 +26,8 @@ struct CountedPayments {
     held: Vec<u64>,
     declining: AtomicBool,
     release: AtomicBool,
+    /// Held rows fail (retryably) instead of holding their run, so no worker invocation stays open.
+    bouncing: bool,
 }
 
 impl CountedPayments {
@@ -35,7 +37,15 @@ impl CountedPayments {
             held: held.to_vec(),
             declining: AtomicBool::new(declining),
             release: AtomicBool::new(false),
+            bouncing: false,
         })
+    }
+
+    /// Held rows bounce (fail retryably) until released.
+    fn bouncing(held: &[u64], declining: bool) -> Arc<Self> {
+        let mut steps = Arc::into_inner(Self::new(held, declining)).expect("the only reference");
+        steps.bouncing = true;
+        Arc::new(steps)
     }
 }
 
@@ -55,6 +65,10 @@ impl StepFunction for CountedPayments {
             *run += 1;
             *run
         };
+        let held = self.held.contains(&line) && !self.release.load(Ordering::SeqCst);
+        if held && self.bouncing {
+            return Err(StepError::new("HELD", "held until released", true));
+        }
         while self.held.contains(&line) && run == 1 && !self.release.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -119,24 +133,19 @@ async fn batch_of(
     let mut batch = csv_payments::batch_pipeline(batch_queue);
     let mut payment = csv_payments::payment_pipeline(payment_queue);
     configure(&mut batch.steps[1], &mut payment.steps[0]);
+    // The workers serve the contracts of the pipelines as configured (a retry policy is contract).
+    let contracts = [&batch, &payment].map(stepline::domain::contract::Contract::of);
     for def in [batch, payment] {
         local.release(def, Vec::new()).await?;
     }
     // A held row keeps its worker invocation open: its batch's poller receives nothing more until
     // it returns. Lambda scales its pollers out; here there is one per held row at least, so the
     // rows run together however their requests were split into batches.
+    let [batch_contract, payment_contract] = contracts;
     let runner = local.run_workers_with(
         vec![
-            (
-                "CsvWorkerFunction",
-                csv_payments::batch_contract(),
-                steps.clone(),
-            ),
-            (
-                "PaymentWorkerFunction",
-                csv_payments::payment_contract(),
-                steps.clone(),
-            ),
+            ("CsvWorkerFunction", batch_contract, steps.clone()),
+            ("PaymentWorkerFunction", payment_contract, steps.clone()),
         ],
         RunnerOptions {
             pollers: RunnerOptions::default().pollers.max(steps.held.len()),
@@ -561,5 +570,59 @@ async fn a_fan_out_over_json_lines_in_the_payload_bucket_runs_at_most_its_window
         "{most} rows were paid at once, the window is {WINDOW}"
     );
     assert!(most > 1, "the window's children run together");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_re_driven_while_its_parent_waits_replaces_its_outcome_and_is_counted_once(
+) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
+    // Three rows (lines 2 to 4): line 2 is retried until released, line 3 pays, line 4 is declined.
+    // The fan-out tolerates every failure, so the declined row alone settles nothing.
+    let steps = CountedPayments::bouncing(&[2], true);
+    let (_local, _runner, api, id) = batch_of(
+        "fanout-child-redrive",
+        &steps,
+        |_, pay| pay.retry = stepline::domain::RetryPolicy::doubling(1_000, 500, 500),
+        &csv_of(3),
+    )
+    .await?;
+    let children = children_of(id);
+    let minute = Duration::from_secs(60);
+    wait_for(&api, children[1], minute, |r| r.status == Status::Succeeded).await?;
+    wait_for(&api, children[2], minute, |r| r.status == Status::Failed).await?;
+    let counted = |want: (usize, usize)| {
+        let api = &api;
+        async move {
+            let parent = api.get(id).await?;
+            let progress = api.unit_progress(&parent).await?.unwrap_or_default();
+            let count = |outcome: &str| progress.answered.get(outcome).copied().unwrap_or(0);
+            anyhow::Ok((parent, (count("SUCCEEDED"), count("FAILED")) == want))
+        }
+    };
+    wait_until(minute, || async { Ok(counted((1, 1)).await?.1) }).await?;
+
+    // The bank is back; an operator re-drives the declined child while its parent still waits.
+    steps.declining.store(false, Ordering::SeqCst);
+    redrive(&api, children[2]).await?;
+    wait_for(&api, children[2], minute, |r| r.status == Status::Succeeded).await?;
+    // Its success replaces its failure: two children counted, both succeeded, and the parent still
+    // waits for the held row (counted twice, the child would complete the fan-out early).
+    wait_until(minute, || async {
+        let (parent, replaced) = counted((2, 0)).await?;
+        anyhow::ensure!(
+            parent.status == Status::WaitingExternal,
+            "the parent moved on while a child runs: {parent:#?}"
+        );
+        Ok(replaced)
+    })
+    .await?;
+
+    steps.release.store(true, Ordering::SeqCst);
+    let done = wait_for(&api, id, minute, |r| r.status.is_terminal()).await?;
+    assert_eq!(done.status, Status::Succeeded, "{done:#?}");
+    let summary = done.result.clone().expect("a summary").value().clone();
+    assert_eq!(summary["paid"], 3, "{summary}");
+    assert_eq!(summary["failed"], json!([]), "{summary}");
     Ok(())
 }

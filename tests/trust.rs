@@ -13,33 +13,10 @@ use serde_json::{json, Value};
 use stepline::domain::seal::{seal, sealed_token, split_token, SealKey};
 use stepline::domain::{launch_id, Status, StepError};
 use stepline::envelope::{
-    Identity, RawRequest, ReplyEnvelope, ReplyOutcome, RequestHeader, REASON_ATTRIBUTE, REPLY_KIND,
+    Identity, RawRequest, ReplyEnvelope, ReplyOutcome, RequestHeader, REPLY_KIND,
 };
 use stepline::worker::StepFunction;
-use stepline_suite::{wait_until, TestStack};
-
-/// The reasons of every message in the reply DLQ, once it holds `count`.
-async fn dead_letter_reasons(stack: &TestStack, count: u64) -> anyhow::Result<Vec<String>> {
-    wait_until(Duration::from_secs(30), || async {
-        Ok(stack.queue_depth("ReplyDeadLetterQueue").await? == count)
-    })
-    .await?;
-    let (_, dlq) = stack.local.stack.queue("ReplyDeadLetterQueue")?;
-    let mut reasons = Vec::new();
-    while reasons.len() < count as usize {
-        for m in stepline_local::receive(&stack.sqs(), dlq).await? {
-            let attrs = m.message_attributes.unwrap_or_default();
-            reasons.push(
-                attrs
-                    .get(REASON_ATTRIBUTE)
-                    .and_then(|a| a.string_value.clone())
-                    .unwrap_or_default(),
-            );
-        }
-    }
-    reasons.sort();
-    Ok(reasons)
-}
+use stepline_suite::TestStack;
 
 async fn send_reply(stack: &TestStack, reply: &Value) -> anyhow::Result<()> {
     let (_, url) = stack.local.stack.queue("ReplyQueue")?;
@@ -76,16 +53,19 @@ async fn a_reply_forged_from_the_public_derivation_is_refused_and_the_genuine_re
         outcome,
     };
     let forged_output = json!({"orderId": "order-1", "totalCents": 1, "forged": true});
+    // Over the claim-check threshold: a refused reply must not cost a stored object either.
+    let threshold = stack.claims()?.threshold();
+    let large_output = json!({"orderId": "order-1", "forged": "x".repeat(threshold + 1)});
     for reply in [
         forged(
             ReplyOutcome::Succeeded {
-                output: forged_output.clone(),
+                output: forged_output,
             },
             "",
         ),
         forged(
             ReplyOutcome::Succeeded {
-                output: forged_output,
+                output: large_output.clone(),
             },
             &launch.simple().to_string(),
         ),
@@ -94,13 +74,17 @@ async fn a_reply_forged_from_the_public_derivation_is_refused_and_the_genuine_re
         send_reply(&stack, &serde_json::to_value(&reply)?).await?;
     }
     assert_eq!(
-        dead_letter_reasons(&stack, 3).await?,
+        stack.dead_letter_reasons(3).await?,
         vec!["UNAUTHENTICATED"; 3]
     );
     let after_forgeries = stack.api.get(id).await?;
     assert_eq!(
         after_forgeries, before,
         "refused messages write nothing: no outcome, no deadline moved, no incident"
+    );
+    assert!(
+        !stack.holds_payload(id, &large_output).await?,
+        "a refused reply's output is not claim-checked: it is refused before anything is stored"
     );
 
     // Now the real worker answers.
@@ -168,7 +152,7 @@ async fn replies_of_an_unknown_kind_or_another_release_are_refused() -> anyhow::
         .await?;
     stack.start(Arc::new(OrderSteps))?;
     assert_eq!(
-        dead_letter_reasons(&stack, 2).await?,
+        stack.dead_letter_reasons(2).await?,
         vec!["IDENTITY_MISMATCH", "UNKNOWN_KIND"]
     );
     let record = stack.wait_terminal(id).await?;

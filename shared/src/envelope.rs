@@ -303,11 +303,15 @@ pub struct ChildEnded {
     pub step: u32,
     pub token: String,
     pub end: ChildEnd,
+    /// The child's record version at this end: a re-driven child ends again at a later version, and
+    /// its parent counts the later end in place of the earlier one (0: not given).
+    #[serde(default)]
+    pub version: u64,
 }
 
 impl ChildEnded {
-    /// The notice of the child `link` starts, ended as `end`.
-    pub fn of(link: &ParentLink, end: ChildEnd) -> Self {
+    /// The notice of the child `link` starts, ended as `end` at its record's version `version`.
+    pub fn of(link: &ParentLink, end: ChildEnd, version: u64) -> Self {
         Self {
             kind: CHILD_ENDED_KIND.to_string(),
             parent: link.execution_id,
@@ -315,6 +319,7 @@ impl ChildEnded {
             step: link.step,
             token: link.token.clone(),
             end,
+            version,
         }
     }
 }

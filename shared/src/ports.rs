@@ -106,22 +106,32 @@ pub struct ListPage {
 /// The fan-out ledger: where a fan-out's children are counted, outside the parent's record (see
 /// `domain::fan_out`, and `coordinator::count_child` for how the three writes of a count combine). A
 /// unit is named by its id (the fan-out attempt's launch id). Every write is idempotent: a crash
-/// between two of them is recovered by making them all again.
+/// between two of them is recovered by making them all again. Each child has **one outcome**: an end
+/// is written with the child's version at that end, over an earlier end of the same child (a
+/// re-driven child that ended again), never over a later one, conditionally.
 #[async_trait]
 pub trait FanOutLedger: Send + Sync {
-    /// Keeps a child's end under its own key (the same end again changes nothing).
-    async fn keep(&self, unit: Uuid, end: &ChildEnd) -> Result<(), StoreError>;
-    /// Adds `item` to its block's set of succeeded or failed children; returns how many children
-    /// the block holds after.
-    async fn add_to_block(&self, unit: Uuid, item: u32, succeeded: bool)
-        -> Result<u32, StoreError>;
-    /// Adds a completed block and/or a failed item to the unit's head; returns how many blocks are
-    /// complete and how many children failed, after.
+    /// Keeps a child's end (of the child's record version `version`) under its own key, unless an
+    /// end of a later version is kept there: `false` then (the end is stale).
+    async fn keep(&self, unit: Uuid, end: &ChildEnd, version: u64) -> Result<bool, StoreError>;
+    /// Sets `item`'s one outcome (succeeded or failed) in its block, in place of the outcome of an
+    /// earlier version of the child; `None` when a later version's outcome is there.
+    async fn set_outcome(
+        &self,
+        unit: Uuid,
+        item: u32,
+        succeeded: bool,
+        version: u64,
+    ) -> Result<Option<BlockCount>, StoreError>;
+    /// Adds a completed block and/or a failed item to the unit's head, and takes out an item that
+    /// failed before and has now succeeded (`recovered`); returns how many blocks are complete and
+    /// how many children failed, after.
     async fn add_to_head(
         &self,
         unit: Uuid,
         block: Option<u32>,
         failed: Option<u32>,
+        recovered: Option<u32>,
     ) -> Result<(u32, u32), StoreError>;
     /// The children of a unit of `items` counted so far (strongly consistent).
     async fn tally(&self, unit: Uuid, items: u32) -> Result<Tally, StoreError>;
@@ -132,6 +142,15 @@ pub trait FanOutLedger: Send + Sync {
         from: u32,
         to: u32,
     ) -> Result<Vec<Option<ChildEnd>>, StoreError>;
+}
+
+/// A block of the fan-out ledger after an outcome was set in it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockCount {
+    /// Items of the block with an outcome (each once, whatever its outcome).
+    pub counted: u32,
+    /// The item's outcome before was a failure.
+    pub was_failed: bool,
 }
 
 /// A page of the due index to read: at most `limit` executions due at `now` in `shard`, after `after`.

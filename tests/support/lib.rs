@@ -276,6 +276,50 @@ impl TestStack {
             .context("the stack has a payload bucket")
     }
 
+    /// Whether the payload bucket holds `value` claim-checked for execution `id` (under its content
+    /// address, as the coordinator stores it).
+    pub async fn holds_payload(&self, id: Uuid, value: &Value) -> Result<bool> {
+        use sha2::Digest;
+        let claims = self.claims()?;
+        let bytes = serde_json::to_vec(value)?;
+        let sha256 = hex::encode(sha2::Sha256::digest(&bytes));
+        let reference = stepline::domain::payload::PayloadRef {
+            bucket: claims.bucket().into(),
+            key: stepline::claims::ClaimCheck::key(id, &sha256),
+            size: bytes.len() as u64,
+            sha256,
+        };
+        match claims.fetch(&reference).await {
+            Ok(_) => Ok(true),
+            Err(stepline::claims::ClaimError::Unresolvable(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The reasons of every message in the reply DLQ, once it holds `count` (sorted; received, so
+    /// hidden from the next call for the queue's visibility timeout).
+    pub async fn dead_letter_reasons(&self, count: u64) -> Result<Vec<String>> {
+        wait_until(Duration::from_secs(30), || async {
+            Ok(self.queue_depth("ReplyDeadLetterQueue").await? == count)
+        })
+        .await?;
+        let (_, dlq) = self.local.stack.queue("ReplyDeadLetterQueue")?;
+        let mut reasons = Vec::new();
+        while reasons.len() < count as usize {
+            for m in stepline_local::receive(&self.sqs(), dlq).await? {
+                let attrs = m.message_attributes.unwrap_or_default();
+                reasons.push(
+                    attrs
+                        .get(stepline::envelope::REASON_ATTRIBUTE)
+                        .and_then(|a| a.string_value.clone())
+                        .unwrap_or_default(),
+                );
+            }
+        }
+        reasons.sort();
+        Ok(reasons)
+    }
+
     pub fn sqs(&self) -> aws_sdk_sqs::Client {
         aws_sdk_sqs::Client::new(&self.local.sdk)
     }

@@ -541,11 +541,12 @@ impl DynamoDbExecutionStore {
         Ok(found)
     }
 
-    /// ADDs numbers to number sets of one ledger item; returns the item after.
-    async fn add_to_sets(
+    /// ADDs numbers to number sets of one ledger item and DELETEs others; returns the item after.
+    async fn update_sets(
         &self,
         key: AttributeValue,
         adds: &[(&str, u32)],
+        deletes: &[(&str, u32)],
     ) -> Result<Item, StoreError> {
         let mut update = self
             .client
@@ -553,17 +554,24 @@ impl DynamoDbExecutionStore {
             .table_name(&self.table)
             .key(PK, key);
         let mut clauses = Vec::new();
-        for (i, (set, value)) in adds.iter().enumerate() {
-            clauses.push(format!("#s{i} :v{i}"));
-            update = update
-                .expression_attribute_names(format!("#s{i}"), *set)
-                .expression_attribute_values(
-                    format!(":v{i}"),
-                    AttributeValue::Ns(vec![value.to_string()]),
-                );
+        for (verb, changes) in [("ADD", adds), ("DELETE", deletes)] {
+            let mut parts = Vec::new();
+            for (set, value) in changes {
+                let n = clauses.len() + parts.len();
+                parts.push(format!("#s{n} :v{n}"));
+                update = update
+                    .expression_attribute_names(format!("#s{n}"), *set)
+                    .expression_attribute_values(
+                        format!(":v{n}"),
+                        AttributeValue::Ns(vec![value.to_string()]),
+                    );
+            }
+            if !parts.is_empty() {
+                clauses.push(format!("{verb} {}", parts.join(", ")));
+            }
         }
         let out = update
-            .update_expression(format!("ADD {}", clauses.join(", ")))
+            .update_expression(clauses.join(" "))
             .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew)
             .send()
             .await
@@ -572,33 +580,85 @@ impl DynamoDbExecutionStore {
     }
 }
 
+fn set_has(item: &Item, name: &str, value: u32) -> bool {
+    let value = value.to_string();
+    matches!(item.get(name), Some(AttributeValue::Ns(values)) if values.contains(&value))
+}
+
+/// The ledger's item of a child's end keeps the child's version beside it.
+const END_VERSION: &str = "version";
+
 #[async_trait]
 impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
-    async fn keep(&self, unit: Uuid, end: &crate::domain::ChildEnd) -> Result<(), StoreError> {
+    async fn keep(
+        &self,
+        unit: Uuid,
+        end: &crate::domain::ChildEnd,
+        version: u64,
+    ) -> Result<bool, StoreError> {
         let body = serde_json::to_string(end).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        self.client
+        let kept = self
+            .client
             .put_item()
             .table_name(&self.table)
             .item(PK, ledger_key(unit, Some(end.item.to_string())))
             .item("end", s(body))
+            .item(END_VERSION, n(version))
+            .condition_expression("attribute_not_exists(#pk) OR #v <= :v")
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_names("#v", END_VERSION)
+            .expression_attribute_values(":v", n(version))
             .send()
             .await
-            .map_err(classify)?;
-        Ok(())
+            .map_err(classify);
+        match kept {
+            Ok(_) => Ok(true),
+            Err(StoreError::Conflict) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
-    async fn add_to_block(
+    async fn set_outcome(
         &self,
         unit: Uuid,
         item: u32,
         succeeded: bool,
-    ) -> Result<u32, StoreError> {
+        version: u64,
+    ) -> Result<Option<crate::ports::BlockCount>, StoreError> {
         let block = crate::domain::fan_out::block_of(item);
-        let set = if succeeded { "ok" } else { "failed" };
-        let after = self
-            .add_to_sets(ledger_key(unit, Some(format!("b{block}"))), &[(set, item)])
-            .await?;
-        Ok(set_len(&after, "ok") + set_len(&after, "failed"))
+        let (into, out_of) = if succeeded {
+            ("ok", "failed")
+        } else {
+            ("failed", "ok")
+        };
+        // One outcome per item: in one set, out of the other, under the version it came from (an
+        // attribute per item), never over a later version's.
+        let set = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(PK, ledger_key(unit, Some(format!("b{block}"))))
+            .update_expression("ADD #into :i DELETE #out :i SET #v = :v")
+            .condition_expression("attribute_not_exists(#v) OR #v <= :v")
+            .expression_attribute_names("#into", into)
+            .expression_attribute_names("#out", out_of)
+            .expression_attribute_names("#v", format!("v{item}"))
+            .expression_attribute_values(":i", AttributeValue::Ns(vec![item.to_string()]))
+            .expression_attribute_values(":v", n(version))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllOld)
+            .send()
+            .await
+            .map_err(classify);
+        let before = match set {
+            Ok(out) => out.attributes.unwrap_or_default(),
+            Err(StoreError::Conflict) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let had = set_has(&before, "ok", item) || set_has(&before, "failed", item);
+        Ok(Some(crate::ports::BlockCount {
+            counted: set_len(&before, "ok") + set_len(&before, "failed") + u32::from(!had),
+            was_failed: set_has(&before, "failed", item),
+        }))
     }
 
     async fn add_to_head(
@@ -606,20 +666,23 @@ impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
         unit: Uuid,
         block: Option<u32>,
         failed: Option<u32>,
+        recovered: Option<u32>,
     ) -> Result<(u32, u32), StoreError> {
         let adds: Vec<(&str, u32)> = block
             .map(|b| ("blocks", b))
             .into_iter()
             .chain(failed.map(|f| ("failed", f)))
             .collect();
-        let head = if adds.is_empty() {
+        let deletes: Vec<(&str, u32)> = recovered.map(|r| ("failed", r)).into_iter().collect();
+        let head = if adds.is_empty() && deletes.is_empty() {
             self.read_many(vec![ledger_key(unit, None)])
                 .await?
                 .into_values()
                 .next()
                 .unwrap_or_default()
         } else {
-            self.add_to_sets(ledger_key(unit, None), &adds).await?
+            self.update_sets(ledger_key(unit, None), &adds, &deletes)
+                .await?
         };
         Ok((set_len(&head, "blocks"), set_len(&head, "failed")))
     }

@@ -15,9 +15,9 @@ use crate::domain::release::{Activation, Release, WorkerRecord, WorkerState};
 use crate::domain::seal::SealKey;
 use crate::domain::{ChildEnd, Execution, Tally};
 use crate::ports::{
-    ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, FanOutLedger,
-    ListCursor, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore, Registration,
-    ReleaseRegistry, SendError, StoreError, DAY_MS,
+    ActivationRequest, Backoff, BlockCount, DueCursor, DuePage, DueQuery, ExecutionStore,
+    FanOutLedger, ListCursor, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore,
+    Registration, ReleaseRegistry, SendError, StoreError, DAY_MS,
 };
 
 #[derive(Default)]
@@ -262,9 +262,12 @@ pub struct InMemoryFanOutLedger {
 
 #[derive(Default)]
 struct LedgerUnit {
-    ends: HashMap<u32, ChildEnd>,
+    /// Per item: its kept end and the child's version at that end.
+    ends: HashMap<u32, (ChildEnd, u64)>,
     /// Per block: succeeded and failed items.
     blocks: HashMap<u32, (BTreeSet<u32>, BTreeSet<u32>)>,
+    /// Per item: the version its outcome came from.
+    outcome_versions: HashMap<u32, u64>,
     complete_blocks: BTreeSet<u32>,
     failed: BTreeSet<u32>,
 }
@@ -282,25 +285,44 @@ impl InMemoryFanOutLedger {
 
 #[async_trait]
 impl FanOutLedger for InMemoryFanOutLedger {
-    async fn keep(&self, unit: Uuid, end: &ChildEnd) -> Result<(), StoreError> {
-        self.with_unit(unit, |u| u.ends.insert(end.item, end.clone()));
-        Ok(())
+    async fn keep(&self, unit: Uuid, end: &ChildEnd, version: u64) -> Result<bool, StoreError> {
+        Ok(self.with_unit(unit, |u| {
+            if u.ends
+                .get(&end.item)
+                .is_some_and(|(_, kept)| *kept > version)
+            {
+                return false;
+            }
+            u.ends.insert(end.item, (end.clone(), version));
+            true
+        }))
     }
 
-    async fn add_to_block(
+    async fn set_outcome(
         &self,
         unit: Uuid,
         item: u32,
         succeeded: bool,
-    ) -> Result<u32, StoreError> {
+        version: u64,
+    ) -> Result<Option<BlockCount>, StoreError> {
         Ok(self.with_unit(unit, |u| {
+            if u.outcome_versions.get(&item).is_some_and(|v| *v > version) {
+                return None;
+            }
+            u.outcome_versions.insert(item, version);
             let (ok, failed) = u.blocks.entry(block_of(item)).or_default();
+            let was_failed = failed.contains(&item);
             if succeeded {
+                failed.remove(&item);
                 ok.insert(item);
             } else {
+                ok.remove(&item);
                 failed.insert(item);
             }
-            (ok.len() + failed.len()) as u32
+            Some(BlockCount {
+                counted: (ok.len() + failed.len()) as u32,
+                was_failed,
+            })
         }))
     }
 
@@ -309,10 +331,14 @@ impl FanOutLedger for InMemoryFanOutLedger {
         unit: Uuid,
         block: Option<u32>,
         failed: Option<u32>,
+        recovered: Option<u32>,
     ) -> Result<(u32, u32), StoreError> {
         Ok(self.with_unit(unit, |u| {
             u.complete_blocks.extend(block);
             u.failed.extend(failed);
+            if let Some(item) = recovered {
+                u.failed.remove(&item);
+            }
             (u.complete_blocks.len() as u32, u.failed.len() as u32)
         }))
     }
@@ -340,7 +366,7 @@ impl FanOutLedger for InMemoryFanOutLedger {
         let units = self.units.lock().expect("ledger");
         let u = units.get(&unit);
         Ok((from..to)
-            .map(|i| u.and_then(|u| u.ends.get(&i).cloned()))
+            .map(|i| u.and_then(|u| u.ends.get(&i).map(|(end, _)| end.clone())))
             .collect())
     }
 }

@@ -24,24 +24,35 @@ use crate::ports::{FanOutLedger, OutMessage, StoreError};
 /// Child ends read from the ledger per request batch when a fan-out settles.
 const ENDS_PAGE: u32 = 1000;
 
-/// Counts a child's end in fan-out `unit` of `items` children: its end kept, its item added to its
-/// block, and the block's completion or the child's failure added to the head. Each write is
-/// idempotent; a crash between them is recovered by counting the same end again.
+/// Counts a child's end (of its record's version `version`) in fan-out `unit` of `items` children:
+/// its end kept, its outcome set in its block, and the block's completion, the child's failure, or
+/// its recovery from an earlier failure (a re-driven child) written to the head. Each write is
+/// idempotent, and each child has one outcome: an end older than the one counted changes nothing. A
+/// crash between the writes is recovered by counting the same end again.
 pub async fn count_child(
     ledger: &dyn FanOutLedger,
     unit: Uuid,
     items: u32,
     end: &ChildEnd,
+    version: u64,
 ) -> Result<Counted, StoreError> {
     if planted::active(Bug::DropsFanOutNotices) && end.item % 7 == 3 {
         return Ok(Counted::default());
     }
-    ledger.keep(unit, end).await?;
+    if !ledger.keep(unit, end, version).await? {
+        return Ok(Counted::default());
+    }
     let succeeded = end.succeeded();
     let block = block_of(end.item);
-    let in_block = ledger.add_to_block(unit, end.item, succeeded).await?;
-    let block_done = in_block >= block_len(block, items);
-    if succeeded && !block_done {
+    let Some(after) = ledger
+        .set_outcome(unit, end.item, succeeded, version)
+        .await?
+    else {
+        return Ok(Counted::default());
+    };
+    let block_done = after.counted >= block_len(block, items);
+    let recovered = succeeded && after.was_failed;
+    if succeeded && !block_done && !recovered {
         return Ok(Counted::default());
     }
     let (blocks, failed) = ledger
@@ -49,6 +60,7 @@ pub async fn count_child(
             unit,
             block_done.then_some(block),
             (!succeeded).then_some(end.item),
+            recovered.then_some(end.item),
         )
         .await?;
     Ok(Counted {
@@ -88,7 +100,14 @@ impl Coordinator {
             Err(Decision::Reject(rejection)) => return Err(rejection.into()),
             Err(Decision::Commit { .. }) => unreachable!("a notice check never commits"),
         };
-        let counted = count_child(ledger, notice.unit, fan_out.items, &notice.end).await?;
+        let counted = count_child(
+            ledger,
+            notice.unit,
+            fan_out.items,
+            &notice.end,
+            notice.version,
+        )
+        .await?;
         tracing::info!(execution_id = %parent.id, child = %notice.end.execution_id, item = notice.end.item, status = %notice.end.status, ?counted, "fan-out child counted");
         if fan_out.settles(&counted) {
             self.settle_fan_out(outbox, source, &parent, notice.unit, fan_out)
@@ -340,4 +359,84 @@ fn items_error(e: ItemsError) -> CoordinatorError {
 /// window's later starts.
 fn block_key(execution: Uuid, unit: Uuid, block: u32) -> String {
     format!("{PAYLOAD_PREFIX}{execution}/{unit}/items-{block}.jsonl")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapters::memory::InMemoryFanOutLedger;
+
+    fn end(item: u32, status: Status) -> ChildEnd {
+        ChildEnd {
+            item,
+            execution_id: Uuid::from_u128(u128::from(item) + 1),
+            status,
+            result: None,
+            error: None,
+        }
+    }
+
+    async fn tally(ledger: &InMemoryFanOutLedger, unit: Uuid, items: u32) -> (u32, u32) {
+        let t = ledger.tally(unit, items).await.unwrap();
+        (t.succeeded, t.failed)
+    }
+
+    #[tokio::test]
+    async fn a_child_reported_both_ways_is_counted_once_and_does_not_complete_its_parent() {
+        let (ledger, unit) = (InMemoryFanOutLedger::default(), Uuid::from_u128(9));
+        let first = count_child(&ledger, unit, 2, &end(0, Status::Succeeded), 3)
+            .await
+            .unwrap();
+        let second = count_child(&ledger, unit, 2, &end(0, Status::Failed), 3)
+            .await
+            .unwrap();
+        assert!(!first.complete && !second.complete, "item 1 never ended");
+        assert_eq!(
+            tally(&ledger, unit, 2).await,
+            (0, 1),
+            "one outcome, the last"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_re_driven_child_replaces_its_failure_and_an_older_end_changes_nothing() {
+        let (ledger, unit) = (InMemoryFanOutLedger::default(), Uuid::from_u128(9));
+        let failed = count_child(&ledger, unit, 2, &end(0, Status::Failed), 4)
+            .await
+            .unwrap();
+        assert_eq!(failed.failed, Some(1));
+        // The re-driven child succeeds at a later version: its failure is taken back.
+        let recovered = count_child(&ledger, unit, 2, &end(0, Status::Succeeded), 7)
+            .await
+            .unwrap();
+        assert_eq!(recovered.failed, Some(0));
+        assert!(!recovered.complete);
+        // The first end, delivered again late, is stale.
+        let stale = count_child(&ledger, unit, 2, &end(0, Status::Failed), 4)
+            .await
+            .unwrap();
+        assert_eq!(stale, Counted::default());
+        assert_eq!(tally(&ledger, unit, 2).await, (1, 0));
+        let kept = ledger.ends(unit, 0, 1).await.unwrap();
+        assert_eq!(kept[0].as_ref().map(|e| e.status), Some(Status::Succeeded));
+        // The other child completes the unit, counted once each.
+        let last = count_child(&ledger, unit, 2, &end(1, Status::Succeeded), 2)
+            .await
+            .unwrap();
+        assert!(last.complete);
+        assert_eq!(last.failed, Some(0));
+    }
+
+    #[tokio::test]
+    async fn counting_the_same_end_again_after_a_crash_changes_nothing() {
+        let (ledger, unit) = (InMemoryFanOutLedger::default(), Uuid::from_u128(9));
+        for _ in 0..3 {
+            count_child(&ledger, unit, 1, &end(0, Status::Failed), 5)
+                .await
+                .unwrap();
+        }
+        assert_eq!(tally(&ledger, unit, 1).await, (0, 1));
+        let (_, failed) = ledger.add_to_head(unit, None, None, None).await.unwrap();
+        assert_eq!(failed, 1);
+    }
 }

@@ -215,6 +215,10 @@ enum Attempt {
     Lost(Box<Execution>),
 }
 
+/// An event's payloads claim-checked: not yet (`None`), nothing to store (`Some(None)`), or the
+/// event with references in place of its large payloads.
+type Checked = Option<Option<Event>>;
+
 /// A new execution's request.
 #[derive(Debug, Clone, Default)]
 pub struct SubmitRequest {
@@ -436,8 +440,6 @@ impl Coordinator {
         role: &str,
         hot: bool,
     ) -> Result<Applied, CoordinatorError> {
-        let checked = self.claim_checked_event(id, event).await?;
-        let event = checked.as_ref().unwrap_or(event);
         match self.commit_event(id, event, role, hot).await? {
             Decided::Committed {
                 record,
@@ -472,10 +474,14 @@ impl Coordinator {
         hot: bool,
     ) -> Result<Decided, CoordinatorError> {
         let mut fresh = None;
+        let mut checked = Checked::default();
         if hot {
             let cached = self.recent.lock().expect("recent").get(&id).cloned();
             if let Some(record) = cached.or_else(|| self.unsealed(id, event)) {
-                match self.decide_and_write(record, event, role).await? {
+                match self
+                    .decide_and_write(record, event, &mut checked, role)
+                    .await?
+                {
                     Attempt::Done(decided) if matches!(*decided, Decided::Committed { .. }) => {
                         return Ok(*decided)
                     }
@@ -489,7 +495,10 @@ impl Coordinator {
                 Some(record) => record,
                 None => self.get(id).await?,
             };
-            match self.decide_and_write(record, event, role).await? {
+            match self
+                .decide_and_write(record, event, &mut checked, role)
+                .await?
+            {
                 Attempt::Done(decided) => return Ok(*decided),
                 Attempt::Rejected(rejection) => return Err(rejection.into()),
                 Attempt::Lost(current) => fresh = Some(*current),
@@ -517,10 +526,15 @@ impl Coordinator {
     /// beyond the item limit), the same reply is decided again once as a final `ITEM_TOO_LARGE`
     /// failure of its step: the execution fails and is dead-lettered, instead of the reply being
     /// retried until it dead-letters with the execution stuck.
+    ///
+    /// Payloads above the claim-check threshold (`checked`, once per event) are stored only once a
+    /// decision on the event as it came would commit: a message refused, unauthenticated or stale
+    /// costs no stored object. The event is then decided again with references in their place.
     async fn decide_and_write(
         &self,
         record: Execution,
         event: &Event,
+        checked: &mut Checked,
         role: &str,
     ) -> Result<Attempt, CoordinatorError> {
         let definition = self
@@ -529,12 +543,11 @@ impl Coordinator {
         let mut substitute = None;
         loop {
             let ctx = self.context(role);
-            let decision = domain::decide(
-                &record,
-                &definition,
-                &ctx,
-                substitute.as_ref().unwrap_or(event),
-            );
+            let current = substitute
+                .as_ref()
+                .or(checked.as_ref().and_then(Option::as_ref))
+                .unwrap_or(event);
+            let decision = domain::decide(&record, &definition, &ctx, current);
             let (mut next, actions) = match decision {
                 Decision::Commit { record, actions } => (record, actions),
                 Decision::Skip(skip) => {
@@ -542,6 +555,14 @@ impl Coordinator {
                 }
                 Decision::Reject(rejection) => return Ok(Attempt::Rejected(rejection)),
             };
+            if checked.is_none() {
+                let replaced = self.claim_checked_event(record.id, event).await?;
+                let changed = replaced.is_some();
+                *checked = Some(replaced);
+                if changed {
+                    continue;
+                }
+            }
             // History the record no longer holds goes to the journal first (see `domain::history`).
             if let Some((chunk, entries)) = domain::history::spill(&record, &mut next) {
                 if !planted::active(Bug::SkipsHistoryJournal) {

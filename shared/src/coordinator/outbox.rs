@@ -175,7 +175,7 @@ impl Coordinator {
                     outbox.push(
                         &parent.complete_to,
                         source,
-                        json(&ChildEnded::of(parent, end)),
+                        json(&ChildEnded::of(parent, end, record.version)),
                         Some((record.id, Event::ParentNotified)),
                     );
                 }

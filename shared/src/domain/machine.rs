@@ -1100,14 +1100,22 @@ fn complete_interaction(
     payload: &Value,
     fingerprint: &str,
 ) -> Decision {
+    // The token is checked before anything else, so that a forger learns nothing and costs nothing
+    // (an unauthenticated refusal writes no incident): it must be the named interaction's, or, for
+    // an interaction the unit does not have, one of the unit's.
     let Some(unit) = &record.await_unit else {
-        return Decision::Reject(Rejection::NotWaiting(record.status));
+        return Decision::Reject(Rejection::InvalidToken);
     };
+    let holds = |i: &crate::domain::Interaction| same(i.token.as_bytes(), token.as_bytes());
     let Some(index) = unit.interactions.iter().position(|i| i.id == interaction) else {
-        return Decision::Reject(Rejection::UnknownInteraction(interaction.to_string()));
+        return Decision::Reject(if unit.interactions.iter().any(holds) {
+            Rejection::UnknownInteraction(interaction.to_string())
+        } else {
+            Rejection::InvalidToken
+        });
     };
     let found = &unit.interactions[index];
-    if !same(found.token.as_bytes(), token.as_bytes()) {
+    if !holds(found) {
         return Decision::Reject(Rejection::InvalidToken);
     }
     // An answer naming an earlier await unit of the step (sent before a later attempt replaced it),

@@ -34,7 +34,7 @@ use crate::envelope::{
     Identity, RequestHeader, StartDetail, StartEvent, START_DETAIL_TYPE, START_SOURCE,
 };
 use crate::ports::{
-    ActivationRequest, Backoff, Clock, DuePage, DueQuery, ExecutionStore, FanOutLedger,
+    ActivationRequest, Backoff, BlockCount, Clock, DuePage, DueQuery, ExecutionStore, FanOutLedger,
     MessageSender, OutMessage, PayloadStore, ReleaseRegistry, SendError, StoreError,
 };
 use crate::worker::{Heartbeat, StepFunction, Worker};
@@ -282,19 +282,30 @@ struct Ledger {
 
 #[async_trait]
 impl FanOutLedger for Ledger {
-    async fn keep(&self, unit: Uuid, end: &ChildEnd) -> Result<(), StoreError> {
-        faulty(&self.world, self.inner.keep(unit, end)).await
+    async fn keep(&self, unit: Uuid, end: &ChildEnd, version: u64) -> Result<bool, StoreError> {
+        faulty(&self.world, self.inner.keep(unit, end, version)).await
     }
-    async fn add_to_block(&self, unit: Uuid, item: u32, ok: bool) -> Result<u32, StoreError> {
-        faulty(&self.world, self.inner.add_to_block(unit, item, ok)).await
+    async fn set_outcome(
+        &self,
+        unit: Uuid,
+        item: u32,
+        ok: bool,
+        version: u64,
+    ) -> Result<Option<BlockCount>, StoreError> {
+        faulty(&self.world, self.inner.set_outcome(unit, item, ok, version)).await
     }
     async fn add_to_head(
         &self,
         unit: Uuid,
         block: Option<u32>,
         failed: Option<u32>,
+        recovered: Option<u32>,
     ) -> Result<(u32, u32), StoreError> {
-        faulty(&self.world, self.inner.add_to_head(unit, block, failed)).await
+        faulty(
+            &self.world,
+            self.inner.add_to_head(unit, block, failed, recovered),
+        )
+        .await
     }
     async fn tally(&self, unit: Uuid, items: u32) -> Result<Tally, StoreError> {
         interleave(&self.world).await;

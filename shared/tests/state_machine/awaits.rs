@@ -138,6 +138,33 @@ fn a_forged_or_wrong_token_is_refused() {
 }
 
 #[test]
+fn a_completion_is_authenticated_before_any_other_check() {
+    let (m, record) = parked(&["manager", "chef"]);
+    let forged = "0123456789abcdef0123456789abcdef";
+    let refusal = |record: &stepline::domain::Execution, interaction: &str, token: &str| {
+        let event = complete(interaction, token, Verdict::Approved, json!({}));
+        m.rejected(record, PARKED_AT + 1, 5, &event)
+    };
+    // A forger learns nothing from the order of checks: an unknown interaction, or an execution
+    // with nothing to answer, is refused as unauthenticated (which writes nothing, not even an
+    // incident) unless the token is one of the unit's.
+    assert_eq!(refusal(&record, "owner", forged), Rejection::InvalidToken);
+    let mut not_waiting = record.clone();
+    not_waiting.await_unit = None;
+    assert_eq!(
+        refusal(&not_waiting, "manager", forged),
+        Rejection::InvalidToken
+    );
+    assert!(refusal(&record, "owner", forged).is_unauthenticated());
+    // The holder of a real token is told what is wrong.
+    let chef = token_of(&record, "chef");
+    assert_eq!(
+        refusal(&record, "owner", &chef),
+        Rejection::UnknownInteraction("owner".into())
+    );
+}
+
+#[test]
 fn every_interaction_must_be_approved_before_resuming() {
     let (m, record) = parked(&["manager", "chef"]);
     let approve = |name: &str, n: i64| {
