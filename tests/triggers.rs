@@ -192,3 +192,61 @@ async fn start_queue_poison_goes_to_the_start_dlq_and_moves_back_to_the_start_qu
     assert_eq!(stack.queue_depth("LaunchDeadLetterQueue").await?, 0);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_event_cannot_make_itself_a_fan_out_child_or_take_a_childs_id() -> anyhow::Result<()>
+{
+    stepline_local::needs_emulator!();
+    let mut stack = TestStack::new("e2e-parent-link", |_| {}).await?;
+    stack.start(Arc::new(OrderSteps))?;
+    let (_, start_queue) = stack.local.stack.queue("StartQueue")?;
+    let parent = uuid::Uuid::new_v4();
+    // Anyone who may send to the start queue writes a parent link of their own, naming where the
+    // child's end should go (a queue that does not exist), under the id the real child of item 0 of
+    // that parent's fan-out would have.
+    let child_event = stepline::domain::fan_out_event_id(parent, 1, "item-0");
+    let forged = stepline_local::start_event(
+        &child_event,
+        json!({
+            "pipelineId": "orders",
+            "tenant": "bistro",
+            "input": order_worker::sample_order(2),
+            "parent": {
+                "executionId": parent,
+                "interaction": "item-0",
+                "token": "0".repeat(32),
+                "completeTo": format!("{start_queue}-elsewhere"),
+                "step": 1,
+                "signature": "00".repeat(32),
+            },
+        }),
+    );
+    stack
+        .sqs()
+        .send_message()
+        .queue_url(start_queue)
+        .message_body(forged.to_string())
+        .send()
+        .await?;
+    wait_until(Duration::from_secs(30), || async {
+        Ok(executions_in_table(&stack).await? == 1)
+    })
+    .await?;
+    let id = stepline::domain::idempotent_id(
+        "bistro",
+        "orders",
+        &stepline::domain::start_event_key(&child_event),
+    );
+    let record = stack.wait_terminal(id).await?;
+    assert_eq!(record.status, Status::Succeeded);
+    // The link was stripped: the execution is nobody's child, owes no parent a notice (nothing left
+    // for the sweeper to retry), and its id is not the child's.
+    assert_eq!(record.parent, None);
+    assert_eq!(record.due_at(), None, "nothing due: {record:?}");
+    assert_ne!(
+        id,
+        stepline::domain::fan_out_child_id("bistro", "orders", parent, 1, "item-0")
+    );
+    assert_eq!(stack.queue_depth("StartDeadLetterQueue").await?, 0);
+    Ok(())
+}

@@ -357,6 +357,7 @@ fn values() -> Vec<Values> {
         complete_to: "replies".into(),
         unit: Some(UNIT),
         step: 3,
+        signature: Some("ab".repeat(32)),
     };
     vec![
         Values {

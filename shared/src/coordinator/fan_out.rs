@@ -244,7 +244,7 @@ impl Coordinator {
                     block.push(b'\n');
                 }
                 if item < wave {
-                    messages.extend(self.child_start(&current, step, unit_id, item, input));
+                    messages.push(self.child_start(&current, step, unit_id, item, input)?);
                 }
                 item += 1;
                 if fan_out.window.is_some() && (item.is_multiple_of(BLOCK) || item == items) {
@@ -313,9 +313,8 @@ impl Coordinator {
                     .map_err(|e| CoordinatorError::Invalid(format!("item {next} in {key}: {e}")))?
             }
         };
-        let message = self.child_start(parent, step, unit, next, item);
-        self.send_starts(&start_queue, &message.into_iter().collect::<Vec<_>>())
-            .await
+        let message = self.child_start(parent, step, unit, next, item)?;
+        self.send_starts(&start_queue, &[message]).await
     }
 
     async fn send_starts(

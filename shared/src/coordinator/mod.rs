@@ -656,7 +656,7 @@ impl Coordinator {
                 "pipelineId and tenant are required".into(),
             ));
         }
-        let release = match request.release_version {
+        let release = match request.release_version.clone() {
             Some(release) => release,
             None => {
                 self.registry
@@ -669,9 +669,18 @@ impl Coordinator {
         let pinned = self.pinned(&request.pipeline_id, &release).await?;
         self.refuse_draining(&request.pipeline_id, &release).await?;
         let definition = &pinned.definition;
-        let id = match &request.idempotency_key {
-            Some(key) => domain::idempotent_id(&request.tenant, &request.pipeline_id, key),
-            None => self.clock.token(),
+        let request = self.checked_parent(request).await?;
+        let id = match (&request.parent, &request.idempotency_key) {
+            // A fan-out child: its id names parent, step and item, in a namespace of its own.
+            (Some(link), _) => domain::fan_out_child_id(
+                &request.tenant,
+                &request.pipeline_id,
+                link.execution_id,
+                link.step,
+                &link.interaction,
+            ),
+            (None, Some(key)) => domain::idempotent_id(&request.tenant, &request.pipeline_id, key),
+            (None, None) => self.clock.token(),
         };
         let ctx = self.context("submit");
         let new = NewExecution {
@@ -732,6 +741,31 @@ impl Coordinator {
             duplicate: false,
             version: record.version,
         })
+    }
+}
+
+impl Coordinator {
+    /// `request` with its parent link only if the coordinator signed it (a fan-out's child start);
+    /// anyone else's link is stripped, and the execution starts as a parentless one. Without the key
+    /// to check it, the start waits (a retryable error).
+    async fn checked_parent(
+        &self,
+        mut request: SubmitRequest,
+    ) -> Result<SubmitRequest, CoordinatorError> {
+        let Some(link) = &request.parent else {
+            return Ok(request);
+        };
+        let Some(key) = self.seal_key().await else {
+            return Err(StoreError::Unavailable(
+                "the coordinator's key, to check a parent link".into(),
+            )
+            .into());
+        };
+        if !link.is_signed(key, &request.tenant, &request.pipeline_id) {
+            tracing::warn!(parent = %link.execution_id, pipeline = %request.pipeline_id, "a start event's parent link is not the coordinator's: stripped");
+            request.parent = None;
+        }
+        Ok(request)
     }
 }
 

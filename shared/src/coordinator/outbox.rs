@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::Coordinator;
+use super::{Coordinator, CoordinatorError};
 use crate::domain::fan_out::item_name;
 use crate::domain::ids::fan_out_token;
 use crate::domain::seal;
@@ -20,7 +20,7 @@ use crate::envelope::{
     CANCEL_CHILD_KIND, CANCEL_KIND, DEAD_LETTER_KIND, REQUEST_KIND, START_DETAIL_TYPE,
     START_SOURCE,
 };
-use crate::ports::{BusEvent, OutMessage, SendError};
+use crate::ports::{BusEvent, OutMessage, SendError, StoreError};
 
 impl Coordinator {
     /// Turns a committed decision's actions into messages.
@@ -172,8 +172,9 @@ impl Coordinator {
                         result: record.result.as_ref().map(|r| r.value().clone()),
                         error: record.error.clone(),
                     };
+                    // To this coordinator's own queue, whatever the link says.
                     outbox.push(
-                        &parent.complete_to,
+                        &self.settings.await_queue,
                         source,
                         json(&ChildEnded::of(parent, end, record.version)),
                         Some((record.id, Event::ParentNotified)),
@@ -276,9 +277,13 @@ impl Coordinator {
             .map_or(items.len(), |f| f.first_wave() as usize)
             .min(items.len());
         for (i, item) in items.into_iter().take(count).enumerate() {
-            let Some(start) = self.child_start(record, step_def, await_unit.id, i as u32, item)
-            else {
-                return;
+            let start = match self.child_start(record, step_def, await_unit.id, i as u32, item) {
+                Ok(start) => start,
+                // Not marked sent: the sweeper starts the children again.
+                Err(e) => {
+                    tracing::error!(execution_id = %record.id, code = %e.code(), error = %e, "fan-out children not started");
+                    return;
+                }
             };
             // Marked sent once the last one went out and none of this execution's sends failed.
             let then = (i + 1 == count).then_some((
@@ -293,7 +298,8 @@ impl Coordinator {
     }
 
     /// The start of the child of item `item` (its input `input`) of fan-out `unit`: a StartExecution
-    /// event whose id names parent, step and item (not the attempt), with the parent's link.
+    /// event whose id names parent, step and item (not the attempt), with the parent's link signed
+    /// under the coordinator's key (without the key, nothing is started: the caller tries again).
     pub(super) fn child_start(
         &self,
         record: &Execution,
@@ -301,10 +307,18 @@ impl Coordinator {
         unit: Uuid,
         item: u32,
         input: Value,
-    ) -> Option<OutMessage> {
+    ) -> Result<OutMessage, CoordinatorError> {
         let Some(child) = &step_def.child_pipeline else {
-            tracing::error!(execution_id = %record.id, step = %step_def.id, "fan-out without a child pipeline");
-            return None;
+            return Err(CoordinatorError::Invalid(format!(
+                "fan-out step {} without a child pipeline",
+                step_def.id
+            )));
+        };
+        let Some(key) = self.seal_key.get() else {
+            return Err(StoreError::Unavailable(
+                "the coordinator's key, to sign a child's link".into(),
+            )
+            .into());
         };
         let name = item_name(item);
         let event = StartEvent {
@@ -316,17 +330,21 @@ impl Coordinator {
                 tenant: record.tenant.clone(),
                 input,
                 release_version: None,
-                parent: Some(ParentLink {
-                    execution_id: record.id,
-                    token: fan_out_token(&record.secret, record.id, record.step, &name),
-                    interaction: name,
-                    complete_to: self.settings.await_queue.clone(),
-                    unit: Some(unit),
-                    step: record.step,
-                }),
+                parent: Some(
+                    ParentLink {
+                        execution_id: record.id,
+                        token: fan_out_token(&record.secret, record.id, record.step, &name),
+                        interaction: name,
+                        complete_to: self.settings.await_queue.clone(),
+                        unit: Some(unit),
+                        step: record.step,
+                        signature: None,
+                    }
+                    .signed(key, &record.tenant, child),
+                ),
             },
         };
-        Some(json(&event))
+        Ok(json(&event))
     }
 
     /// A cancelled fan-out's children that have not answered: a cancel message for each on the launch

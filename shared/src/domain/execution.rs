@@ -290,7 +290,48 @@ pub struct ParentLink {
     /// The parent's fan-out step (its token is the parent's for this step and item).
     #[serde(default)]
     pub step: u32,
+    /// The coordinator's MAC over the link and the child's tenant and pipeline (`signed`): a start
+    /// event's link is honoured only with it, and stripped otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
 }
+
+impl ParentLink {
+    /// What the signature covers: every field of the link but itself, and the child's tenant and
+    /// pipeline.
+    fn signed_part(&self, tenant: &str, pipeline: &str) -> Vec<u8> {
+        serde_json::to_vec(&(
+            tenant,
+            pipeline,
+            self.execution_id,
+            &self.interaction,
+            &self.token,
+            &self.complete_to,
+            self.unit,
+            self.step,
+        ))
+        .expect("a link serializes")
+    }
+
+    /// The link signed under the coordinator's key for a child of `pipeline` for `tenant`.
+    pub fn signed(mut self, key: &super::seal::SealKey, tenant: &str, pipeline: &str) -> Self {
+        let mac = key.mac(LINK_PURPOSE, &self.signed_part(tenant, pipeline));
+        self.signature = Some(hex::encode(mac));
+        self
+    }
+
+    /// Whether the coordinator made this link, for a child of `pipeline` for `tenant`.
+    pub fn is_signed(&self, key: &super::seal::SealKey, tenant: &str, pipeline: &str) -> bool {
+        let Some(signature) = self.signature.as_deref().and_then(|s| hex::decode(s).ok()) else {
+            return false;
+        };
+        let mac = key.mac(LINK_PURPOSE, &self.signed_part(tenant, pipeline));
+        super::crypto::same(&mac, &signature)
+    }
+}
+
+/// The purpose the key of parent links' signatures is derived for (see `SealKey::mac`).
+const LINK_PURPOSE: &str = "stepline/parent-link/v1";
 
 /// A child's end, as its notice reports it and the ledger keeps it: the element of the step's
 /// `results` at its item's place.

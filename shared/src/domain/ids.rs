@@ -39,10 +39,17 @@ pub fn fan_out_event_id(parent: Uuid, step: u32, item: &str) -> String {
     format!("{parent}/{step}/{item}")
 }
 
+/// Namespace of fan-out children's ids: apart from every id a submission or a start event names, so
+/// that nobody but the parent's coordinator (with a signed link) can make, or take, a child's id.
+const CHILD_NAMESPACE: Uuid = Uuid::from_u128(0x9a4d_27c1_0e6b_4f38_b5d2_73e8_c1f0_5a96);
+
 /// The id of that child, an execution of `pipeline` for `tenant`.
 pub fn fan_out_child_id(tenant: &str, pipeline: &str, parent: Uuid, step: u32, item: &str) -> Uuid {
-    let key = start_event_key(&fan_out_event_id(parent, step, item));
-    idempotent_id(tenant, pipeline, &key)
+    let key = fan_out_event_id(parent, step, item);
+    Uuid::new_v5(
+        &CHILD_NAMESPACE,
+        format!("{tenant}/{pipeline}/{key}").as_bytes(),
+    )
 }
 
 /// A new execution's reply secret: 128 random bits drawn for it alone (`Context::secret`), as hex.
@@ -69,6 +76,22 @@ pub fn fan_out_token(secret: &str, execution: Uuid, step: u32, item: &str) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_submission_or_start_event_names_a_fan_out_child() {
+        let parent = Uuid::from_u128(5);
+        let child = fan_out_child_id("t", "p", parent, 1, "item-0");
+        let event = fan_out_event_id(parent, 1, "item-0");
+        for key in [
+            start_event_key(&event),
+            event.clone(),
+            format!("child:{event}"),
+        ] {
+            assert_ne!(idempotent_id("t", "p", &key), child, "{key}");
+        }
+        assert_eq!(child, fan_out_child_id("t", "p", parent, 1, "item-0"));
+        assert_ne!(child, fan_out_child_id("t", "p", parent, 1, "item-1"));
+    }
 
     #[test]
     fn launch_ids_are_deterministic_and_distinct() {

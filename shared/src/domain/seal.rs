@@ -61,6 +61,13 @@ impl SealKey {
     pub fn generate() -> Self {
         Self(crypto::random())
     }
+
+    /// HMAC-SHA256 of `message` under a key derived from this one for `purpose` alone, so that a MAC
+    /// made for one purpose never serves another, nor the seal.
+    pub fn mac(&self, purpose: &str, message: &[u8]) -> [u8; 32] {
+        let derived = crypto::hmac_sha256(&self.0, purpose.as_bytes());
+        crypto::hmac_sha256(&derived, message)
+    }
 }
 
 /// `record` sealed under `key` with a fresh random nonce, to append to a reply token; None when it is

@@ -809,6 +809,7 @@ impl Machine {
             complete_to: "replies".into(),
             unit: Some(PARENT_UNIT),
             step: 1,
+            signature: None,
         });
         self.launch(&record, LAUNCHED_AT, 2, &actions).0
     }

@@ -145,6 +145,7 @@ fn with_parent(record: &Execution) -> Execution {
         complete_to: "replies".into(),
         unit: Some(Uuid::from_u128(78)),
         step: 1,
+        signature: None,
     });
     if record.status.is_terminal() && record.wake_at.is_none() {
         record.wake_at = Some(record.updated_at + LEASE_MS);
