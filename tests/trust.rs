@@ -216,3 +216,59 @@ async fn a_worker_reads_nothing_in_the_seal_and_a_record_sealed_without_the_key_
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_announced_by_anyone_lasts_only_until_the_worker_is_heard_again(
+) -> anyhow::Result<()> {
+    use stepline::envelope::WorkerAnnouncement;
+    use stepline::release::{WorkerHealth, WorkerState};
+    stepline_local::needs_emulator!();
+    let mut stack = TestStack::new("trust-drain", |_| {}).await?;
+    stack.start(Arc::new(OrderSteps))?;
+    let first = stack.submit(order_worker::sample_order(1)).await?;
+    stack.wait_terminal(first).await?;
+    let pipeline = stack.identity().pipeline_id;
+    let health = || async { anyhow::Ok(stack.api.workers(&pipeline).await?) };
+    // The worker announced itself with its first batch: `stepline workers` lists it.
+    stepline_suite::wait_until(Duration::from_secs(30), || async {
+        Ok(health().await?.len() == 1)
+    })
+    .await?;
+    let (worker, _) = health().await?.remove(0);
+    let announcement = |state| {
+        let message = WorkerAnnouncement::new(
+            worker.worker_id.clone(),
+            stack.identity(),
+            worker.queue.clone(),
+            state,
+        );
+        serde_json::to_value(message)
+    };
+    let is = |wanted: WorkerHealth| {
+        let health = &health;
+        async move { Ok(health().await?[0].1 == wanted) }
+    };
+    let fresh = || stack.coordinator_at(stepline_local::functions::REDRIVE, Duration::ZERO);
+    let submission = stepline::SubmitRequest {
+        pipeline_id: pipeline.clone(),
+        tenant: "test".into(),
+        input: order_worker::sample_order(2),
+        ..Default::default()
+    };
+
+    // Anyone who may send to the reply queue announces that worker draining: while that is the
+    // latest word of it, its release takes no new executions.
+    send_reply(&stack, &announcement(WorkerState::Draining)?).await?;
+    stepline_suite::wait_until(Duration::from_secs(30), || is(WorkerHealth::Draining)).await?;
+    let refused = fresh()?.submit(submission.clone()).await.unwrap_err();
+    assert_eq!(refused.code().as_str(), "RELEASE_DRAINING");
+    // The worker's next announcement takes it back: a drain does not stick.
+    send_reply(&stack, &announcement(WorkerState::Healthy)?).await?;
+    stepline_suite::wait_until(Duration::from_secs(30), || is(WorkerHealth::Healthy)).await?;
+    let accepted = fresh()?.submit(submission).await?;
+    assert_eq!(
+        stack.wait_terminal(accepted.execution).await?.status,
+        Status::Succeeded
+    );
+    Ok(())
+}

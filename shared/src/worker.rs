@@ -155,6 +155,8 @@ struct Announcer {
     reply_queue: Option<String>,
     queue: String,
     last: Option<std::time::Instant>,
+    /// Once it drains, every later announcement says so.
+    draining: bool,
 }
 
 /// Everything a step's task needs; cloned into an `Arc` per batch so tasks can be spawned.
@@ -204,6 +206,7 @@ impl Worker {
             reply_queue,
             queue: String::new(),
             last: None,
+            draining: false,
         }));
         self
     }
@@ -236,7 +239,13 @@ impl Worker {
         let (queue, message) = {
             let mut a = announcer.lock().expect("announcer");
             let due = a.last.is_none_or(|last| last.elapsed() >= every)
-                || state == crate::release::WorkerState::Draining;
+                || state == crate::release::WorkerState::Draining && !a.draining;
+            a.draining |= state == crate::release::WorkerState::Draining;
+            let state = if a.draining {
+                crate::release::WorkerState::Draining
+            } else {
+                state
+            };
             let Some(reply_queue) = a.reply_queue.clone().filter(|_| due) else {
                 return;
             };

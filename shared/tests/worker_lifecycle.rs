@@ -11,7 +11,7 @@ use serde_json::Value;
 use stepline::adapters::{InMemoryExecutionStore, RecordingSender};
 use stepline::aws_lambda_events::event::sqs::SqsEvent;
 use stepline::contract::Contract;
-use stepline::domain::{Code, StepError};
+use stepline::domain::{Code, ParentLink, StepError};
 use stepline::envelope::{
     Identity, RequestHeader, WorkerAnnouncement, REASON_ATTRIBUTE, WORKER_KIND,
 };
@@ -153,6 +153,33 @@ async fn submissions_to_a_release_whose_workers_all_drain_are_refused() {
     );
     assert_eq!(refused.code(), Code::ReleaseDraining);
     assert_eq!(refused.code().as_str(), "RELEASE_DRAINING");
+    // A fan-out's child is started all the same: its parent waits for it, and a refusal would park
+    // it for good. (Its link is the coordinator's own, signed; a link of anyone else's is stripped,
+    // and that start refused like any other.)
+    let key = coordinator.registry().seal_key().await.unwrap();
+    let link = ParentLink {
+        execution_id: uuid::Uuid::from_u128(7),
+        interaction: "item-0".into(),
+        token: "t".into(),
+        complete_to: settings().reply_queue,
+        unit: None,
+        step: 1,
+        signature: None,
+    };
+    let child = |link: ParentLink| SubmitRequest {
+        parent: Some(link),
+        ..submission()
+    };
+    let started = coordinator
+        .submit(child(link.clone().signed(&key, "t", "shop")))
+        .await
+        .unwrap();
+    assert_eq!(
+        coordinator.get(started.execution).await.unwrap().parent,
+        Some(link.clone().signed(&key, "t", "shop"))
+    );
+    let unsigned = coordinator.submit(child(link)).await.unwrap_err();
+    assert_eq!(unsigned.code(), Code::ReleaseDraining);
 
     // Another worker of the release starts. A coordinator reads the workers at most every
     // WORKERS_CACHED_MS: one that reads them now accepts the release again.

@@ -956,17 +956,14 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
                 "expiresAt",
                 AttributeValue::N((worker.seen_at / 1000 + WORKER_RETENTION_SECS).to_string()),
             );
-        // A worker that drains stays draining; a healthy announcement replaces only an older one.
-        let put = if draining {
-            put
-        } else {
-            put.condition_expression(
-                "attribute_not_exists(pk) OR (draining = :no AND seenAt <= :seen)",
-            )
-            .expression_attribute_values(":no", AttributeValue::Bool(false))
+        // The latest word of a worker replaces an older one, whatever either says: a drain is
+        // evidence only until the worker is heard again.
+        let written = put
+            .condition_expression("attribute_not_exists(pk) OR seenAt <= :seen")
             .expression_attribute_values(":seen", AttributeValue::N(worker.seen_at.to_string()))
-        };
-        let written = put.send().await.map_err(classify);
+            .send()
+            .await
+            .map_err(classify);
         match written {
             // A later announcement is recorded already.
             Ok(_) | Err(StoreError::Conflict) => Ok(()),

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use crate::adapters::dynamodb::due_shard;
 use crate::domain::fan_out::{block_len, block_of};
 use crate::domain::history::Entry;
-use crate::domain::release::{Activation, Release, WorkerRecord, WorkerState};
+use crate::domain::release::{Activation, Release, WorkerRecord};
 use crate::domain::seal::SealKey;
 use crate::domain::{ChildEnd, Execution, Tally};
 use crate::ports::{
@@ -450,10 +450,7 @@ impl ReleaseRegistry for InMemoryReleaseRegistry {
     async fn announce(&self, worker: &WorkerRecord) -> Result<(), StoreError> {
         let mut workers = self.workers.lock().expect("registry");
         let key = (worker.pipeline_id.clone(), worker.worker_id.clone());
-        let replaces = |w: &WorkerRecord| {
-            worker.state == WorkerState::Draining
-                || (w.state == WorkerState::Healthy && w.seen_at <= worker.seen_at)
-        };
+        let replaces = |w: &WorkerRecord| w.seen_at <= worker.seen_at;
         if workers.get(&key).is_none_or(replaces) {
             workers.insert(key, worker.clone());
         }

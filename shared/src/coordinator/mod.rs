@@ -667,9 +667,12 @@ impl Coordinator {
             }
         };
         let pinned = self.pinned(&request.pipeline_id, &release).await?;
-        self.refuse_draining(&request.pipeline_id, &release).await?;
-        let definition = &pinned.definition;
         let request = self.checked_parent(request).await?;
+        // A fan-out's child is started whatever its workers announce: its parent waits for it.
+        if request.parent.is_none() {
+            self.refuse_draining(&request.pipeline_id, &release).await?;
+        }
+        let definition = &pinned.definition;
         let id = match (&request.parent, &request.idempotency_key) {
             // A fan-out child: its id names parent, step and item, in a namespace of its own.
             (Some(link), _) => domain::fan_out_child_id(
