@@ -367,3 +367,22 @@ async fn a_large_input_is_claim_checked_at_submission_and_resolved_for_its_step(
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_checked_payload_cannot_be_overwritten_by_whoever_saw_its_reference(
+) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
+    let stack = TestStack::new("limits-immutable", |_| {}).await?;
+    let claims = stack.claims()?;
+    let execution = uuid::Uuid::new_v4();
+    let genuine = serde_json::to_vec(&json!({"rows": "x".repeat(claims.threshold() + 1)}))?;
+    let reference = claims.store_bytes(execution, genuine.clone()).await?;
+    // A worker has seen the reference (its bucket and key) and writes there through the same
+    // adapter: refused, and every later reader still resolves the genuine payload.
+    let overwrite = claims.put_named(&reference.key, b"{}".to_vec()).await;
+    assert!(overwrite.is_err(), "{overwrite:?}");
+    assert_eq!(claims.fetch(&reference).await?, genuine);
+    // The same payload stored again (a retry after a lost response) is the same reference.
+    assert_eq!(claims.store_bytes(execution, genuine).await?, reference);
+    Ok(())
+}

@@ -149,7 +149,12 @@ impl ClaimCheck {
         let sha256 = hex::encode(Sha256::digest(&bytes));
         let key = Self::key(execution, &sha256);
         let size = bytes.len() as u64;
-        self.store.put(&self.bucket, &key, bytes).await?;
+        match self.store.put(&self.bucket, &key, bytes).await {
+            // Stored before (a retry, or the same payload again): the same bytes, or a reader's
+            // digest check refuses them.
+            Ok(()) | Err(StoreError::Conflict) => {}
+            Err(e) => return Err(e.into()),
+        }
         Ok(PayloadRef {
             bucket: self.bucket.clone(),
             key,
@@ -189,7 +194,21 @@ impl ClaimCheck {
                 "{key} is not under {PAYLOAD_PREFIX}"
             )));
         }
-        Ok(self.store.put(&self.bucket, key, bytes).await?)
+        match self.store.put(&self.bucket, key, bytes.clone()).await {
+            Ok(()) => Ok(()),
+            // Written before: by this writer (a retry) if it holds these bytes, else by someone
+            // who must not decide what it names.
+            Err(StoreError::Conflict) => {
+                if self.store.get(&self.bucket, key).await? == bytes {
+                    Ok(())
+                } else {
+                    Err(ClaimError::Unresolvable(format!(
+                        "{key} exists with other content"
+                    )))
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// At most `len` bytes of object `key` of the payload bucket from byte `start` on: a page of a
@@ -268,6 +287,33 @@ mod tests {
     fn check(threshold: usize) -> (Arc<InMemoryPayloadStore>, ClaimCheck) {
         let store = Arc::new(InMemoryPayloadStore::default());
         (store.clone(), ClaimCheck::new(store, "payloads", threshold))
+    }
+
+    #[tokio::test]
+    async fn a_stored_payload_is_never_overwritten() {
+        let (store, claims) = check(64);
+        let reference = claims.store_bytes(EXEC, b"genuine".to_vec()).await.unwrap();
+        // Whoever saw the reference writes other bytes under its key: refused, the object stays.
+        assert_eq!(
+            store
+                .put(claims.bucket(), &reference.key, b"forged".to_vec())
+                .await,
+            Err(StoreError::Conflict)
+        );
+        assert!(claims
+            .put_named(&reference.key, b"forged".to_vec())
+            .await
+            .is_err());
+        assert_eq!(claims.fetch(&reference).await.unwrap(), b"genuine");
+        // Storing the same payload again (a retry) is fine, and so is naming the same bytes again.
+        assert_eq!(
+            claims.store_bytes(EXEC, b"genuine".to_vec()).await.unwrap(),
+            reference
+        );
+        claims
+            .put_named(&reference.key, b"genuine".to_vec())
+            .await
+            .unwrap();
     }
 
     #[tokio::test]

@@ -373,7 +373,9 @@ impl Clock for SystemClock {
 /// reference to them is committed or sent.
 #[async_trait]
 pub trait PayloadStore: Send + Sync {
-    /// Stores `bytes` under `key`. Keys are content addresses: writing a key again writes the same bytes.
+    /// Creates object `key` holding `bytes`, never over an object that exists (`Conflict` then):
+    /// payload objects are immutable, so that whoever has seen a reference cannot change what it
+    /// names. (Keys are content addresses, or named by what they hold: writing one again is a no-op.)
     async fn put(&self, bucket: &str, key: &str, bytes: Vec<u8>) -> Result<(), StoreError>;
     /// The bytes under `key` (`Missing` if there are none).
     async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError>;

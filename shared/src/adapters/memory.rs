@@ -532,8 +532,14 @@ impl InMemoryPayloadStore {
 #[async_trait]
 impl PayloadStore for InMemoryPayloadStore {
     async fn put(&self, bucket: &str, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
-        self.overwrite(bucket, key, bytes);
-        Ok(())
+        let mut objects = self.objects.lock().expect("objects");
+        match objects.entry((bucket.to_string(), key.to_string())) {
+            std::collections::hash_map::Entry::Occupied(_) => Err(StoreError::Conflict),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(bytes);
+                Ok(())
+            }
+        }
     }
 
     async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError> {

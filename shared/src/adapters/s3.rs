@@ -27,6 +27,10 @@ where
     if matches!(err.code(), Some("NoSuchKey" | "NoSuchBucket")) {
         return StoreError::Missing(DisplayErrorContext(&err).to_string());
     }
+    // `If-None-Match: *` met an object under the key.
+    if err.code() == Some("PreconditionFailed") {
+        return StoreError::Conflict;
+    }
     StoreError::Unavailable(DisplayErrorContext(&err).to_string())
 }
 
@@ -37,6 +41,7 @@ impl PayloadStore for S3PayloadStore {
             .put_object()
             .bucket(bucket)
             .key(key)
+            .if_none_match("*")
             .content_type("application/json")
             .body(ByteStream::from(bytes))
             .send()
