@@ -21,10 +21,16 @@ pub enum Bug {
     DropsFanOutNotices,
     /// History entries leave the record without their journal chunk being written first.
     SkipsHistoryJournal,
+    /// The sealed record travels in the clear and a seal is accepted without its authentication
+    /// tag: whoever reads a request can read the record, and make one the completion decides on.
+    AcceptsUnauthenticatedSeals,
+    /// A message that did not authenticate is noted as an incident on the execution it names (a
+    /// write that anyone who can name an execution can cause).
+    UnauthenticatedMessagesWrite,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 7] = [
+    pub const ALL: [Bug; 9] = [
         Bug::LaunchIgnoresFencing,
         Bug::DropsReplies,
         Bug::AcceptsUnauthenticatedReplies,
@@ -32,6 +38,8 @@ impl Bug {
         Bug::LostResponseDropsSend,
         Bug::DropsFanOutNotices,
         Bug::SkipsHistoryJournal,
+        Bug::AcceptsUnauthenticatedSeals,
+        Bug::UnauthenticatedMessagesWrite,
     ];
 }
 

@@ -46,6 +46,8 @@ use std::task::{Context as TaskContext, Poll, Waker};
 use async_trait::async_trait;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -79,6 +81,8 @@ const DLQS: [&str; 4] = ["launch-dlq", "reply-dlq", "request-dlq", "approvals-dl
 const WORK_QUEUES: [&str; 4] = [LAUNCH, REPLY, REQUEST, APPROVALS];
 const GARBAGE: &str = "\u{1f5d1} garbage";
 const FORGED: &str = "forged";
+/// The codes of messages refused for not proving who sent them.
+const UNAUTHENTICATED_CODES: [&str; 2] = ["UNAUTHENTICATED", "INVALID_TOKEN"];
 /// The task steps, whose outputs make the result's trail.
 const STEP_IDS: [&str; 3] = ["validate", "price", "confirm"];
 /// The pipeline: `validate`, `price`, `approve` (an await step announced on `approvals`), `confirm`.
@@ -2308,10 +2312,33 @@ impl World {
             0 => String::new(),
             _ => "0".repeat(header.reply_token.len().max(32)),
         };
+        // The adversary sees what a worker sees, the sealed part of the token included. Reading the
+        // record there is a violation by itself; with it, the adversary seals a record of its own
+        // making (its own secret) and signs the reply with that secret.
+        if let Some(mut record) = read_seal(&header.reply_token) {
+            self.violations.push(format!(
+                "a worker read the record of {} sealed in its request",
+                header.execution_id
+            ));
+            record.secret = "feed".repeat(8);
+            let own = crate::domain::reply_token(&record.secret, header.launch_id);
+            let mut sealed = vec![0; crate::domain::crypto::NONCE_BYTES];
+            sealed.extend(serde_json::to_vec(&record).expect("a record serializes"));
+            reply.reply_token =
+                crate::domain::seal::sealed_token(&own, &URL_SAFE_NO_PAD.encode(sealed));
+        }
         self.report.counts.forged += 1;
         let body = serde_json::to_string(&reply).expect("reply");
         self.push(REPLY, body, None, 0);
     }
+}
+
+/// The record sealed in a reply token, if whoever holds the token can read it (a seal that is not
+/// encrypted: never, unless the sealing is broken).
+fn read_seal(token: &str) -> Option<Execution> {
+    let sealed = crate::domain::seal::split_token(token).1?;
+    let bytes = URL_SAFE_NO_PAD.decode(sealed).ok()?;
+    serde_json::from_slice(bytes.get(crate::domain::crypto::NONCE_BYTES..)?).ok()
 }
 
 /// The invariants, checked once the system has settled.
@@ -2408,6 +2435,15 @@ fn check(world: &Shared, config: &SimConfig, claims: Option<&ClaimCheck>) {
         }
         if record.event_seq == 0 {
             violations.push(format!("{id} recorded no lifecycle event"));
+        }
+        // A message that did not prove it may act on an execution writes nothing to it.
+        for incident in &record.incidents {
+            if UNAUTHENTICATED_CODES.contains(&incident.code.as_str()) {
+                violations.push(format!(
+                    "{id} noted {}: a message that did not authenticate wrote to it",
+                    incident.code
+                ));
+            }
         }
         match record.status {
             Status::Succeeded => w.report.counts.succeeded += 1,

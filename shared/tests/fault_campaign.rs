@@ -200,6 +200,16 @@ fn the_campaign_catches_history_dropped_before_its_journal_chunk_is_written() {
 }
 
 #[test]
+fn the_campaign_catches_a_seal_accepted_without_its_authentication() {
+    assert_caught(Bug::AcceptsUnauthenticatedSeals, SimConfig::default());
+}
+
+#[test]
+fn the_campaign_catches_an_unauthenticated_message_that_writes() {
+    assert_caught(Bug::UnauthenticatedMessagesWrite, SimConfig::default());
+}
+
+#[test]
 fn without_a_planted_bug_those_schedules_are_clean() {
     // The schedules the planted-bug tests run, as they are: no violation.
     let report = campaign(0..200, &SimConfig::default(), 2);

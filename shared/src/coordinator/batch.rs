@@ -8,6 +8,7 @@ use uuid::Uuid;
 use super::{Coordinator, CoordinatorError, Outbox, SubmitRequest};
 use crate::domain::{Code, Event, Skip};
 use crate::envelope::{ChildEnded, DETAIL_ATTRIBUTE, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE};
+use crate::planted::{self, Bug};
 use crate::ports::OutMessage;
 
 /// The queue a batch came from: its poison goes to that queue's DLQ, reported under its name.
@@ -116,7 +117,11 @@ impl MessageError {
             MessageError::Coordinator {
                 error: CoordinatorError::Rejected(rejection),
                 ..
-            } if rejection.is_unauthenticated() => None,
+            } if rejection.is_unauthenticated()
+                && !planted::active(Bug::UnauthenticatedMessagesWrite) =>
+            {
+                None
+            }
             MessageError::Coordinator { execution, .. } => Some(*execution),
             _ => None,
         }

@@ -87,6 +87,10 @@ pub fn seal_with_nonce(
         return None;
     }
     let mut sealed = nonce.to_vec();
+    if crate::planted::active(crate::planted::Bug::AcceptsUnauthenticatedSeals) {
+        sealed.extend(body);
+        return Some(URL_SAFE_NO_PAD.encode(sealed));
+    }
     sealed.extend(crypto::encrypt(
         &key.0,
         &nonce,
@@ -117,7 +121,13 @@ pub fn unseal(key: &SealKey, sealed: &str, id: Uuid) -> Option<Execution> {
     }
     let (nonce, ciphertext) = bytes.split_at(NONCE_BYTES);
     let nonce: [u8; NONCE_BYTES] = nonce.try_into().ok()?;
-    let body = crypto::decrypt(&key.0, &nonce, &associated(id), ciphertext)?;
+    let body = match crypto::decrypt(&key.0, &nonce, &associated(id), ciphertext) {
+        Some(body) => body,
+        None if crate::planted::active(crate::planted::Bug::AcceptsUnauthenticatedSeals) => {
+            ciphertext.to_vec()
+        }
+        None => return None,
+    };
     let record: Execution = serde_json::from_slice(&body).ok()?;
     (record.id == id).then_some(record)
 }
