@@ -27,10 +27,13 @@ pub enum Bug {
     /// A message that did not authenticate is noted as an incident on the execution it names (a
     /// write that anyone who can name an execution can cause).
     UnauthenticatedMessagesWrite,
+    /// The fan-out ledger adds a child's outcome beside an earlier one instead of replacing it: a
+    /// child that ended twice (re-driven while its parent waits) is counted twice.
+    LedgerCountsTwice,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 9] = [
+    pub const ALL: [Bug; 10] = [
         Bug::LaunchIgnoresFencing,
         Bug::DropsReplies,
         Bug::AcceptsUnauthenticatedReplies,
@@ -40,6 +43,7 @@ impl Bug {
         Bug::SkipsHistoryJournal,
         Bug::AcceptsUnauthenticatedSeals,
         Bug::UnauthenticatedMessagesWrite,
+        Bug::LedgerCountsTwice,
     ];
 }
 

@@ -300,6 +300,18 @@ pub fn schedule(seed: u64, config: &SimConfig) -> SimReport {
         broken_store: config.broken_store,
         window: rng.bool().then(|| rng.u32(1..6)),
         cancel_after: (rng.u8(0..4) == 0).then(|| rng.u64(1..80)),
+        redrive_failed: false,
+    };
+    // Half of those with failing children re-drive them while their parent waits (which then
+    // tolerates every failure, so that it waits for all).
+    let fan_out = if failing_every > 0 && rng.bool() {
+        fan_out::FanOutConfig {
+            redrive_failed: true,
+            tolerated: children,
+            ..fan_out
+        }
+    } else {
+        fan_out
     };
     let report = fan_out::run(seed, &fan_out);
     let failing = children.checked_div(failing_every).unwrap_or(0) as usize;

@@ -62,7 +62,10 @@ fn a_large_fan_out_counts_each_child_once_under_crashes_and_duplicates() {
 fn small_fan_outs_settle_once_under_many_schedules() {
     let first = soak::seed();
     for seed in first..first + 20 {
-        for (failing_every, tolerated) in [(0, 0), (5, 100), (5, 1)] {
+        // The last: every failed child re-driven while its parent waits, counted once.
+        for (failing_every, tolerated, redrive_failed) in
+            [(0, 0, false), (5, 100, false), (5, 1, false), (5, 40, true)]
+        {
             let config = FanOutConfig {
                 children: 40,
                 failing_every,
@@ -72,6 +75,7 @@ fn small_fan_outs_settle_once_under_many_schedules() {
                 broken_store: false,
                 window: None,
                 cancel_after: None,
+                redrive_failed,
             };
             let report = run(seed, &config);
             assert!(

@@ -210,6 +210,16 @@ fn the_campaign_catches_an_unauthenticated_message_that_writes() {
 }
 
 #[test]
+fn the_campaign_catches_a_ledger_that_counts_a_child_twice() {
+    // Fan-out schedules only.
+    let config = SimConfig {
+        fan_out_every: 1,
+        ..SimConfig::default()
+    };
+    assert_caught(Bug::LedgerCountsTwice, config);
+}
+
+#[test]
 fn without_a_planted_bug_those_schedules_are_clean() {
     // The schedules the planted-bug tests run, as they are: no violation.
     let report = campaign(0..200, &SimConfig::default(), 2);

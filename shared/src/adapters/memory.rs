@@ -159,6 +159,12 @@ impl InMemoryExecutionStore {
     }
 
     /// How many records held match `predicate`.
+    /// The records `predicate` holds for.
+    pub fn find(&self, predicate: impl Fn(&Execution) -> bool) -> Vec<Execution> {
+        let records = self.records.lock().expect("store");
+        records.values().filter(|r| predicate(r)).cloned().collect()
+    }
+
     pub fn count(&self, predicate: impl Fn(&Execution) -> bool) -> usize {
         let records = self.records.lock().expect("store");
         records.values().filter(|r| predicate(r)).count()
@@ -312,11 +318,16 @@ impl FanOutLedger for InMemoryFanOutLedger {
             u.outcome_versions.insert(item, version);
             let (ok, failed) = u.blocks.entry(block_of(item)).or_default();
             let was_failed = failed.contains(&item);
+            let replaces = !crate::planted::active(crate::planted::Bug::LedgerCountsTwice);
             if succeeded {
-                failed.remove(&item);
+                if replaces {
+                    failed.remove(&item);
+                }
                 ok.insert(item);
             } else {
-                ok.remove(&item);
+                if replaces {
+                    ok.remove(&item);
+                }
                 failed.insert(item);
             }
             Some(BlockCount {

@@ -25,7 +25,7 @@ use crate::adapters::{
     InMemoryExecutionStore, InMemoryFanOutLedger, InMemoryPayloadStore, InMemoryReleaseRegistry,
 };
 use crate::claims::ClaimCheck;
-use crate::coordinator::{CancelRequest, Coordinator, Settings};
+use crate::coordinator::{CancelRequest, Coordinator, RedriveRequest, Settings};
 use crate::domain::release::Release;
 use crate::domain::{
     ChildEnd, Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError, Tally,
@@ -65,6 +65,10 @@ pub struct FanOutConfig {
     pub window: Option<u32>,
     /// An operator cancels the parent after this many deliveries (racing its children).
     pub cancel_after: Option<u64>,
+    /// An operator re-drives every child that failed while its parent still waits; a child's
+    /// planned failure happens on its first attempt only, so a re-driven child succeeds, and its
+    /// parent counts it once, with the outcome that came last.
+    pub redrive_failed: bool,
 }
 
 impl Default for FanOutConfig {
@@ -78,6 +82,7 @@ impl Default for FanOutConfig {
             broken_store: false,
             window: None,
             cancel_after: None,
+            redrive_failed: false,
         }
     }
 }
@@ -183,6 +188,8 @@ struct Store {
     units: Mutex<std::collections::HashMap<(Uuid, u64), (Uuid, bool)>>,
     /// Children started and not ended, and the most there were.
     running: Mutex<(u64, u64)>,
+    /// Children that ended at least once.
+    ended: Mutex<std::collections::BTreeSet<Uuid>>,
 }
 
 #[async_trait]
@@ -224,7 +231,12 @@ impl ExecutionStore for Store {
             };
             self.inner.replace(record, condition).await?;
             let ended = |r: &Execution| r.parent.is_some() && r.status.is_terminal();
-            if ended(record) && !before.as_ref().is_some_and(ended) {
+            // (A child re-driven by an operator runs again outside the window: its first end is
+            // the one that freed its place.)
+            if ended(record)
+                && !before.as_ref().is_some_and(ended)
+                && self.ended.lock().expect("ended").insert(record.id)
+            {
                 self.running.lock().expect("running").0 -= 1;
             }
             if let Some(unit) = resolved(record) {
@@ -386,6 +398,8 @@ impl Clock for SimClock {
 /// reference of its child execution (what the bank deduplicates on), noting each reference per item.
 struct Payments {
     failing_every: u32,
+    /// Planned failures happen on a child's first attempt only.
+    first_attempt_only: bool,
     runs: Arc<AtomicU64>,
     references: Arc<Mutex<BTreeMap<u32, std::collections::BTreeSet<Uuid>>>>,
 }
@@ -401,7 +415,8 @@ impl StepFunction for Payments {
             .entry(n)
             .or_default()
             .insert(request.execution_id);
-        if self.failing_every > 0 && n % self.failing_every == self.failing_every - 1 {
+        let planned = self.failing_every > 0 && n % self.failing_every == self.failing_every - 1;
+        if planned && !(self.first_attempt_only && request.attempt > 1) {
             return Err(StepError::new("DECLINED", "planned failure", false));
         }
         Ok(json!({"paid": n}))
@@ -467,6 +482,7 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
         broken: config.broken_store,
         units: Mutex::default(),
         running: Mutex::default(),
+        ended: Mutex::default(),
     });
     let ledger = Arc::new(Ledger {
         inner: InMemoryFanOutLedger::default(),
@@ -526,6 +542,7 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
         Arc::new(Sender(world.clone())),
         Arc::new(Payments {
             failing_every: config.failing_every,
+            first_attempt_only: config.redrive_failed,
             runs: runs.clone(),
             references: references.clone(),
         }),
@@ -569,6 +586,7 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
 
     // Deliver until nothing is left anywhere, the sweeper running whenever the queues are empty.
     let mut idle_sweeps = 0;
+    let mut redriven = std::collections::BTreeSet::new();
     loop {
         let next = {
             let mut w = world.lock().expect("world");
@@ -651,22 +669,28 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
             REPLY => crate::handlers::completion(&coordinator, event).await,
             _ => worker.handle(event).await,
         };
-        let mut w = world.lock().expect("world");
-        let failed: Vec<usize> = if w.dead {
-            (0..batch.len()).collect()
-        } else {
-            response
-                .batch_item_failures
-                .iter()
-                .filter_map(|f| f.item_identifier.strip_prefix('m')?.parse().ok())
-                .collect()
-        };
-        w.dead = false;
-        for i in failed {
-            w.queues
-                .get_mut(queue)
-                .expect("queue")
-                .push_back(batch[i].clone());
+        {
+            let mut w = world.lock().expect("world");
+            let failed: Vec<usize> = if w.dead {
+                (0..batch.len()).collect()
+            } else {
+                response
+                    .batch_item_failures
+                    .iter()
+                    .filter_map(|f| f.item_identifier.strip_prefix('m')?.parse().ok())
+                    .collect()
+            };
+            w.dead = false;
+            for i in failed {
+                w.queues
+                    .get_mut(queue)
+                    .expect("queue")
+                    .push_back(batch[i].clone());
+            }
+        }
+        if config.redrive_failed {
+            redrive_failed_children(&coordinator, &store.inner, &world, parent, &mut redriven)
+                .await;
         }
     }
 
@@ -711,6 +735,37 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
 }
 
 /// A child not yet ended, or whose parent is not yet told.
+/// An operator re-drives each child that failed while its parent still waits (once each; a re-drive
+/// that crashed is tried again).
+async fn redrive_failed_children(
+    coordinator: &Coordinator,
+    store: &InMemoryExecutionStore,
+    world: &Shared,
+    parent: Uuid,
+    redriven: &mut std::collections::BTreeSet<Uuid>,
+) {
+    let waiting = store
+        .snapshot(parent)
+        .is_some_and(|r| r.status == Status::WaitingExternal && r.step == 0);
+    if !waiting {
+        return;
+    }
+    for child in store.find(|r| r.parent.is_some() && r.status == Status::Failed) {
+        if !redriven.insert(child.id) {
+            continue;
+        }
+        let request = RedriveRequest {
+            execution_id: child.id,
+            expected_version: child.version,
+            reason: "operator re-drive while the parent waits".into(),
+        };
+        if coordinator.redrive(request).await.is_err() {
+            redriven.remove(&child.id);
+        }
+        world.lock().expect("world").dead = false;
+    }
+}
+
 fn open_child(record: &Execution) -> bool {
     record.parent.is_some() && (!record.status.is_terminal() || record.due_at().is_some())
 }
@@ -790,12 +845,17 @@ async fn check(
                 record.status, record.step, record.error
             ));
         }
-        if tally
-            != (Tally {
-                succeeded: config.children - failing,
-                failed: failing,
-            })
-        {
+        // (Re-driven children that failed may have been counted as succeeded since.)
+        let counted_once = if config.redrive_failed {
+            tally.succeeded + tally.failed == config.children && tally.failed <= failing
+        } else {
+            tally
+                == (Tally {
+                    succeeded: config.children - failing,
+                    failed: failing,
+                })
+        };
+        if !counted_once {
             violations.push(format!("tally {tally:?}: some child was not counted once"));
         }
         // Claim-checked when large, as the next step's worker receives them.
@@ -813,10 +873,14 @@ async fn check(
                 config.children
             ));
         }
+        let mut succeeded = 0;
         for (n, end) in results.iter().enumerate() {
             let planned_failure = config.failing_every > 0
                 && n as u32 % config.failing_every == config.failing_every - 1;
-            let status = if planned_failure {
+            // A re-driven child's later success may have replaced its failure.
+            let recovered =
+                planned_failure && config.redrive_failed && end["status"] == "SUCCEEDED";
+            let status = if planned_failure && !recovered {
                 "FAILED"
             } else {
                 "SUCCEEDED"
@@ -825,10 +889,24 @@ async fn check(
                 violations.push(format!("result {n} is {end}"));
                 break;
             }
-            if !planned_failure && end["result"] != json!({"paid": n}) {
-                violations.push(format!("result {n} holds {}", end["result"]));
-                break;
+            if status == "SUCCEEDED" {
+                succeeded += 1;
+                if end["result"] != json!({"paid": n}) {
+                    violations.push(format!("result {n} holds {}", end["result"]));
+                    break;
+                }
             }
+        }
+        // (A re-driven child's end that came after its parent settled is counted in the ledger, not
+        // in the results the parent moved on with.)
+        if results.len() == config.children as usize
+            && succeeded != tally.succeeded
+            && !config.redrive_failed
+        {
+            violations.push(format!(
+                "{succeeded} results succeeded, the ledger counted {}",
+                tally.succeeded
+            ));
         }
     } else if record.status != Status::Failed
         || record.error.as_ref().map(|e| e.code.as_str()) != Some("FAN_OUT_FAILED")
