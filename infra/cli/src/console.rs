@@ -104,6 +104,7 @@ impl Console {
                 header("host"),
                 header("origin"),
                 header("referer"),
+                header("sec-fetch-site"),
             ),
             method,
             path: path.to_string(),
@@ -678,19 +679,25 @@ pre{margin:0;white-space:pre-wrap;font-size:12px}.filters label{margin-right:12p
 .bar{width:35%}.track{background:#eceff1;height:12px;border-radius:6px}.track div{height:12px;border-radius:6px;min-width:3px}\
 dl dt{font-weight:600;margin-top:8px}dl dd{margin:2px 0 0 16px}ol#history{font-size:13px}";
 
-/// Whether a request may be served by the console on `port`: its `Host` is the console's, and a POST
-/// comes from the console's own pages (its `Origin`, or else its `Referer`, is the console's).
+/// Whether a request may be served by the console on `port`: its `Host` is the console's, the
+/// browser does not say it comes from another site (`Sec-Fetch-Site`: a cross-site image or link to a
+/// page that acts, such as the dead letters' which receives them), and a POST comes from the
+/// console's own pages (its `Origin`, or else its `Referer`, is the console's).
 fn allowed(
     port: u16,
     method: &str,
     host: Option<&str>,
     origin: Option<&str>,
     referer: Option<&str>,
+    fetch_site: Option<&str>,
 ) -> bool {
     let ours = |h: &str| h == format!("127.0.0.1:{port}") || h == format!("localhost:{port}");
     let Some(host) = host.filter(|h| ours(h)) else {
         return false;
     };
+    if fetch_site.is_some_and(|site| !matches!(site, "same-origin" | "none")) {
+        return false;
+    }
     if method == "GET" {
         return true;
     }
@@ -714,41 +721,11 @@ fn field(form: &HashMap<String, String>, name: &str) -> Option<String> {
     form.get(name).filter(|v| !v.trim().is_empty()).cloned()
 }
 
-/// `a=1&b=x+y` as a map (percent-decoded; `+` is a space).
+/// `a=1&b=x+y` as a map, decoded as browsers encode forms (`application/x-www-form-urlencoded`).
 fn form_fields(text: &str) -> HashMap<String, String> {
-    text.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (unescape(k), unescape(v))
-        })
+    form_urlencoded::parse(text.as_bytes())
+        .into_owned()
         .collect()
-}
-
-fn unescape(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                match std::str::from_utf8(&bytes[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Percent-encodes a query value.
@@ -787,34 +764,84 @@ mod tests {
     fn only_the_consoles_own_pages_may_post_to_it() {
         let host = Some("127.0.0.1:8470");
         let own = Some("http://127.0.0.1:8470");
-        assert!(allowed(8470, "GET", host, None, None));
-        assert!(allowed(8470, "GET", Some("localhost:8470"), None, None));
-        assert!(!allowed(8470, "GET", Some("evil.example:8470"), None, None));
-        assert!(!allowed(8470, "GET", None, None, None));
-        assert!(allowed(8470, "POST", host, own, None));
+        assert!(allowed(8470, "GET", host, None, None, None));
+        assert!(allowed(
+            8470,
+            "GET",
+            Some("localhost:8470"),
+            None,
+            None,
+            None
+        ));
+        assert!(!allowed(
+            8470,
+            "GET",
+            Some("evil.example:8470"),
+            None,
+            None,
+            None
+        ));
+        assert!(!allowed(8470, "GET", None, None, None, None));
+        assert!(allowed(8470, "POST", host, own, None, None));
         assert!(allowed(
             8470,
             "POST",
             host,
             None,
-            Some("http://127.0.0.1:8470/executions/x")
+            Some("http://127.0.0.1:8470/executions/x"),
+            None
         ));
         assert!(!allowed(
             8470,
             "POST",
             host,
             Some("https://evil.example"),
+            None,
             None
         ));
-        assert!(!allowed(8470, "POST", host, Some("null"), None));
+        assert!(!allowed(8470, "POST", host, Some("null"), None, None));
         assert!(!allowed(
             8470,
             "POST",
             host,
             None,
-            Some("http://127.0.0.1:8470.evil/")
+            Some("http://127.0.0.1:8470.evil/"),
+            None
         ));
-        assert!(!allowed(8470, "POST", host, None, None));
+        assert!(!allowed(8470, "POST", host, None, None, None));
+    }
+
+    #[test]
+    fn a_page_of_another_site_cannot_make_the_console_act() {
+        // A cross-site image or link to the dead-letter page (which receives and releases
+        // messages) carries the console's own Host; the browser's fetch metadata tells it apart.
+        let host = Some("127.0.0.1:8470");
+        for site in ["cross-site", "same-site"] {
+            assert!(
+                !allowed(8470, "GET", host, None, None, Some(site)),
+                "{site}"
+            );
+        }
+        for site in ["same-origin", "none"] {
+            assert!(allowed(8470, "GET", host, None, None, Some(site)), "{site}");
+        }
+        assert!(!allowed(
+            8470,
+            "POST",
+            host,
+            Some("http://127.0.0.1:8470"),
+            None,
+            Some("cross-site")
+        ));
+    }
+
+    #[test]
+    fn form_fields_decode_as_browsers_encode_them() {
+        // Not a percent escape: kept as written ('+' is a space), never read as a byte.
+        assert_eq!(form_fields("x=%+4")["x"], "% 4");
+        assert_eq!(form_fields("x=%41%42")["x"], "AB");
+        assert_eq!(form_fields("x=100%")["x"], "100%");
+        assert_eq!(form_fields("x=%E2%82%AC")["x"], "€");
     }
 
     #[test]
@@ -823,7 +850,6 @@ mod tests {
             form_fields("payload=%7B%22by%22%3A%22ana%22%7D&verdict=APPROVED&reason=no+truffles");
         assert_eq!(f["payload"], "{\"by\":\"ana\"}");
         assert_eq!(f["reason"], "no truffles");
-        assert_eq!(unescape("100%"), "100%");
         assert_eq!(
             esc("<a href=\"x\">&</a>"),
             "&lt;a href=&quot;x&quot;&gt;&amp;&lt;/a&gt;"
