@@ -598,8 +598,14 @@ class Worker:
         digest = hashlib.sha256(data).hexdigest()
         key = f"payloads/{execution_id}/{digest}"
         try:
-            self.s3.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
-        except (ClientError, BotoCoreError, OSError) as e:  # classified as for GetObject
+            # A create, never an overwrite (the bucket refuses any other PutObject); an object already
+            # there holds these bytes (the key is their digest).
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json",
+                               IfNoneMatch="*")
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "PreconditionFailed":
+                raise _s3_error(f"could not store s3://{self.bucket}/{key}", e) from e
+        except (BotoCoreError, OSError) as e:  # classified as for GetObject
             raise _s3_error(f"could not store s3://{self.bucket}/{key}", e) from e
         return {"$stepline": "payload-ref", "bucket": self.bucket, "key": key,
                 "size": len(data), "sha256": digest}
