@@ -232,7 +232,14 @@ async fn a_small_backlog_is_recovered_and_poison_is_pushed_back() -> anyhow::Res
         poison.good_in_shard_leased, poison.good_in_shard,
         "the good executions behind the poison were claimed in the first sweep: {poison:?}"
     );
-    assert_eq!(poison.first.report.claimed, poison.good, "{poison:?}");
+    // Every good execution is claimed once, by the first sweep or, when a busy machine made that
+    // sweep stop at its time budget, by the next (how many a sweep gets through in its budget is
+    // the benchmark's figure, not a test's).
+    assert_eq!(
+        poison.first.report.claimed + poison.second.report.claimed,
+        poison.good,
+        "{poison:?}"
+    );
     assert_eq!(
         (poison.second.report.failed, poison.second.report.deferred),
         (0, 0),
