@@ -272,3 +272,140 @@ async fn a_drain_announced_by_anyone_lasts_only_until_the_worker_is_heard_again(
     );
     Ok(())
 }
+
+/// Every string a principal that may read both tables and the payload bucket can read (attribute
+/// values, nested ones, and object bodies), as candidate key material.
+async fn what_a_reader_reads(stack: &TestStack) -> anyhow::Result<Vec<Vec<u8>>> {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    fn collect(value: &AttributeValue, out: &mut Vec<Vec<u8>>) {
+        match value {
+            AttributeValue::S(text) => {
+                out.push(text.as_bytes().to_vec());
+                if let Ok(json) = serde_json::from_str::<Value>(text) {
+                    collect_json(&json, out);
+                }
+            }
+            AttributeValue::B(blob) => out.push(blob.as_ref().to_vec()),
+            AttributeValue::M(map) => map.values().for_each(|v| collect(v, out)),
+            AttributeValue::L(list) => list.iter().for_each(|v| collect(v, out)),
+            AttributeValue::Ss(set) => set.iter().for_each(|s| out.push(s.as_bytes().to_vec())),
+            _ => {}
+        }
+    }
+    fn collect_json(value: &Value, out: &mut Vec<Vec<u8>>) {
+        match value {
+            Value::String(text) => out.push(text.as_bytes().to_vec()),
+            Value::Array(list) => list.iter().for_each(|v| collect_json(v, out)),
+            Value::Object(map) => map.values().for_each(|v| collect_json(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    let dynamodb = &stack.local.clients.dynamodb;
+    for table in ["ExecutionTable", "ReleaseTable"] {
+        let name = stack.local.stack.table(table)?;
+        let mut start = None;
+        loop {
+            let page = dynamodb
+                .scan()
+                .table_name(name)
+                .set_exclusive_start_key(start)
+                .send()
+                .await?;
+            for item in page.items() {
+                item.values().for_each(|v| collect(v, &mut out));
+            }
+            start = page.last_evaluated_key;
+            if start.is_none() {
+                break;
+            }
+        }
+    }
+    let bucket = stack.local.stack.reference_of("PayloadBucket")?;
+    let s3 = &stack.local.clients.s3;
+    let listed = s3.list_objects_v2().bucket(&bucket).send().await?;
+    for object in listed.contents() {
+        let body = s3
+            .get_object()
+            .bucket(&bucket)
+            .key(object.key().unwrap_or_default())
+            .send()
+            .await?
+            .body
+            .collect()
+            .await?
+            .into_bytes();
+        if let Ok(json) = serde_json::from_slice::<Value>(&body) {
+            let mut strings = Vec::new();
+            collect_json(&json, &mut strings);
+            out.extend(strings);
+        }
+        out.push(body.to_vec());
+    }
+    Ok(out)
+}
+
+/// The keys a reader could make of what it read: the bytes themselves, hex, base64, and the
+/// coordinator's own derivation of a key from a secret's text.
+fn keys_made_of(material: &[u8]) -> Vec<SealKey> {
+    let mut keys = Vec::new();
+    let mut push = |bytes: &[u8]| {
+        if let Ok(raw) = <[u8; 32]>::try_from(bytes) {
+            keys.push(SealKey::new(raw));
+        }
+    };
+    push(material);
+    if let Ok(text) = std::str::from_utf8(material) {
+        if let Ok(bytes) = hex::decode(text.trim()) {
+            push(&bytes);
+        }
+        for engine in [base64::engine::general_purpose::STANDARD, URL_SAFE_NO_PAD] {
+            if let Ok(bytes) = engine.decode(text.trim()) {
+                push(&bytes);
+            }
+        }
+        if let Some(key) = SealKey::from_secret(text) {
+            keys.push(key);
+        }
+    }
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_of_both_tables_and_the_bucket_holds_no_key_that_opens_or_makes_a_seal(
+) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
+    // A payload large enough to be claim-checked, so that the bucket holds something to read.
+    let stack =
+        TestStack::with_parameters("trust-reader", &[("PayloadThresholdBytes", "1024")], |_| {})
+            .await?;
+    let mut order = order_worker::sample_order(4);
+    order["note"] = json!("x".repeat(4096));
+    let id = stack.submit(order).await?;
+    let requests = stack.take_all("OrderRequestQueue").await?;
+    assert_eq!(requests.len(), 1);
+    let request: Value = serde_json::from_str(&requests[0])?;
+    let token = request["header"]["replyToken"].as_str().unwrap_or_default();
+    let sealed = split_token(token).1.expect("the request is sealed");
+    let material = what_a_reader_reads(&stack).await?;
+    assert!(
+        material.len() > 10,
+        "the reader read the tables and the bucket ({} strings)",
+        material.len()
+    );
+    let mut tried = 0;
+    for candidate in &material {
+        for key in keys_made_of(candidate) {
+            tried += 1;
+            assert!(
+                stepline::domain::seal::unseal(&key, sealed, id).is_none(),
+                "a value readable in a table or the bucket is the sealing key"
+            );
+        }
+    }
+    println!(
+        "{} values read, {tried} keys made of them: none opens a seal",
+        material.len()
+    );
+    Ok(())
+}

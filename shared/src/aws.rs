@@ -12,7 +12,7 @@ use aws_types::service_config::{LoadServiceConfig, ServiceConfigKey};
 
 use crate::adapters::{
     DynamoDbExecutionStore, DynamoDbReleaseRegistry, EventBridgePublisher, S3PayloadStore,
-    SqsDeadLetterQueue, SqsSender,
+    SecretsManagerKeys, SqsDeadLetterQueue, SqsSender,
 };
 use crate::claims::ClaimCheck;
 use crate::config::{CoordinatorConfig, PayloadConfig, WorkerConfig};
@@ -88,6 +88,7 @@ pub struct Clients {
     pub sqs: aws_sdk_sqs::Client,
     pub eventbridge: aws_sdk_eventbridge::Client,
     pub s3: aws_sdk_s3::Client,
+    pub secrets: aws_sdk_secretsmanager::Client,
 }
 
 impl Clients {
@@ -97,6 +98,7 @@ impl Clients {
             sqs: aws_sdk_sqs::Client::new(sdk),
             eventbridge: aws_sdk_eventbridge::Client::new(sdk),
             s3: s3_client(sdk),
+            secrets: aws_sdk_secretsmanager::Client::new(sdk),
         }
     }
 
@@ -159,6 +161,12 @@ pub fn coordinator_on(
     .with_ledger(store);
     if let Some(claims) = clients.claims(&config.payloads) {
         coordinator = coordinator.with_claim_check(claims);
+    }
+    if let Some(secret) = &config.seal_key_secret {
+        coordinator = coordinator.with_keys(Arc::new(SecretsManagerKeys::new(
+            clients.secrets.clone(),
+            secret,
+        )));
     }
     match &config.event_bus {
         Some(bus) => coordinator.with_publisher(Arc::new(EventBridgePublisher::new(

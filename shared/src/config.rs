@@ -39,6 +39,9 @@ pub struct CoordinatorConfig {
     /// Due executions taken per shard and claim run.
     pub claim_limit: i32,
     pub payloads: PayloadConfig,
+    /// The Secrets Manager secret (ARN or name) the sealing keys derive from (`SEAL_KEY_SECRET`; none:
+    /// requests go unsealed, their replies are read, and fan-outs cannot start children).
+    pub seal_key_secret: Option<String>,
 }
 
 /// Payloads up to 32 KiB travel inline by default (well under SQS's 256 KiB messages and DynamoDB's
@@ -92,6 +95,7 @@ impl CoordinatorConfig {
             lease_seconds: parsed(&get, "LEASE_SECONDS", 60)?,
             claim_limit: parsed(&get, "CLAIM_LIMIT", 100)?,
             payloads: PayloadConfig::from_lookup(&get)?,
+            seal_key_secret: get("SEAL_KEY_SECRET").filter(|s| !s.is_empty()),
         })
     }
 }

@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord};
-use crate::domain::seal::SealKey;
+use crate::domain::seal::SealKeys;
 use crate::domain::{ChildEnd, Execution, Tally};
 use std::collections::HashMap;
 
@@ -254,9 +254,14 @@ pub trait ReleaseRegistry: Send + Sync {
     async fn announce(&self, worker: &WorkerRecord) -> Result<(), StoreError>;
     /// The workers of a pipeline, as last heard of.
     async fn workers(&self, pipeline_id: &str) -> Result<Vec<WorkerRecord>, StoreError>;
-    /// The coordinator's sealing key (`domain::seal`): created at random by the first process that
-    /// asks (conditionally, so every process gets the same one), read by the others.
-    async fn seal_key(&self) -> Result<SealKey, StoreError>;
+}
+
+/// Where the coordinator's sealing keys (`domain::seal`) come from: a secrets store that only the
+/// coordinator's functions may read; no table holds them, and operators' tools never need them.
+#[async_trait]
+pub trait SealKeySource: Send + Sync {
+    /// The current key and the one it replaced, if any.
+    async fn keys(&self) -> Result<SealKeys, StoreError>;
 }
 
 /// One message to send.

@@ -1574,6 +1574,8 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         };
         ClaimCheck::new(Arc::new(payloads), "payloads", config.claim_threshold)
     });
+    // One deployment's keys, shared by every process.
+    let keys = Arc::new(crate::adapters::MemoryKeys::default());
     let coordinator = |role: &str| {
         Arc::new(
             Coordinator::new(
@@ -1596,6 +1598,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
                 },
             )
             .with_publisher(Arc::new(SimPublisher(world.clone())))
+            .with_keys(keys.clone())
             .with_claims(claims.as_ref()),
         )
     };

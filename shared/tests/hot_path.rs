@@ -12,7 +12,7 @@ use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, InMemoryReleaseRegistry, RecordingSender};
 use stepline::domain::{launch_id, PipelineDef, Status};
 use stepline::envelope::{ReplyEnvelope, ReplyOutcome};
-use stepline::ports::{ExecutionStore, ReleaseRegistry, SystemClock};
+use stepline::ports::{ExecutionStore, SystemClock};
 use stepline::{handlers, Coordinator};
 use uuid::Uuid;
 
@@ -103,29 +103,30 @@ async fn a_stale_copy_is_never_trusted() {
     );
 }
 
-/// Another process of the same deployment (same registry, so the same sealing key), with no record
-/// cached, sending to `sender`.
+/// Another process of the same deployment (same registry and sealing keys as `coordinator`), with no
+/// record cached, sending to `sender`.
 fn another_process(
     store: &Arc<InMemoryExecutionStore>,
-    registry: Arc<dyn ReleaseRegistry>,
+    coordinator: &Coordinator,
     sender: Arc<RecordingSender>,
 ) -> Coordinator {
     Coordinator::new(
         store.clone(),
-        registry,
+        coordinator.registry().clone(),
         sender,
         Arc::new(SystemClock),
         settings(),
     )
+    .with_keys(coordinator.key_source().expect("keys").clone())
 }
 
 #[tokio::test]
 async fn any_process_decides_on_the_sealed_record_without_a_read() {
     let (store, sender, coordinator, id) = setup().await;
-    let other = another_process(&store, coordinator.registry().clone(), sender.clone());
+    let other = another_process(&store, &coordinator, sender.clone());
     // Every hop handled by a process that did not commit the record (the second by one just started):
     // the seal stands in for its cache.
-    let fresh = another_process(&store, coordinator.registry().clone(), sender.clone());
+    let fresh = another_process(&store, &coordinator, sender.clone());
     for (step, handler) in [(1u32, &other), (2, &fresh)] {
         let reply = reply_to_last_request(&sender);
         let (gets, writes) = (store.gets(), store.writes());
@@ -163,7 +164,7 @@ async fn a_seal_that_does_not_hold_or_is_stale_is_never_trusted() {
 
     // A sealed record tampered with: read instead; the reply's own token still authenticates it.
     let (store, sender, coordinator, id) = setup().await;
-    let other = another_process(&store, coordinator.registry().clone(), sender.clone());
+    let other = another_process(&store, &coordinator, sender.clone());
     header = last_request(&sender);
     let (token, sealed) = stepline::domain::seal::split_token(&header.reply_token);
     let mut body = sealed.expect("sealed").to_string();
@@ -191,7 +192,7 @@ async fn a_seal_that_does_not_hold_or_is_stale_is_never_trusted() {
     // A stale seal: the execution was cancelled after the launch; the conditional write fails, the
     // process reads, and the cancelled execution does not advance.
     let (store, sender, coordinator, id) = setup().await;
-    let other = another_process(&store, coordinator.registry().clone(), sender.clone());
+    let other = another_process(&store, &coordinator, sender.clone());
     let stale = reply_to_last_request(&sender);
     let mut record = store.snapshot(id).unwrap();
     let expected = record.version;

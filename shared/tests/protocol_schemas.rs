@@ -1069,6 +1069,7 @@ async fn coordinator(
         settings(),
     )
     .with_ledger(Arc::new(InMemoryFanOutLedger::default()))
+    .with_keys(Arc::new(stepline::adapters::MemoryKeys::default()))
     .with_publisher(published.clone());
     (coordinator, sender, published)
 }

@@ -156,7 +156,14 @@ async fn submissions_to_a_release_whose_workers_all_drain_are_refused() {
     // A fan-out's child is started all the same: its parent waits for it, and a refusal would park
     // it for good. (Its link is the coordinator's own, signed; a link of anyone else's is stripped,
     // and that start refused like any other.)
-    let key = coordinator.registry().seal_key().await.unwrap();
+    let key = coordinator
+        .key_source()
+        .expect("keys")
+        .keys()
+        .await
+        .unwrap()
+        .current()
+        .clone();
     let link = ParentLink {
         execution_id: uuid::Uuid::from_u128(7),
         interaction: "item-0".into(),

@@ -202,6 +202,11 @@ impl Meter {
                     .interceptor(self.clone())
                     .build(),
             ),
+            secrets: aws_sdk_secretsmanager::Client::from_conf(
+                aws_sdk_secretsmanager::config::Builder::from(sdk)
+                    .interceptor(self.clone())
+                    .build(),
+            ),
         }
     }
 

@@ -38,6 +38,10 @@ pub enum Physical {
         name: String,
         arn: String,
     },
+    Secret {
+        name: String,
+        arn: String,
+    },
 }
 
 /// An SQS event source of a function.
@@ -86,6 +90,8 @@ impl Lookup for Stack {
             | Physical::Bus { name, .. }
             | Physical::Bucket { name, .. } => name.clone(),
             Physical::Queue { url, .. } => url.clone(),
+            // As CloudFormation: a secret's `!Ref` is its ARN.
+            Physical::Secret { arn, .. } => arn.clone(),
         })
     }
 
@@ -96,7 +102,8 @@ impl Lookup for Stack {
                 Physical::Table { arn, .. }
                 | Physical::Queue { arn, .. }
                 | Physical::Bus { arn, .. }
-                | Physical::Bucket { arn, .. },
+                | Physical::Bucket { arn, .. }
+                | Physical::Secret { arn, .. },
                 "Arn",
             ) => arn.clone(),
             (Physical::Queue { name, .. }, "QueueName") => name.clone(),
@@ -195,6 +202,17 @@ impl Stack {
                 stack.resources.insert(logical.clone(), bucket);
             }
         }
+        let secrets = aws_sdk_secretsmanager::Client::new(sdk);
+        for (logical, kind, props) in &resources {
+            if kind == "AWS::SecretsManager::Secret" {
+                let name =
+                    resolved(props, "Name", &stack).with_context(|| format!("secret {logical}"))?;
+                let secret = create_secret(&secrets, name)
+                    .await
+                    .with_context(|| format!("creating secret {logical}"))?;
+                stack.resources.insert(logical.clone(), secret);
+            }
+        }
         for (logical, kind, props) in &resources {
             if kind == "AWS::Events::Rule" {
                 create_rule(&events, &stack, props)
@@ -212,6 +230,7 @@ impl Stack {
         let mut stack = Stack::named(stage, template.parameter_defaults());
         let dynamodb = aws_sdk_dynamodb::Client::new(sdk);
         let sqs = aws_sdk_sqs::Client::new(sdk);
+        let secrets = aws_sdk_secretsmanager::Client::new(sdk);
         let resources = template.resources();
         for (logical, kind, props) in &resources {
             let name_of = |key: &str| resolved(props, key, &stack).context(logical.clone());
@@ -238,6 +257,15 @@ impl Stack {
                     arn: String::new(),
                 },
                 "AWS::S3::Bucket" => bucket_of(&stack, logical, props)?,
+                "AWS::SecretsManager::Secret" => {
+                    let name = name_of("Name")?;
+                    let found = secrets.describe_secret().secret_id(&name).send().await;
+                    let arn = found.with_context(|| missing("secret", &name))?.arn;
+                    Physical::Secret {
+                        name,
+                        arn: arn.unwrap_or_default(),
+                    }
+                }
                 _ => continue,
             };
             stack.resources.insert(logical.clone(), physical);
@@ -678,6 +706,36 @@ fn function_spec(template: &Template, stack: &Stack, props: &Value) -> Result<Fu
         }
     }
     Ok(spec)
+}
+
+/// Creates the secret `name` with a fresh random text, as the template's `GenerateSecretString`
+/// does (64 characters of 256 random bits, here hex), or finds it (its text left as it is).
+async fn create_secret(client: &aws_sdk_secretsmanager::Client, name: String) -> Result<Physical> {
+    let text = stepline::domain::seal::SealKey::generate().to_hex();
+    let created = client
+        .create_secret()
+        .name(&name)
+        .secret_string(text)
+        .send()
+        .await;
+    let arn = match created {
+        Ok(out) => out.arn,
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|s| s.is_resource_exists_exception()) =>
+        {
+            client
+                .describe_secret()
+                .secret_id(&name)
+                .send()
+                .await
+                .map_err(sdk_error)?
+                .arn
+        }
+        Err(e) => return Err(sdk_error(e)),
+    };
+    let arn = arn.ok_or_else(|| anyhow!("secret {name}: no ARN"))?;
+    Ok(Physical::Secret { name, arn })
 }
 
 /// A bucket's name: its `BucketName`, else made from the stage and logical id (as CloudFormation

@@ -22,7 +22,6 @@ use uuid::Uuid;
 
 use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord, WorkerState};
-use crate::domain::seal::SealKey;
 use crate::domain::Execution;
 use crate::ports::{
     ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, ListCursor, ListPage,
@@ -727,10 +726,11 @@ impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
 
 /// Release registry: under `pk = "pipeline#<id>"`, `sk = "release#<version>"` holds an immutable
 /// release descriptor and `sk = "activation#<sequence, zero-padded>"` the append-only activations (each
-/// written once, conditionally); the highest sequence is the active release. `sk = "worker#<id>"` holds
-/// a worker's latest announcement (written only over an older one; expired a week after it). Under
-/// `pk = "coordinator"`, `sk = "key#seal"` holds the coordinator's sealing key (`domain::seal`), written
-/// once by the first process that needs it.
+/// written once, conditionally); the highest sequence is the active release. Under
+/// `pk = "workers#<id>"`, `sk = "worker#<worker id>"` holds a worker's latest announcement (written
+/// only over an older one; expired a week after it): a partition of its own, so that the completion
+/// function, which records announcements, may write there and nowhere else of the table (IAM's
+/// `dynamodb:LeadingKeys`).
 #[derive(Clone)]
 pub struct DynamoDbReleaseRegistry {
     client: Client,
@@ -740,8 +740,6 @@ pub struct DynamoDbReleaseRegistry {
 const RELEASE_PREFIX: &str = "release#";
 const ACTIVATION_PREFIX: &str = "activation#";
 const WORKER_PREFIX: &str = "worker#";
-const SEAL_KEY_PK: &str = "coordinator";
-const SEAL_KEY_SK: &str = "key#seal";
 /// A worker's item expires (table TTL) a week after its latest announcement.
 const WORKER_RETENTION_SECS: i64 = 7 * 24 * 3600;
 
@@ -757,10 +755,14 @@ impl DynamoDbReleaseRegistry {
         s(format!("pipeline#{pipeline_id}"))
     }
 
+    fn workers_key(pipeline_id: &str) -> AttributeValue {
+        s(format!("workers#{pipeline_id}"))
+    }
+
     /// The `body` attributes (JSON text) of the items under `prefix`, in sort-key order.
     async fn query<T: serde::de::DeserializeOwned>(
         &self,
-        pipeline_id: &str,
+        partition: AttributeValue,
         prefix: &str,
         newest_first_one: bool,
     ) -> Result<Vec<T>, StoreError> {
@@ -772,7 +774,7 @@ impl DynamoDbReleaseRegistry {
                 .query()
                 .table_name(&self.table)
                 .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-                .expression_attribute_values(":pk", Self::pipeline_key(pipeline_id))
+                .expression_attribute_values(":pk", partition.clone())
                 .expression_attribute_values(":prefix", s(prefix))
                 .consistent_read(true)
                 .scan_index_forward(!newest_first_one)
@@ -796,29 +798,6 @@ impl DynamoDbReleaseRegistry {
         }
     }
 
-    /// The sealing key's item, read consistently.
-    async fn stored_seal_key(&self) -> Result<Option<SealKey>, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key(PK, s(SEAL_KEY_PK))
-            .key(SK, s(SEAL_KEY_SK))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(classify)?;
-        match out.item().and_then(|item| item.get("body")) {
-            Some(AttributeValue::S(text)) => SealKey::from_hex(text).map(Some).ok_or_else(|| {
-                StoreError::Corrupt("the sealing key is not 64 hex characters".into())
-            }),
-            Some(_) => Err(StoreError::Corrupt(
-                "the sealing key is not a string".into(),
-            )),
-            None => Ok(None),
-        }
-    }
-
     async fn put_new(&self, pipeline_id: &str, sk: String, body: String) -> Result<(), StoreError> {
         self.client
             .put_item()
@@ -836,32 +815,6 @@ impl DynamoDbReleaseRegistry {
 
 #[async_trait]
 impl ReleaseRegistry for DynamoDbReleaseRegistry {
-    async fn seal_key(&self) -> Result<SealKey, StoreError> {
-        if let Some(key) = self.stored_seal_key().await? {
-            return Ok(key);
-        }
-        let key = SealKey::generate();
-        let put = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .item(PK, s(SEAL_KEY_PK))
-            .item(SK, s(SEAL_KEY_SK))
-            .item("body", s(key.to_hex()))
-            .condition_expression("attribute_not_exists(pk)")
-            .send()
-            .await
-            .map_err(classify);
-        match put {
-            Ok(_) => Ok(key),
-            // Another process created it first (or this put's response was lost): theirs is the key.
-            Err(StoreError::Conflict) => self.stored_seal_key().await?.ok_or_else(|| {
-                StoreError::Unavailable("the sealing key is not readable yet".into())
-            }),
-            Err(e) => Err(e),
-        }
-    }
-
     async fn get(
         &self,
         pipeline_id: &str,
@@ -886,7 +839,8 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
     }
 
     async fn list(&self, pipeline_id: &str) -> Result<Vec<Release>, StoreError> {
-        self.query(pipeline_id, RELEASE_PREFIX, false).await
+        self.query(Self::pipeline_key(pipeline_id), RELEASE_PREFIX, false)
+            .await
     }
 
     async fn register(&self, release: &Release) -> Result<Registration, StoreError> {
@@ -929,12 +883,13 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
     }
 
     async fn history(&self, pipeline_id: &str) -> Result<Vec<Activation>, StoreError> {
-        self.query(pipeline_id, ACTIVATION_PREFIX, false).await
+        self.query(Self::pipeline_key(pipeline_id), ACTIVATION_PREFIX, false)
+            .await
     }
 
     async fn active(&self, pipeline_id: &str) -> Result<Option<Activation>, StoreError> {
         Ok(self
-            .query(pipeline_id, ACTIVATION_PREFIX, true)
+            .query(Self::pipeline_key(pipeline_id), ACTIVATION_PREFIX, true)
             .await?
             .into_iter()
             .next())
@@ -947,7 +902,7 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
             .client
             .put_item()
             .table_name(&self.table)
-            .item(PK, Self::pipeline_key(&worker.pipeline_id))
+            .item(PK, Self::workers_key(&worker.pipeline_id))
             .item(SK, s(format!("{WORKER_PREFIX}{}", worker.worker_id)))
             .item("body", s(body))
             .item("draining", AttributeValue::Bool(draining))
@@ -972,7 +927,8 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
     }
 
     async fn workers(&self, pipeline_id: &str) -> Result<Vec<WorkerRecord>, StoreError> {
-        self.query(pipeline_id, WORKER_PREFIX, false).await
+        self.query(Self::workers_key(pipeline_id), WORKER_PREFIX, false)
+            .await
     }
 }
 

@@ -12,7 +12,7 @@ use crate::adapters::dynamodb::due_shard;
 use crate::domain::fan_out::{block_len, block_of};
 use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord};
-use crate::domain::seal::SealKey;
+use crate::domain::seal::{SealKey, SealKeys};
 use crate::domain::{ChildEnd, Execution, Tally};
 use crate::ports::{
     ActivationRequest, Backoff, BlockCount, DueCursor, DuePage, DueQuery, ExecutionStore,
@@ -387,7 +387,6 @@ pub struct InMemoryReleaseRegistry {
     releases: Mutex<BTreeMap<(String, String), Release>>,
     activations: Mutex<Vec<Activation>>,
     workers: Mutex<BTreeMap<(String, String), WorkerRecord>>,
-    seal_key: Mutex<Option<SealKey>>,
 }
 
 #[async_trait]
@@ -466,15 +465,6 @@ impl ReleaseRegistry for InMemoryReleaseRegistry {
             workers.insert(key, worker.clone());
         }
         Ok(())
-    }
-
-    async fn seal_key(&self) -> Result<SealKey, StoreError> {
-        Ok(self
-            .seal_key
-            .lock()
-            .expect("seal key")
-            .get_or_insert_with(SealKey::generate)
-            .clone())
     }
 
     async fn workers(&self, pipeline_id: &str) -> Result<Vec<WorkerRecord>, StoreError> {
@@ -573,5 +563,30 @@ impl PayloadStore for InMemoryPayloadStore {
         let start = (start as usize).min(bytes.len());
         let end = start.saturating_add(len as usize).min(bytes.len());
         Ok(bytes[start..end].to_vec())
+    }
+}
+
+/// Sealing keys held in memory (tests, simulations): a fresh random key at first, and `rotate`
+/// makes a new current key, keeping the one it replaces as the previous.
+#[derive(Debug)]
+pub struct MemoryKeys(Mutex<SealKeys>);
+
+impl Default for MemoryKeys {
+    fn default() -> Self {
+        Self(Mutex::new(SealKeys::generate()))
+    }
+}
+
+impl MemoryKeys {
+    pub fn rotate(&self) {
+        let mut keys = self.0.lock().expect("keys");
+        *keys = SealKeys::new(SealKey::generate(), vec![keys.current().clone()]);
+    }
+}
+
+#[async_trait]
+impl crate::ports::SealKeySource for MemoryKeys {
+    async fn keys(&self) -> Result<SealKeys, StoreError> {
+        Ok(self.0.lock().expect("keys").clone())
     }
 }

@@ -148,7 +148,7 @@ impl Coordinator {
     /// is acknowledged only once what it asked for is committed, or it is parked.
     pub async fn apply_batch(&self, inbox: Inbox, messages: Vec<Inbound>) -> BatchReport {
         let mut report = BatchReport::default();
-        self.seal_key().await;
+        self.seal_keys().await;
         // Each message stages into its own outbox (concurrently), merged in message order before the
         // one send. Two messages of one execution race like two invocations would: through the
         // conditional write.

@@ -47,14 +47,15 @@ use crate::cache::{byte_budget, json_size, BoundedCache};
 use crate::claims::{ClaimCheck, ClaimError};
 use crate::config::CoordinatorConfig;
 use crate::domain::release::WorkerRecord;
-use crate::domain::seal::{self, SealKey};
+use crate::domain::seal::{self, SealKeys};
 use crate::domain::{
     self, Action, Code, Context, Decision, Event, Execution, NewExecution, ParentLink, PipelineDef,
     Rejection, Skip,
 };
 use crate::planted::{self, Bug};
 use crate::ports::{
-    Clock, EventPublisher, ExecutionStore, FanOutLedger, MessageSender, ReleaseRegistry, StoreError,
+    Clock, EventPublisher, ExecutionStore, FanOutLedger, MessageSender, ReleaseRegistry,
+    SealKeySource, StoreError,
 };
 
 /// How often a decision is re-made after losing a conditional write before giving up (the message is
@@ -257,9 +258,20 @@ pub struct Coordinator {
     claims: Option<ClaimCheck>,
     /// Where fan-out children are counted (none: a child's end cannot be counted).
     ledger: Option<Arc<dyn FanOutLedger>>,
-    /// The key requests' records are sealed under (`domain::seal`), read from the registry once.
-    seal_key: tokio::sync::OnceCell<SealKey>,
+    /// Where the keys requests' records are sealed under come from (`domain::seal`); none: requests
+    /// go unsealed and their replies' completions read the record.
+    key_source: Option<Arc<dyn SealKeySource>>,
+    /// The keys as last loaded, and when (epoch ms).
+    keys: std::sync::RwLock<Option<(i64, Arc<SealKeys>)>>,
 }
+
+/// How long a process uses the sealing keys it loaded before it reads them again: a rotation reaches
+/// every warm process within this (what an older key sealed meanwhile still opens as the previous).
+pub const KEYS_CACHED_MS: i64 = 5 * 60 * 1000;
+
+/// A parent link that no loaded key signed is checked once more on keys at most this old (it may be
+/// signed under a key a rotation made since they were loaded).
+const KEYS_RECHECKED_MS: i64 = 10_000;
 
 /// A pipeline's workers as read from the registry, and when (epoch ms).
 type WorkersRead = (i64, Arc<Vec<WorkerRecord>>);
@@ -307,8 +319,15 @@ impl Coordinator {
             recent: Mutex::new(RecentRecords::default()),
             claims: None,
             ledger: None,
-            seal_key: tokio::sync::OnceCell::new(),
+            key_source: None,
+            keys: std::sync::RwLock::new(None),
         }
+    }
+
+    /// Seals requests' records and signs fan-out children's links under the keys of `source`.
+    pub fn with_keys(mut self, source: Arc<dyn SealKeySource>) -> Self {
+        self.key_source = Some(source);
+        self
     }
 
     /// Turns lifecycle events on: recorded in each commit's outbox, published after it.
@@ -323,6 +342,11 @@ impl Coordinator {
 
     pub fn registry(&self) -> &Arc<dyn ReleaseRegistry> {
         &self.registry
+    }
+
+    /// Where this coordinator's sealing keys come from, if anywhere.
+    pub fn key_source(&self) -> Option<&Arc<dyn SealKeySource>> {
+        self.key_source.as_ref()
     }
 
     pub fn settings(&self) -> &Settings {
@@ -345,20 +369,42 @@ impl Coordinator {
         }
     }
 
-    /// The sealing key, read from the registry by the first call of the process (None, and tried
-    /// again next time, when it cannot be read: requests then go unsealed and replies are read).
-    pub(crate) async fn seal_key(&self) -> Option<&SealKey> {
-        let key = self
-            .seal_key
-            .get_or_try_init(|| self.registry.seal_key())
-            .await;
-        match key {
-            Ok(key) => Some(key),
-            Err(e) => {
-                tracing::warn!(code = %CoordinatorError::from(e).code(), "sealing key unavailable: requests go unsealed");
-                None
+    /// The sealing keys: loaded by the first call of the process, read again once they are
+    /// [`KEYS_CACHED_MS`] old. None without a key source, or while the keys cannot be read (requests
+    /// then go unsealed and replies are read; parent links wait).
+    pub(crate) async fn seal_keys(&self) -> Option<Arc<SealKeys>> {
+        self.keys_newer_than(KEYS_CACHED_MS).await
+    }
+
+    async fn keys_newer_than(&self, age_ms: i64) -> Option<Arc<SealKeys>> {
+        let now = self.clock.now_ms();
+        let loaded = self.keys.read().expect("keys").clone();
+        if let Some((at, keys)) = &loaded {
+            if now - at < age_ms {
+                return Some(keys.clone());
             }
         }
+        let source = self.key_source.as_ref()?;
+        match source.keys().await {
+            Ok(keys) => {
+                let keys = Arc::new(keys);
+                *self.keys.write().expect("keys") = Some((now, keys.clone()));
+                Some(keys)
+            }
+            Err(e) => {
+                tracing::warn!(code = %CoordinatorError::from(e).code(), "sealing keys unreadable: requests go unsealed");
+                loaded.map(|(_, keys)| keys)
+            }
+        }
+    }
+
+    /// The sealing keys as last loaded (see [`Coordinator::seal_keys`]).
+    pub(crate) fn loaded_keys(&self) -> Option<Arc<SealKeys>> {
+        self.keys
+            .read()
+            .expect("keys")
+            .as_ref()
+            .map(|(_, keys)| keys.clone())
     }
 
     /// A pinned release's definition.
@@ -419,7 +465,7 @@ impl Coordinator {
         event: &Event,
         role: &str,
     ) -> Result<Applied, CoordinatorError> {
-        self.seal_key().await;
+        self.seal_keys().await;
         let mut outbox = Outbox::default();
         let applied = self
             .decide_into(&mut outbox, 0, id, event, role, false)
@@ -513,7 +559,7 @@ impl Coordinator {
             return None;
         };
         let sealed = seal::split_token(&sender.token).1?;
-        let record = seal::unseal(self.seal_key.get()?, sealed, id);
+        let record = self.loaded_keys()?.unseal(sealed, id);
         if record.is_none() {
             tracing::warn!(execution_id = %id, "a reply's sealed record does not hold: read instead");
         }
@@ -636,7 +682,7 @@ impl Coordinator {
 
     /// Starts a new execution pinned to the requested (or active) release and enqueues its first launch.
     pub async fn submit(&self, request: SubmitRequest) -> Result<Submitted, CoordinatorError> {
-        self.seal_key().await;
+        self.seal_keys().await;
         let mut outbox = Outbox::default();
         let submitted = self.submit_into(&mut outbox, 0, request).await?;
         self.flush(outbox).await;
@@ -758,13 +804,23 @@ impl Coordinator {
         let Some(link) = &request.parent else {
             return Ok(request);
         };
-        let Some(key) = self.seal_key().await else {
+        let signed = |keys: &SealKeys| {
+            keys.all()
+                .any(|key| link.is_signed(key, &request.tenant, &request.pipeline_id))
+        };
+        let Some(keys) = self.seal_keys().await else {
             return Err(StoreError::Unavailable(
                 "the coordinator's key, to check a parent link".into(),
             )
             .into());
         };
-        if !link.is_signed(key, &request.tenant, &request.pipeline_id) {
+        // Signed under a key rotated in since this process loaded its keys: checked on fresh ones.
+        let signed = signed(&keys)
+            || self
+                .keys_newer_than(KEYS_RECHECKED_MS)
+                .await
+                .is_some_and(|keys| signed(&keys));
+        if !signed {
             tracing::warn!(parent = %link.execution_id, pipeline = %request.pipeline_id, "a start event's parent link is not the coordinator's: stripped");
             request.parent = None;
         }

@@ -75,7 +75,9 @@ impl Coordinator {
                         *deadline,
                     );
                     // The record travels sealed in the token, for the reply's completion.
-                    let sealed = self.seal_key.get().and_then(|key| seal::seal(key, record));
+                    let sealed = self
+                        .loaded_keys()
+                        .and_then(|keys| seal::seal(keys.current(), record));
                     if let (false, Some(sealed)) = (header.reply_token.is_empty(), sealed) {
                         header.reply_token = seal::sealed_token(&header.reply_token, &sealed);
                     }
@@ -314,7 +316,7 @@ impl Coordinator {
                 step_def.id
             )));
         };
-        let Some(key) = self.seal_key.get() else {
+        let Some(keys) = self.loaded_keys() else {
             return Err(StoreError::Unavailable(
                 "the coordinator's key, to sign a child's link".into(),
             )
@@ -340,7 +342,7 @@ impl Coordinator {
                         step: record.step,
                         signature: None,
                     }
-                    .signed(key, &record.tenant, child),
+                    .signed(keys.current(), &record.tenant, child),
                 ),
             },
         };

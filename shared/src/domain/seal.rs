@@ -25,6 +25,12 @@ pub const SEAL_MAX_BYTES: usize = 8 * 1024;
 
 const SEPARATOR: char = '.';
 
+/// The shortest secret text a key is derived from (64 alphanumerics hold about 380 random bits).
+pub const SECRET_MIN_CHARS: usize = 43;
+
+/// HKDF's salt for keys derived from a secret's text.
+const SECRET_SALT: &[u8] = b"stepline/seal-key/v1";
+
 /// What the seal authenticates beside the record: its format and the execution it belongs to.
 fn associated(id: Uuid) -> Vec<u8> {
     let mut aad = b"stepline/seal/v2/".to_vec();
@@ -57,6 +63,15 @@ impl SealKey {
         hex::encode(self.0)
     }
 
+    /// The key of a secret's text (as a secrets store holds it: at least [`SECRET_MIN_CHARS`]
+    /// characters, e.g. 64 random alphanumerics), by HKDF-Extract (RFC 5869) with SHA-256 and a salt
+    /// naming this use: HMAC-SHA256 keyed by the salt over the text. None when the text is too short
+    /// to hold 256 bits of randomness.
+    pub fn from_secret(text: &str) -> Option<Self> {
+        (text.chars().count() >= SECRET_MIN_CHARS)
+            .then(|| Self(crypto::hmac_sha256(SECRET_SALT, text.as_bytes())))
+    }
+
     /// A fresh random key, from the operating system's random source.
     pub fn generate() -> Self {
         Self(crypto::random())
@@ -67,6 +82,40 @@ impl SealKey {
     pub fn mac(&self, purpose: &str, message: &[u8]) -> [u8; 32] {
         let derived = crypto::hmac_sha256(&self.0, purpose.as_bytes());
         crypto::hmac_sha256(&derived, message)
+    }
+}
+
+/// The coordinator's keys: the current one, which seals and signs, and those it replaced (a rotation
+/// keeps the previous one), under which what was sealed or signed before the rotation still opens.
+#[derive(Clone, Debug)]
+pub struct SealKeys {
+    current: SealKey,
+    previous: Vec<SealKey>,
+}
+
+impl SealKeys {
+    pub fn new(current: SealKey, previous: Vec<SealKey>) -> Self {
+        Self { current, previous }
+    }
+
+    /// A single fresh random key (in-memory stores, tests).
+    pub fn generate() -> Self {
+        Self::new(SealKey::generate(), Vec::new())
+    }
+
+    /// The key that seals and signs.
+    pub fn current(&self) -> &SealKey {
+        &self.current
+    }
+
+    /// Every key that opens, current first.
+    pub fn all(&self) -> impl Iterator<Item = &SealKey> {
+        std::iter::once(&self.current).chain(&self.previous)
+    }
+
+    /// The record sealed in `sealed`, if it opens under any of the keys (see [`unseal`]).
+    pub fn unseal(&self, sealed: &str, id: Uuid) -> Option<Execution> {
+        self.all().find_map(|key| unseal(key, sealed, id))
     }
 }
 
@@ -234,5 +283,31 @@ mod tests {
         let mut record = record();
         record.input = domain::Payload::new(json!({"doc": "x".repeat(SEAL_MAX_BYTES)}));
         assert_eq!(seal(&key, &record), None);
+    }
+
+    #[test]
+    fn a_rotation_keeps_what_the_previous_key_sealed_open_and_seals_under_the_new_one() {
+        let old = SealKey::generate();
+        let sealed_before = seal(&old, &record()).unwrap();
+        let keys = SealKeys::new(SealKey::generate(), vec![old.clone()]);
+        assert_eq!(keys.unseal(&sealed_before, record().id), Some(record()));
+        let sealed_after = seal(keys.current(), &record()).unwrap();
+        assert_eq!(unseal(&old, &sealed_after, record().id), None);
+        assert_eq!(keys.unseal(&sealed_after, record().id), Some(record()));
+        // Once the old key is retired, what it sealed no longer opens (its completion reads).
+        let retired = SealKeys::new(SealKey::generate(), vec![keys.current().clone()]);
+        assert_eq!(retired.unseal(&sealed_before, record().id), None);
+    }
+
+    #[test]
+    fn a_key_is_derived_from_a_secret_text_by_hkdf_extract() {
+        let text = "a".repeat(SECRET_MIN_CHARS);
+        let key = SealKey::from_secret(&text).unwrap();
+        // RFC 5869 Extract: PRK = HMAC-Hash(salt, IKM).
+        assert_eq!(key.0, crypto::hmac_sha256(SECRET_SALT, text.as_bytes()));
+        assert_eq!(SealKey::from_secret(&text).unwrap().0, key.0, "stable");
+        let other = SealKey::from_secret(&"b".repeat(SECRET_MIN_CHARS)).unwrap();
+        assert_ne!(other.0, key.0);
+        assert!(SealKey::from_secret(&"a".repeat(SECRET_MIN_CHARS - 1)).is_none());
     }
 }

@@ -528,6 +528,7 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
             },
         )
         .with_ledger(ledger.clone())
+        .with_keys(Arc::new(crate::adapters::MemoryKeys::default()))
         .with_claim_check(claims.clone()),
     );
     let runs = Arc::new(AtomicU64::new(0));

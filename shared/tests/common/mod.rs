@@ -41,6 +41,7 @@ pub async fn coordinator_of(
 ) -> Coordinator {
     let registry = registry_of(def).await;
     Coordinator::new(store, registry, sender, Arc::new(SystemClock), settings())
+        .with_keys(Arc::new(stepline::adapters::MemoryKeys::default()))
         .with_ledger(Arc::new(stepline::adapters::InMemoryFanOutLedger::default()))
 }
 
