@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LocalStack on the host (no Docker), serving SQS, EventBridge and S3, in a project-local virtualenv;
+# LocalStack on the host (no Docker), serving SQS, EventBridge, S3 and Secrets Manager, in a project-local virtualenv;
 # DynamoDB stays on moto (infra/emulator.sh), because LocalStack's DynamoDB needs DynamoDB Local, which
 # it downloads at first use. The SDK routes each service to its own endpoint
 # (AWS_ENDPOINT_URL_DYNAMODB beside AWS_ENDPOINT_URL), so nothing in the code knows which emulator runs.
@@ -20,7 +20,7 @@ port="${STEPLINE_LOCALSTACK_PORT:-4566}"
 version="2026.3.0"
 # Each pin was found by a start that failed without it.
 pins=("cbor2<5.7" "pyopenssl==24.2.1" "cryptography==43.0.3" "service_identity<24.2")
-services="sqs,events,s3"
+services="sqs,events,s3,secretsmanager"
 mkdir -p "$state"
 
 endpoint() { echo "http://127.0.0.1:$port"; }

@@ -1,6 +1,8 @@
 //! The HTTP API (`functions/api`) on the local emulator: requests are built as `lambda_http::Request`s
-//! and handed to `stepline::http::handle`, the function the Lambda binary runs, with the test stack's coordinator.
-//! Every test checks status codes and, for refusals, the stable error code.
+//! and handed to `stepline::http::handle_for`, the function the Lambda binary runs, as the template's
+//! function of the route's audience would run it (its environment, its IAM policies checked): the
+//! submit endpoint `ApiFunction`, the operator's `OperatorApiFunction`, the administrator's
+//! `AdminApiFunction`. Every test checks status codes and, for refusals, the stable error code.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use stepline::domain::{PipelineDef, Status, StepError};
 use stepline::envelope::RequestHeader;
 use stepline::http::lambda_http::http::{self, header, HeaderMap};
 use stepline::http::lambda_http::{Body, Request};
+use stepline::http::{Audience, Audiences};
 use stepline::release::{Artifact, Release};
 use stepline::worker::StepFunction;
 use stepline_suite::TestStack;
@@ -53,8 +56,46 @@ impl Answer {
     }
 }
 
-/// Calls the API with a raw body.
+/// The template's function that serves `method` `path`, and what it serves: as a client picks the URL
+/// (stack outputs `ApiUrl`, `OperatorApiUrl`, `AdminApiUrl`) by what it does.
+fn endpoint(method: &str, path: &str) -> (&'static str, Audiences) {
+    let path = path
+        .split('?')
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches('/');
+    let last = path.rsplit('/').next().unwrap_or_default();
+    let operate = ["cancel", "redrive", "interactions"].contains(&last)
+        || path.rsplit('/').nth(1) == Some("interactions");
+    let administer = method == "POST" && (path == "/releases" || last == "activations");
+    if administer {
+        ("AdminApiFunction", Audiences::only(Audience::Administer))
+    } else if operate {
+        ("OperatorApiFunction", Audiences::only(Audience::Operate))
+    } else {
+        ("ApiFunction", Audiences::only(Audience::Submit))
+    }
+}
+
+/// Calls the API with a raw body, at the endpoint that serves the route.
 async fn call_raw(stack: &TestStack, method: &str, path: &str, body: &str) -> Answer {
+    let (function, served) = endpoint(method, path);
+    call_at(stack, function, served, method, path, body).await
+}
+
+/// Calls the endpoint of `function`, which serves `served`.
+async fn call_at(
+    stack: &TestStack,
+    function: &str,
+    served: Audiences,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Answer {
+    let coordinator = stack
+        .local
+        .coordinator(function)
+        .expect("the function's coordinator");
     let request: Request = http::Request::builder()
         .method(method)
         .uri(path)
@@ -65,7 +106,7 @@ async fn call_raw(stack: &TestStack, method: &str, path: &str, body: &str) -> An
             Body::from(body.to_string())
         })
         .expect("request builds");
-    let response = stepline::http::handle(&stack.api, request).await;
+    let response = stepline::http::handle_for(&coordinator, served, request).await;
     assert_eq!(
         response
             .headers()
@@ -810,5 +851,130 @@ async fn executions_are_listed_and_their_history_read_over_http() -> anyhow::Res
     get(&stack, &format!("/executions/{}/history", Uuid::new_v4()))
         .await
         .refused(404, "NOT_FOUND");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_endpoint_serves_its_audience_and_refuses_the_others_before_anything_is_written(
+) -> anyhow::Result<()> {
+    stepline_local::needs_emulator!();
+    let stack = TestStack::new("api-audiences", |_| {}).await?;
+    let id = submit(&stack, 1).await;
+    let pipeline = stack.pipeline.pipeline_id.clone();
+    let release = Release::new(
+        PipelineDef {
+            release_version: "9".into(),
+            ..stack.pipeline.clone()
+        },
+        Vec::new(),
+    );
+    let at = |function: &'static str, audience: Audience| {
+        let stack = &stack;
+        move |method: &'static str, path: String, body: Value| async move {
+            let body = if body.is_null() {
+                String::new()
+            } else {
+                body.to_string()
+            };
+            call_at(
+                stack,
+                function,
+                Audiences::only(audience),
+                method,
+                &path,
+                &body,
+            )
+            .await
+        }
+    };
+    let submitter = at("ApiFunction", Audience::Submit);
+    let operator = at("OperatorApiFunction", Audience::Operate);
+    let administrator = at("AdminApiFunction", Audience::Administer);
+    let cancel = json!({"reason": "audience test"});
+    let activation = json!({"releaseVersion": "9", "reason": "audience test"});
+
+    // A submit-only integration can neither touch releases nor act on executions.
+    for (method, path, body) in [
+        (
+            "POST",
+            "/releases".to_string(),
+            serde_json::to_value(&release)?,
+        ),
+        (
+            "POST",
+            format!("/pipelines/{pipeline}/activations"),
+            activation.clone(),
+        ),
+        ("POST", format!("/executions/{id}/cancel"), cancel.clone()),
+        (
+            "POST",
+            format!("/executions/{id}/redrive"),
+            json!({"reason": "x"}),
+        ),
+        ("GET", format!("/executions/{id}/interactions"), Value::Null),
+    ] {
+        submitter(method, path, body)
+            .await
+            .refused(403, "NOT_SERVED");
+    }
+    // An operator submits nothing and registers nothing; an administrator acts on no execution.
+    operator(
+        "POST",
+        "/executions".into(),
+        submission(&stack, 2, Some("k")),
+    )
+    .await
+    .refused(403, "NOT_SERVED");
+    operator("POST", "/releases".into(), serde_json::to_value(&release)?)
+        .await
+        .refused(403, "NOT_SERVED");
+    administrator(
+        "POST",
+        "/executions".into(),
+        submission(&stack, 2, Some("k")),
+    )
+    .await
+    .refused(403, "NOT_SERVED");
+    administrator("POST", format!("/executions/{id}/cancel"), cancel.clone())
+        .await
+        .refused(403, "NOT_SERVED");
+
+    // Nothing refused was written: the release is not registered, the execution is not cancelled,
+    // and the idempotency key is still free.
+    let releases = submitter(
+        "GET",
+        format!("/pipelines/{pipeline}/releases"),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(releases.status, 200, "{}", releases.body);
+    assert!(
+        !releases
+            .body
+            .to_string()
+            .contains("\"releaseVersion\":\"9\""),
+        "a refused registration wrote nothing: {}",
+        releases.body
+    );
+    let record = stack.api.get(id).await?;
+    assert_ne!(record.status, Status::Cancelled);
+    let keyed = submitter(
+        "POST",
+        "/executions".into(),
+        submission(&stack, 2, Some("k")),
+    )
+    .await;
+    assert_eq!(keyed.status, 201, "the key was free: {}", keyed.body);
+
+    // The reads are served at every endpoint; each endpoint's own routes work there.
+    for read in [&submitter, &operator, &administrator] {
+        let status = read("GET", format!("/executions/{id}"), Value::Null).await;
+        assert_eq!(status.status, 200, "{}", status.body);
+    }
+    let registered =
+        administrator("POST", "/releases".into(), serde_json::to_value(&release)?).await;
+    assert_eq!(registered.status, 201, "{}", registered.body);
+    let cancelled = operator("POST", format!("/executions/{id}/cancel"), cancel).await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.body);
     Ok(())
 }

@@ -15,7 +15,7 @@ use stepline::envelope::RequestHeader;
 use stepline::handlers::{self, RedriveRequest};
 use stepline::worker::StepFunction;
 use stepline::SubmitRequest;
-use stepline_local::{fresh_stage, functions, LocalStack, RunnerOptions};
+use stepline_local::{fresh_stage, LocalStack, RunnerOptions};
 use stepline_suite::wait_until;
 use uuid::Uuid;
 
@@ -152,7 +152,7 @@ async fn batch_of(
             ..RunnerOptions::default()
         },
     )?;
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = local.operator()?;
     let id = api
         .submit(SubmitRequest {
             pipeline_id: csv_payments::BATCH_PIPELINE.into(),
@@ -536,7 +536,7 @@ async fn a_fan_out_over_json_lines_in_the_payload_bucket_runs_at_most_its_window
             steps.clone(),
         ),
     ])?;
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = local.operator()?;
     let claims = api.claims().expect("the stage has a payload bucket");
     let rows: String = (0..ROWS)
         .map(|n| {

@@ -248,7 +248,7 @@ async fn a_drain_announced_by_anyone_lasts_only_until_the_worker_is_heard_again(
         let health = &health;
         async move { Ok(health().await?[0].1 == wanted) }
     };
-    let fresh = || stack.coordinator_at(stepline_local::functions::REDRIVE, Duration::ZERO);
+    let fresh = || stack.coordinator_at("ApiFunction", Duration::ZERO);
     let submission = stepline::SubmitRequest {
         pipeline_id: pipeline.clone(),
         tenant: "test".into(),

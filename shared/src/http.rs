@@ -9,8 +9,10 @@
 //! `{"error": {"code": "...", "message": "..."}}` with a stable code (see `openapi.yaml` at the
 //! repository root for every route, body, status and code).
 //!
-//! The API is protected by IAM (`AuthType: AWS_IAM` on the function URL): whoever may call it may act
-//! on every execution, which is why `GET /executions/{id}/interactions` returns resume tokens.
+//! The API is protected by IAM (`AuthType: AWS_IAM` on each function URL). Its routes fall to three
+//! [`Audience`]s, each deployed as a function URL of its own that serves only its routes (and the
+//! reads): whoever may call the submit URL cannot cancel, re-drive, complete interactions or touch
+//! releases, and IAM on each URL (`lambda:InvokeFunctionUrl` on its function) decides who is which.
 
 pub use lambda_http;
 
@@ -39,6 +41,13 @@ pub const MAX_BODY_BYTES: usize = 256 * 1024;
 pub enum ApiError {
     #[error("no route for {0}")]
     NoRoute(String),
+    #[error("{method} {path} is for {wanted}: this endpoint serves {served}")]
+    NotServed {
+        method: Method,
+        path: String,
+        wanted: Audience,
+        served: Audiences,
+    },
     #[error("{method} is not allowed on {path} (allowed: {allowed})")]
     MethodNotAllowed {
         method: Method,
@@ -72,6 +81,7 @@ impl ApiError {
     pub fn code(&self) -> Code {
         match self {
             ApiError::NoRoute(_) => Code::NoRoute,
+            ApiError::NotServed { .. } => Code::NotServed,
             ApiError::MethodNotAllowed { .. } => Code::MethodNotAllowed,
             ApiError::InvalidId(_) => Code::InvalidId,
             ApiError::InvalidBody(_) => Code::InvalidBody,
@@ -253,6 +263,90 @@ pub struct RegistrationResponse {
     pub registration: String,
 }
 
+// --------------------------------------------------------------------------------------- audiences
+
+/// Who a route is for. A deployment gives each audience a function URL of its own (`API_AUDIENCES`
+/// names what a function serves), so that IAM on each URL separates submitting from operating from
+/// administering releases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Audience {
+    /// Submit executions; read executions, their results and history, and releases.
+    Submit,
+    /// Cancel and re-drive executions; list (with their resume tokens) and complete interactions.
+    Operate,
+    /// Register releases and activate them.
+    Administer,
+}
+
+impl Audience {
+    pub const ALL: [Audience; 3] = [Audience::Submit, Audience::Operate, Audience::Administer];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Audience::Submit => "submit",
+            Audience::Operate => "operate",
+            Audience::Administer => "administer",
+        }
+    }
+}
+
+impl std::fmt::Display for Audience {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The audiences one endpoint serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Audiences([bool; 3]);
+
+impl Audiences {
+    /// Every route (a local endpoint, tests).
+    pub const ALL: Audiences = Audiences([true; 3]);
+
+    pub fn only(audience: Audience) -> Self {
+        let mut served = [false; 3];
+        served[audience as usize] = true;
+        Self(served)
+    }
+
+    pub fn serves(&self, audience: Audience) -> bool {
+        self.0[audience as usize]
+    }
+
+    /// From `API_AUDIENCES`' form: names separated by commas (`submit,operate`), or `all`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut served = [false; 3];
+        for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if name == "all" {
+                return Ok(Self::ALL);
+            }
+            let audience = Audience::ALL
+                .into_iter()
+                .find(|a| a.as_str() == name)
+                .ok_or_else(|| {
+                    format!("unknown audience {name:?} (submit, operate, administer or all)")
+                })?;
+            served[audience as usize] = true;
+        }
+        if served == [false; 3] {
+            return Err("no audience named (submit, operate, administer or all)".into());
+        }
+        Ok(Self(served))
+    }
+}
+
+impl std::fmt::Display for Audiences {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = Audience::ALL
+            .into_iter()
+            .filter(|a| self.serves(*a))
+            .map(Audience::as_str)
+            .collect();
+        f.write_str(&names.join(","))
+    }
+}
+
 // ------------------------------------------------------------------------------------------ routes
 
 /// The routes, with their (raw, still percent-encoded) path parameters.
@@ -296,6 +390,25 @@ impl<'a> Route<'a> {
         })
     }
 
+    /// Who the route is for; reads other than the interactions (which carry resume tokens) are
+    /// served to every audience.
+    fn audience(&self) -> Option<Audience> {
+        match self {
+            Route::Executions => Some(Audience::Submit),
+            Route::Cancel(_)
+            | Route::Redrive(_)
+            | Route::Interactions(_)
+            | Route::Interaction(..) => Some(Audience::Operate),
+            Route::Releases | Route::Activations(_) => Some(Audience::Administer),
+            Route::ListExecutions
+            | Route::Execution(_)
+            | Route::ExecutionResult(_)
+            | Route::History(_)
+            | Route::PipelineReleases(_)
+            | Route::ActiveRelease(_) => None,
+        }
+    }
+
     /// Each route takes exactly one method.
     fn method(&self) -> Method {
         match self {
@@ -337,11 +450,21 @@ impl Reply {
     }
 }
 
-/// Routes one request. Never fails: every error becomes its JSON error response.
+/// Routes one request, every route served. Never fails: every error becomes its JSON error response.
 pub async fn handle(coordinator: &Coordinator, request: Request) -> Response<Body> {
+    handle_for(coordinator, Audiences::ALL, request).await
+}
+
+/// Routes one request on an endpoint that serves `served`: a route for another audience is refused
+/// (`403 NOT_SERVED`) before anything is read or written.
+pub async fn handle_for(
+    coordinator: &Coordinator,
+    served: Audiences,
+    request: Request,
+) -> Response<Body> {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
-    let response = match route(coordinator, &request).await {
+    let response = match route(coordinator, served, &request).await {
         Ok(Reply {
             status,
             body: Ok(body),
@@ -373,7 +496,11 @@ fn failed(method: &Method, path: &str, error: ApiError) -> Response<Body> {
     error.into_response()
 }
 
-async fn route(coordinator: &Coordinator, request: &Request) -> Result<Reply, ApiError> {
+async fn route(
+    coordinator: &Coordinator,
+    served: Audiences,
+    request: &Request,
+) -> Result<Reply, ApiError> {
     let path = request.uri().path();
     let mut route = Route::parse(path).ok_or_else(|| ApiError::NoRoute(path.to_string()))?;
     if route == Route::Executions && request.method() == Method::GET {
@@ -385,6 +512,14 @@ async fn route(coordinator: &Coordinator, request: &Request) -> Result<Reply, Ap
             method: request.method().clone(),
             path: path.to_string(),
             allowed,
+        });
+    }
+    if let Some(wanted) = route.audience().filter(|a| !served.serves(*a)) {
+        return Err(ApiError::NotServed {
+            method: request.method().clone(),
+            path: path.to_string(),
+            wanted,
+            served,
         });
     }
     match route {
@@ -727,6 +862,30 @@ mod tests {
         assert_eq!(Route::parse("/executions/a/b"), None);
         assert_eq!(Route::parse("executions"), None);
         assert_eq!(Route::parse("/"), None);
+    }
+
+    #[test]
+    fn audiences_parse_and_each_route_has_its_own() {
+        assert_eq!(Audiences::parse("all"), Ok(Audiences::ALL));
+        assert_eq!(
+            Audiences::parse("submit, operate,administer"),
+            Ok(Audiences::ALL)
+        );
+        let submit = Audiences::parse("submit").unwrap();
+        assert!(submit.serves(Audience::Submit) && !submit.serves(Audience::Operate));
+        assert_eq!(submit, Audiences::only(Audience::Submit));
+        assert_eq!(submit.to_string(), "submit");
+        assert!(Audiences::parse("").is_err());
+        assert!(Audiences::parse("admin").is_err());
+        assert_eq!(Route::Executions.audience(), Some(Audience::Submit));
+        assert_eq!(Route::Releases.audience(), Some(Audience::Administer));
+        assert_eq!(
+            Route::Activations("p").audience(),
+            Some(Audience::Administer)
+        );
+        assert_eq!(Route::Redrive("x").audience(), Some(Audience::Operate));
+        assert_eq!(Route::Interactions("x").audience(), Some(Audience::Operate));
+        assert_eq!(Route::Execution("x").audience(), None);
     }
 
     #[test]

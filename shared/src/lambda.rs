@@ -181,9 +181,16 @@ pub async fn serve_worker(contract: Contract, steps: Arc<dyn StepFunction>) -> R
 pub async fn serve_http() -> Result<(), Error> {
     use lambda_http::Request;
     let function = function()?;
+    // What this endpoint serves (template.yaml gives each audience a function URL of its own).
+    let served = match std::env::var("API_AUDIENCES") {
+        Ok(text) => crate::http::Audiences::parse(&text)?,
+        Err(_) => crate::http::Audiences::ALL,
+    };
     lambda_http::run(lambda_http::service_fn(|request: Request| {
         let function = function.clone();
-        async move { Ok::<_, Error>(crate::http::handle(&function.coordinator, request).await) }
+        async move {
+            Ok::<_, Error>(crate::http::handle_for(&function.coordinator, served, request).await)
+        }
     }))
     .await
 }

@@ -73,7 +73,7 @@ impl TestStack {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let local = LocalStack::up_with(&fresh_stage(prefix), &params).await?;
-        let api = local.coordinator(functions::REDRIVE)?;
+        let api = local.operator()?;
         let (queue, _) = local.stack.queue("OrderRequestQueue")?;
         let mut pipeline = order_worker::pipeline(queue);
         tune(&mut pipeline);
@@ -210,11 +210,12 @@ impl TestStack {
         Ok(env)
     }
 
-    /// A coordinator of `function` whose clock runs `offset` ahead (to make leases and deadlines expire).
+    /// A coordinator of `function` (its IAM policies checked) whose clock runs `offset` ahead (to
+    /// make leases and deadlines expire).
     pub fn coordinator_at(&self, function: &str, offset: Duration) -> Result<Coordinator> {
         let config = CoordinatorConfig::from_lookup(self.local.stack.env_of(function)?)?;
-        Ok(stepline::aws::coordinator_with_clock(
-            &self.local.sdk,
+        Ok(stepline::aws::coordinator_on(
+            &self.local.function_clients(function)?,
             &config,
             Arc::new(ShiftedClock(offset.as_millis() as i64)),
         ))
@@ -259,7 +260,7 @@ impl TestStack {
         let env = self.local.stack.env_of(functions::ORDER_WORKER)?;
         let config = stepline::config::WorkerConfig::from_lookup(env)?;
         Ok(stepline::aws::worker_on(
-            &self.local.clients,
+            &self.local.function_clients(functions::ORDER_WORKER)?,
             &config,
             &Contract::of(&self.pipeline),
             steps,
@@ -369,7 +370,8 @@ pub struct ExtraQueue {
 }
 
 impl TestStack {
-    /// Creates a queue outside the template.
+    /// Creates a queue outside the template (as a worker stack makes its request queue: the
+    /// coordinator's roles may send to it).
     pub async fn create_queue(&self, name: &str) -> Result<ExtraQueue> {
         let (url, arn) = stepline_local::stack::create_plain_queue(&self.sqs(), name).await?;
         Ok(ExtraQueue {

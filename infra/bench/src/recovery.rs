@@ -165,7 +165,7 @@ async fn stage(prefix: &str) -> Result<(LocalStack, Coordinator, String, Coordin
         "AWS_ENDPOINT_URL is not set: start the emulator (infra/emulator.sh) or use infra/bench.sh"
     );
     let local = LocalStack::up(&fresh_stage(prefix)).await?;
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = local.operator()?;
     let (queue, _) = local.stack.queue(WORKER_QUEUE)?;
     let release = local.release_example(queue, "1", 60).await?;
     let config = CoordinatorConfig::from_lookup(local.stack.env_of(functions::CLAIM)?)?;

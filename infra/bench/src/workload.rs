@@ -294,7 +294,7 @@ pub async fn run(work: Workload) -> Result<Measured> {
     )]
     .into();
     let (local, meter, observer) = metered_stage("bench", &params, &template).await?;
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = local.operator()?;
     let (queue, _) = local.stack.queue(WORKER_QUEUE)?;
     let mut def = pipeline(queue, work.steps);
     // The worker function serves the release its environment names.

@@ -21,7 +21,7 @@ use stepline::handlers::{ReplayFilter, ReplayRequest};
 use stepline::ports::DeadLetterQueue;
 use stepline::{Coordinator, SubmitRequest};
 use stepline_stage::releases::{FilesOnly, ReleaseAction};
-use stepline_stage::{functions, Stage};
+use stepline_stage::Stage;
 use uuid::Uuid;
 
 /// Operate Stepline executions, dead letters and releases
@@ -255,7 +255,7 @@ async fn main() -> Result<()> {
     let stage = Stage::find(&cli.stage)
         .await
         .with_context(|| format!("finding stage {}", cli.stage))?;
-    let api = stage.coordinator(functions::REDRIVE)?;
+    let api = stage.operator()?;
     let out = Output { json: cli.json };
     match cli.command {
         Command::Submit {

@@ -143,7 +143,7 @@ async fn approve_and_reject_from_the_cli() -> Result<()> {
     stepline_local::needs_emulator!();
     let (local, _runner) = running_stack("cli-approve").await?;
     let stage = local.stack.stage.clone();
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = local.operator()?;
     let approved = submit(
         &stage,
         "restaurant-approval",
@@ -236,7 +236,7 @@ async fn list_finds_the_failed_executions_and_history_tells_each_attempt() -> Re
     stepline_local::needs_emulator!();
     let (local, _runner) = running_stack("cli-list").await?;
     let stage = local.stack.stage.clone();
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = local.operator()?;
     let good = submit(&stage, "orders", &order_worker::sample_order(1));
     let bad = submit(&stage, "orders", &json!({"orderId": "empty", "lines": []}));
     let other = submit(

@@ -672,7 +672,7 @@ async fn the_console_shows_an_execution_and_approves_it_by_a_click_in_a_real_bro
     stepline_local::needs_emulator!();
     let (local, _runner) = running_stack("console").await?;
     let stage = local.stack.stage.clone();
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = local.operator()?;
     let id = submit(
         &stage,
         restaurant_approval::PIPELINE_ID,
@@ -869,7 +869,7 @@ async fn the_console_lists_cancels_re_drives_and_replays_dead_letters_with_a_dry
     stepline_local::needs_emulator!();
     let (local, _runner) = running_stack("console-ops").await?;
     let stage = local.stack.stage.clone();
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = local.operator()?;
     let minute = Duration::from_secs(60);
 
     // An order without lines: its `validate` step fails for good (non-retryable INVALID_ORDER).

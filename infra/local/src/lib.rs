@@ -121,8 +121,9 @@ impl LocalStack {
         steps: Arc<dyn StepFunction>,
     ) -> Result<Binding> {
         let config = WorkerConfig::from_lookup(self.stack.env_of(function)?)?;
+        // The function's own clients: its calls are checked against its IAM policies.
         let worker = Arc::new(stepline::aws::worker_on(
-            &self.clients,
+            &self.function_clients(function)?,
             &config,
             contract,
             steps,

@@ -362,7 +362,7 @@ impl Demo {
         let begin = Instant::now();
         println!("provisioning stage {stage} from template.yaml");
         let local = LocalStack::up(&stage).await.context(PROVISIONING)?;
-        let api = local.coordinator(functions::REDRIVE)?;
+        let api = local.operator()?;
         Ok(Self {
             local,
             api,

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use stepline::domain::{launch_id, Execution};
 use stepline::sim::{judge_end, End};
 use stepline::{Coordinator, SubmitRequest};
-use stepline_local::{fresh_stage, functions, LocalStack};
+use stepline_local::{fresh_stage, LocalStack};
 use uuid::Uuid;
 
 mod support;
@@ -183,7 +183,7 @@ async fn rounds_of_killed_and_paused_processes_end_every_execution_as_planned() 
         .collect();
     let local = LocalStack::up_with(&fresh_stage("campaign"), &params).await?;
     let stage = local.stack.stage.clone();
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = local.operator()?;
     let (queue, _) = local.stack.queue("OrderRequestQueue")?;
     local
         .release_example(queue, order_worker::RELEASE_VERSION, STEP_TIMEOUT_SECS)

@@ -6,7 +6,7 @@ use anyhow::Result;
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::Value;
 use stepline::SubmitRequest;
-use stepline_local::{fresh_stage, functions, LocalStack};
+use stepline_local::{fresh_stage, LocalStack};
 
 mod support;
 
@@ -24,7 +24,7 @@ fn stepline(stage: &str, args: &[&str]) -> String {
 }
 
 async fn active_release(local: &LocalStack) -> Result<Option<String>> {
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = local.operator()?;
     Ok(api
         .registry()
         .active(order_worker::PIPELINE_ID)
@@ -64,7 +64,7 @@ async fn a_restarted_runner_keeps_the_release_an_operator_activated() -> Result<
     let _second = RunProcess::started(&stage, "second", &[])?;
 
     assert_eq!(active_release(&local).await?.as_deref(), Some("2"));
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = local.operator()?;
     let history = api.registry().history(order_worker::PIPELINE_ID).await?;
     assert_eq!(
         history

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use stepline::domain::{launch_id, Execution, Status, StepStatus};
 use stepline::{Coordinator, SubmitRequest};
-use stepline_local::{fresh_stage, functions, LocalStack};
+use stepline_local::{fresh_stage, LocalStack};
 use uuid::Uuid;
 
 const PARAMS: [(&str, &str); 2] = [("LeaseSeconds", "5"), ("QueueVisibilitySeconds", "10")];
@@ -39,7 +39,7 @@ async fn stack(prefix: &str) -> Result<(LocalStack, Coordinator)> {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let local = LocalStack::up_with(&fresh_stage(prefix), &params).await?;
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = local.operator()?;
     Ok((local, api))
 }
 

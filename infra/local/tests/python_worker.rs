@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use stepline::domain::Status;
 use stepline::SubmitRequest;
-use stepline_local::{fresh_stage, functions, workspace_root, LocalStack};
+use stepline_local::{fresh_stage, workspace_root, LocalStack};
 
 mod support;
 
@@ -145,7 +145,7 @@ async fn a_python_worker_runs_its_pipeline_with_a_retry_heartbeats_and_a_duplica
     staged(&["releases", "register", "--file", &file, "--release", "1"])?;
     staged(&["releases", "--pipeline", "py-orders", "activate", "1"])?;
 
-    let api = local.coordinator(functions::REDRIVE)?;
+    let api = local.operator()?;
     let submit = |input: Value| {
         let api = &api;
         async move {

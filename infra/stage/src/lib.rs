@@ -3,6 +3,7 @@
 //! from its environment, and the release registry commands. Shared by the local stack
 //! (`stepline-local`) and the operator CLI (`stepline`); it knows no example pipeline and runs nothing.
 
+pub mod iam;
 pub mod releases;
 pub mod stack;
 pub mod template;
@@ -37,11 +38,20 @@ pub mod functions {
 pub const ORDER_REQUEST_QUEUE: &str = "OrderRequestQueue";
 
 /// A stage's resources and the SDK configuration that reaches them.
+///
+/// A stage this process provisioned (`up`, `up_with`: an emulator's, where nothing enforces IAM)
+/// checks IAM: the clients of a function ([`Stage::function_clients`], [`Stage::coordinator`]) carry
+/// an interceptor that evaluates each request against that function's policies in template.yaml, as
+/// AWS would, and fails the calls AWS would deny. Dropping the stage panics with every denial seen
+/// (unless the thread panics already), so a test that provoked one fails with the list. A stage found
+/// (`find`: the operator CLI, on AWS itself) checks nothing.
 pub struct Stage {
     pub sdk: SdkConfig,
     pub stack: Stack,
-    /// The clients coordinators are built on (`with_clients` swaps them, e.g. for metered ones).
+    /// The clients coordinators are built on (`with_clients` swaps them, e.g. for metered ones). The
+    /// operator's: a function's own are these with its IAM check added.
     pub clients: Clients,
+    iam: Option<iam::StageIam>,
 }
 
 impl Stage {
@@ -54,7 +64,7 @@ impl Stage {
     pub async fn find(stage: &str) -> Result<Self> {
         let sdk = stepline::aws::sdk_config().await;
         let stack = Stack::lookup(&sdk, &Template::embedded(), stage).await?;
-        Ok(Self::on(sdk, stack))
+        Ok(Self::on(sdk, stack, None))
     }
 
     /// Provisions with template parameters overridden (e.g. shorter leases for tests).
@@ -62,15 +72,17 @@ impl Stage {
         let sdk = stepline::aws::sdk_config().await;
         let template = Template::load(&Template::default_path())?;
         let stack = Stack::provision_with(&sdk, &template, stage, overrides).await?;
-        Ok(Self::on(sdk, stack))
+        let iam = iam::StageIam::new(&template, &stack)?;
+        Ok(Self::on(sdk, stack, Some(iam)))
     }
 
-    fn on(sdk: SdkConfig, stack: Stack) -> Self {
+    fn on(sdk: SdkConfig, stack: Stack, iam: Option<iam::StageIam>) -> Self {
         let clients = Clients::new(&sdk);
         Self {
             sdk,
             stack,
             clients,
+            iam,
         }
     }
 
@@ -80,14 +92,56 @@ impl Stage {
         self
     }
 
-    /// The coordinator as `function` would build it from its environment.
+    /// The clients of `function`: [`Stage::clients`] with its IAM check when the stage checks IAM.
+    pub fn function_clients(&self, function: &str) -> Result<Clients> {
+        match &self.iam {
+            Some(iam) => Ok(iam::checked_clients(&self.clients, &iam.checker(function)?)),
+            None => {
+                self.stack.function(function)?;
+                Ok(self.clients.clone())
+            }
+        }
+    }
+
+    /// The coordinator as `function` would build it from its environment, on its clients (which
+    /// check its IAM policies when the stage does).
     pub fn coordinator(&self, function: &str) -> Result<Coordinator> {
         let config = CoordinatorConfig::from_lookup(self.stack.env_of(function)?)?;
+        Ok(stepline::aws::coordinator_on(
+            &self.function_clients(function)?,
+            &config,
+            Arc::new(stepline::ports::SystemClock),
+        ))
+    }
+
+    /// A coordinator for an operator or a test driver (registering releases, submitting as a
+    /// caller, inspecting): it acts with the operator's credentials, not a function's role, so its
+    /// calls are not checked. Configured from the environment every function shares (the operator
+    /// function's).
+    pub fn operator(&self) -> Result<Coordinator> {
+        let config = CoordinatorConfig::from_lookup(self.stack.env_of(functions::REDRIVE)?)?;
         Ok(stepline::aws::coordinator_on(
             &self.clients,
             &config,
             Arc::new(stepline::ports::SystemClock),
         ))
+    }
+
+    /// The calls of the functions AWS would deny, so far (none when the stage checks nothing).
+    pub fn iam_denials(&self) -> Vec<iam::Denial> {
+        self.iam
+            .as_ref()
+            .map(iam::StageIam::denials)
+            .unwrap_or_default()
+    }
+
+    /// Takes the denials seen so far (a test that provokes one on purpose takes it, so that dropping
+    /// the stage does not fail).
+    pub fn take_iam_denials(&self) -> Vec<iam::Denial> {
+        self.iam
+            .as_ref()
+            .map(iam::StageIam::take_denials)
+            .unwrap_or_default()
     }
 
     /// Registers `def` as a release (a no-op if identical) and activates it if its pipeline has no
@@ -99,9 +153,18 @@ impl Stage {
 
     /// Registers `release`, activating it as [`Stage::release`] does.
     pub async fn publish(&self, release: Release) -> Result<Release> {
-        let api = self.coordinator(functions::REDRIVE)?;
+        let api = self.operator()?;
         api.release_unless_active(&release, "local stack").await?;
         Ok(release)
+    }
+}
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        let denials = self.iam_denials();
+        if !denials.is_empty() && !std::thread::panicking() {
+            panic!("stage {}: {}", self.stack.stage, iam::report(&denials));
+        }
     }
 }
 
@@ -163,4 +226,92 @@ pub fn read_artifact(uri: &str) -> Option<Vec<u8>> {
         workspace_root().join(path)
     };
     std::fs::read(path).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::AssertUnwindSafe;
+
+    use aws_sdk_dynamodb::error::DisplayErrorContext;
+    use aws_sdk_dynamodb::types::AttributeValue;
+
+    use super::*;
+
+    /// A fresh stage on the emulator `AWS_ENDPOINT_URL` points at (`None` without one, unless
+    /// `STEPLINE_REQUIRE_EMULATOR` asks for it).
+    async fn fresh_stage() -> Option<Stage> {
+        if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
+            assert!(
+                std::env::var_os("STEPLINE_REQUIRE_EMULATOR").is_none(),
+                "STEPLINE_REQUIRE_EMULATOR is set but AWS_ENDPOINT_URL is not"
+            );
+            eprintln!("skipped: no emulator (AWS_ENDPOINT_URL is not set)");
+            return None;
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos();
+        let name = format!("iam-{}-{nanos}", std::process::id());
+        Some(Stage::up(&name).await.expect("the stage provisions"))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn iam_a_function_call_aws_would_deny_fails_and_is_reported_when_the_stage_drops() {
+        let Some(stage) = fresh_stage().await else {
+            return;
+        };
+        // Swapped clients (as a benchmark's metered ones) keep the check.
+        let clients = Clients::new(&stage.sdk);
+        let stage = stage.with_clients(clients);
+        let table = |logical: &str| stage.stack.table(logical).unwrap().to_string();
+        let put = |clients: &Clients, table: &str, pk: &str| {
+            clients
+                .dynamodb
+                .put_item()
+                .table_name(table)
+                .item("pk", AttributeValue::S(pk.into()))
+                .item("sk", AttributeValue::S("x".into()))
+        };
+        let (executions, releases) = (table("ExecutionTable"), table("ReleaseTable"));
+
+        // The operator's clients are not checked; a function's allowed call goes through.
+        put(&stage.clients, &releases, "pipeline#iam")
+            .send()
+            .await
+            .unwrap();
+        let completion = stage.function_clients(functions::COMPLETION).unwrap();
+        put(&completion, &executions, "exec#iam")
+            .send()
+            .await
+            .unwrap();
+        assert!(stage.iam_denials().is_empty());
+
+        // A worker has no table: the call fails before it is sent, as AWS would refuse it.
+        let worker = stage.function_clients(functions::ORDER_WORKER).unwrap();
+        let error = put(&worker, &releases, "pipeline#iam")
+            .send()
+            .await
+            .unwrap_err();
+        let error = DisplayErrorContext(&error).to_string();
+        assert!(
+            error.contains("AccessDenied: OrderWorkerFunction"),
+            "{error}"
+        );
+        let denials = stage.take_iam_denials();
+        assert_eq!(denials.len(), 1, "{denials:?}");
+        assert_eq!(denials[0].action, "dynamodb:PutItem");
+
+        // A stage that saw a denial fails whoever dropped it, with the list.
+        put(&worker, &releases, "pipeline#iam")
+            .send()
+            .await
+            .unwrap_err();
+        let panic = std::panic::catch_unwind(AssertUnwindSafe(|| drop(stage))).unwrap_err();
+        let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(
+            message.contains("AccessDenied: OrderWorkerFunction"),
+            "{message}"
+        );
+    }
 }

@@ -11,7 +11,7 @@ use stepline::domain::PipelineDef;
 use stepline::release::{Artifact, Release};
 use stepline::CoordinatorError;
 
-use crate::{functions, Stage, ORDER_REQUEST_QUEUE};
+use crate::{Stage, ORDER_REQUEST_QUEUE};
 
 #[derive(Subcommand)]
 pub enum ReleaseAction {
@@ -142,7 +142,7 @@ pub async fn run(
     pipeline: Option<&str>,
     action: ReleaseAction,
 ) -> Result<()> {
-    let api = stage.coordinator(functions::REDRIVE)?;
+    let api = stage.operator()?;
     let registry = api.registry();
     let json = |v: &dyn erased::Json| println!("{}", v.pretty());
     let named = || pipeline.context("name the pipeline with --pipeline");

@@ -48,6 +48,8 @@ catalogue! {
     InvalidRelease = "INVALID_RELEASE" => 400,
     /// No such path.
     NoRoute = "NO_ROUTE" => 404,
+    /// The route is for another audience than the endpoint serves (`http::Audience`).
+    NotServed = "NOT_SERVED" => 403,
     /// The path exists with another method.
     MethodNotAllowed = "METHOD_NOT_ALLOWED" => 405,
     BodyTooLarge = "BODY_TOO_LARGE" => 413,
@@ -223,6 +225,7 @@ mod tests {
             Code::InvalidRequest,
             Code::InvalidRelease,
             Code::NoRoute,
+            Code::NotServed,
             Code::MethodNotAllowed,
             Code::BodyTooLarge,
             Code::PayloadTooLarge,
