@@ -9,13 +9,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use order_worker::OrderSteps;
 use serde_json::Value;
-use stepline::adapters::SqsSender;
 use stepline::contract::Contract;
 use stepline::domain::{PipelineDef, Status, StepError};
-use stepline::envelope::{Identity, RequestHeader, REASON_ATTRIBUTE};
+use stepline::envelope::{RequestHeader, REASON_ATTRIBUTE};
 use stepline::ports::{Registration, StoreError};
 use stepline::release::Release;
-use stepline::worker::{StepFunction, Worker};
+use stepline::worker::StepFunction;
 use stepline::{CoordinatorError, SubmitRequest};
 use stepline_local::runner::Binding;
 use stepline_local::stack::SqsSource;
@@ -62,26 +61,27 @@ fn release_two(v1: &PipelineDef, queue: &str) -> PipelineDef {
     def
 }
 
-/// Release 2's workers: a worker of release 2's contract polling release 2's queue.
+/// Release 2's workers: a worker of release 2's contract polling release 2's queue, deployed as the
+/// worker stack `stepline init` writes (its environment; its calls checked against its policies).
 fn v2_worker(
     stack: &TestStack,
     def: &PipelineDef,
     queue: &ExtraQueue,
     dlq: &ExtraQueue,
     steps: Arc<Recording>,
-) -> Binding {
-    let contract = Contract::of(def);
-    let worker = Worker::new(
-        Identity {
-            pipeline_id: contract.pipeline_id.clone(),
-            contract_version: contract.contract_version.clone(),
-            release_version: def.release_version.clone(),
-        },
-        Arc::new(SqsSender::new(stack.sqs())),
-        steps,
-    )
-    .with_dead_letter_queue(dlq.url.clone());
-    Binding::Queue {
+) -> anyhow::Result<Binding> {
+    let physical = |q: &ExtraQueue| stepline_local::stack::Physical::Queue {
+        name: q.name.clone(),
+        url: q.url.clone(),
+        arn: q.arn.clone(),
+    };
+    let (clients, config) =
+        stack
+            .local
+            .worker_stack(&physical(queue), &physical(dlq), &def.release_version)?;
+    assert_eq!(config.request_dlq_url.as_deref(), Some(dlq.url.as_str()));
+    let worker = stepline::aws::worker_on(&clients, &config, &Contract::of(def), steps);
+    Ok(Binding::Queue {
         source: SqsSource {
             queue: queue.name.clone(),
             queue_url: queue.url.clone(),
@@ -89,7 +89,7 @@ fn v2_worker(
             batch_size: 10,
         },
         handler: worker_handler(Arc::new(worker)),
-    }
+    })
 }
 
 /// Release 2's request queue and its DLQ, beside the stage.
@@ -131,7 +131,13 @@ async fn executions_stay_on_their_release_across_activation_and_rollback() -> an
         &Contract::of(&v1),
         v1_steps.clone(),
     )?);
-    bindings.push(v2_worker(&stack, &v2, &v2_queue, &v2_dlq, v2_steps.clone()));
+    bindings.push(v2_worker(
+        &stack,
+        &v2,
+        &v2_queue,
+        &v2_dlq,
+        v2_steps.clone(),
+    )?);
     stack.start_bindings(bindings)?;
 
     // Release 1 is active: these executions pin it.
@@ -239,7 +245,13 @@ async fn a_command_for_another_release_is_dead_lettered_unread_and_fails_its_exe
         .await?;
     let v2_steps = Recording::new(0);
     let mut bindings = stack.local.coordinator_bindings()?;
-    bindings.push(v2_worker(&stack, &v2, &v2_queue, &v2_dlq, v2_steps.clone()));
+    bindings.push(v2_worker(
+        &stack,
+        &v2,
+        &v2_queue,
+        &v2_dlq,
+        v2_steps.clone(),
+    )?);
     stack.start_bindings(bindings)?;
 
     let submitted = stack

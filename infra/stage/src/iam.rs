@@ -153,6 +153,8 @@ struct PolicyLookup<'a> {
     stack: &'a Stack,
     accounts: &'a Accounts,
     functions: &'a BTreeSet<String>,
+    /// Other stacks' exports (`Fn::ImportValue`).
+    imports: &'a BTreeMap<String, String>,
 }
 
 impl Lookup for PolicyLookup<'_> {
@@ -177,6 +179,51 @@ impl Lookup for PolicyLookup<'_> {
                 .then(|| self.accounts.role_arn(&self.stack.stage, function))
         })
     }
+
+    fn import(&self, name: &str) -> Option<String> {
+        self.imports.get(name).cloned()
+    }
+}
+
+/// The template's functions.
+fn functions_of(template: &Template) -> BTreeSet<String> {
+    template
+        .resources()
+        .into_iter()
+        .filter(|(_, kind, _)| kind == "AWS::Serverless::Function")
+        .map(|(id, _, _)| id)
+        .collect()
+}
+
+/// What a stack of `template` on `stack` exports (`Outputs.*.Export.Name`) for other stacks to import.
+fn exports_of(template: &Template, stack: &Stack, accounts: &Accounts) -> BTreeMap<String, String> {
+    let functions = functions_of(template);
+    let none = BTreeMap::new();
+    let lookup = PolicyLookup {
+        stack,
+        accounts,
+        functions: &functions,
+        imports: &none,
+    };
+    let outputs = template.root.get("Outputs").and_then(Value::as_mapping);
+    outputs
+        .into_iter()
+        .flatten()
+        .filter_map(|(_, output)| {
+            let name = resolve(output.get("Export")?.get("Name")?, &lookup).ok()?;
+            let value = resolve(output.get("Value")?, &lookup).ok()?;
+            Some((name, value))
+        })
+        .collect()
+}
+
+/// The worker stack `stepline init` writes, rendered for a worker named `name`.
+fn worker_stack_template(name: &str) -> Result<Template> {
+    let text = include_str!("../../cli/templates/template.yaml")
+        .replace("{{name}}", name)
+        .replace("{{runtime}}", "provided.al2023")
+        .replace("{{handler}}", "bootstrap");
+    Template::parse(&text).context("the worker stack template")
 }
 
 // -------------------------------------------------------------------------------------------- catalog
@@ -643,13 +690,19 @@ impl Principal {
         catalog: &Catalog,
         logical: &str,
     ) -> Result<Self> {
+        Self::of_function_importing(template, stack, catalog, logical, &BTreeMap::new())
+    }
+
+    /// [`Principal::of_function`] of a stack that imports `imports` (other stacks' exports).
+    fn of_function_importing(
+        template: &Template,
+        stack: &Stack,
+        catalog: &Catalog,
+        logical: &str,
+        imports: &BTreeMap<String, String>,
+    ) -> Result<Self> {
         let accounts = &catalog.accounts;
-        let functions: BTreeSet<String> = template
-            .resources()
-            .into_iter()
-            .filter(|(_, kind, _)| kind == "AWS::Serverless::Function")
-            .map(|(id, _, _)| id)
-            .collect();
+        let functions = functions_of(template);
         if !functions.contains(logical) {
             bail!("the template has no function {logical}");
         }
@@ -657,6 +710,7 @@ impl Principal {
             stack,
             accounts,
             functions: &functions,
+            imports,
         };
         let props = &template.root["Resources"][logical]["Properties"];
         if props.get("Role").is_some() {
@@ -2014,6 +2068,16 @@ pub struct StageIam {
     principals: BTreeMap<String, Arc<Principal>>,
     denials: Arc<Mutex<Vec<Denial>>>,
     worker_queues: Arc<WorkerQueues>,
+    template: Template,
+    stack: Stack,
+}
+
+/// A worker stack as `stepline init` writes it, deployed beside a stage.
+pub struct WorkerStack {
+    /// What checks its worker function's calls.
+    pub checker: Checker,
+    /// The environment that stack gives its worker function.
+    pub env: BTreeMap<String, String>,
 }
 
 impl StageIam {
@@ -2041,6 +2105,86 @@ impl StageIam {
             principals,
             denials: Arc::default(),
             worker_queues,
+            template: template.clone(),
+            stack: stack.clone(),
+        })
+    }
+
+    /// The worker stack `stepline init` writes, as if deployed for `request_queue` and its `dlq`
+    /// (queues made outside the template), serving `release` of this stage's coordinator: its worker
+    /// function's policies (the coordinator's exports imported) with the stack's and this stage's
+    /// resource policies (the payload bucket's), and the environment it gives that function.
+    pub fn worker_stack(
+        &self,
+        request_queue: &Physical,
+        dlq: &Physical,
+        release: &str,
+    ) -> Result<WorkerStack> {
+        let Physical::Queue { name, .. } = request_queue else {
+            bail!("a worker stack's request queue is a queue: {request_queue:?}");
+        };
+        let accounts = &self.catalog.accounts;
+        let template = worker_stack_template("worker")?;
+        let coordinator = self
+            .stack
+            .parameter("AWS::StackName")
+            .ok_or_else(|| anyhow!("the stage has no stack name"))?;
+        let parameters = BTreeMap::from([
+            ("CoordinatorStack".to_string(), coordinator),
+            ("ReleaseVersion".to_string(), release.to_string()),
+            ("RequestQueueName".to_string(), name.clone()),
+        ]);
+        let stack = Stack {
+            stage: self.stack.stage.clone(),
+            parameters,
+            resources: BTreeMap::from([
+                ("RequestQueue".to_string(), request_queue.clone()),
+                ("RequestDeadLetterQueue".to_string(), dlq.clone()),
+            ]),
+            functions: BTreeMap::new(),
+        };
+        let imports = exports_of(&self.template, &self.stack, accounts);
+        let function = "WorkerFunction";
+        let principal =
+            Principal::of_function_importing(&template, &stack, &self.catalog, function, &imports)
+                .context("the worker stack's function")?;
+        // The coordinator stack's resource policies (the payload bucket's) govern the worker too.
+        let functions = functions_of(&self.template);
+        let none = BTreeMap::new();
+        let lookup = PolicyLookup {
+            stack: &self.stack,
+            accounts,
+            functions: &functions,
+            imports: &none,
+        };
+        let stage_policies =
+            resource_documents(&self.template, &lookup, &self.catalog, &principal.role_arn)?;
+        let principal = principal.with_resources(stage_policies)?;
+        let functions = functions_of(&template);
+        let lookup = PolicyLookup {
+            stack: &stack,
+            accounts,
+            functions: &functions,
+            imports: &imports,
+        };
+        let variables = template.root["Resources"][function]["Properties"]["Environment"]
+            ["Variables"]
+            .as_mapping()
+            .cloned()
+            .unwrap_or_default();
+        let mut env = BTreeMap::new();
+        for (key, value) in &variables {
+            let key = scalar(key).ok_or_else(|| anyhow!("a variable's name: {key:?}"))?;
+            let value = resolve(value, &lookup).with_context(|| format!("{function} {key}"))?;
+            env.insert(key, value);
+        }
+        Ok(WorkerStack {
+            checker: Checker::new(
+                Arc::new(principal),
+                self.catalog.clone(),
+                self.denials.clone(),
+            ),
+            env,
         })
     }
 
@@ -3134,6 +3278,68 @@ mod tests {
         assert!(check("ClaimFunction", outside.clone()).is_err());
         assert!(check("AdminApiFunction", outside.clone()).is_err());
         assert!(check("OrderWorkerFunction", outside).is_err());
+    }
+
+    #[test]
+    fn a_generated_worker_stack_is_checked_against_its_own_policies() {
+        let (template, stack) = project();
+        let iam = StageIam::new(&template, &stack).expect("every function's policies resolve");
+        let queue = |name: &str| Physical::Queue {
+            url: format!("http://127.0.0.1:5055/{ACCOUNT}/{name}"),
+            arn: format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}"),
+            name: name.into(),
+        };
+        let worker = iam
+            .worker_stack(&queue("shop-requests"), &queue("shop-requests-dlq"), "3")
+            .expect("the worker stack resolves");
+        // The environment it gives its function: the coordinator's exports, imported.
+        assert_eq!(worker.env["RELEASE_VERSION"], "3");
+        assert_eq!(
+            worker.env["REPLY_QUEUE_URL"],
+            format!("http://127.0.0.1:5055/{ACCOUNT}/stepline-t-reply")
+        );
+        assert_eq!(worker.env["PAYLOAD_BUCKET"], "stepline-t-payloadbucket");
+        assert!(worker.env["REQUEST_DLQ_URL"].ends_with("/shop-requests-dlq"));
+        let check = |call: HttpCall| worker.checker.check(&call);
+        let send = |queue: &str, operation: &str| {
+            signed(
+                "sqs",
+                Some(&format!("AmazonSQS.{operation}")),
+                json!({"QueueUrl": format!("http://127.0.0.1:5055/{ACCOUNT}/{queue}"),
+                    "MessageBody": "{}", "ReceiptHandle": "r", "VisibilityTimeout": 30}),
+            )
+        };
+        assert_eq!(check(send("stepline-t-reply", "SendMessage")), Ok(None));
+        assert_eq!(check(send("shop-requests-dlq", "SendMessage")), Ok(None));
+        assert_eq!(
+            check(send("shop-requests", "ChangeMessageVisibility")),
+            Ok(None)
+        );
+        assert!(check(send("stepline-t-launch", "SendMessage")).is_err());
+        assert!(check(send("stepline-t-orders-request", "SendMessage")).is_err());
+        // The coordinator's bucket policy governs its payload writes too: creates only.
+        let object = "http://127.0.0.1:5055/stepline-t-payloadbucket/payloads/e/abc?x-id=PutObject"
+            .to_string();
+        let overwrite = call("s3", None, "PUT", &object, &[], Json::Null);
+        assert!(check(overwrite)
+            .unwrap_err()
+            .reason
+            .contains("PayloadObjectsAreImmutable"));
+        let create = call(
+            "s3",
+            None,
+            "PUT",
+            &object,
+            &[("If-None-Match", "*")],
+            Json::Null,
+        );
+        assert_eq!(check(create), Ok(None));
+        let table = signed(
+            "dynamodb",
+            Some("DynamoDB_20120810.GetItem"),
+            json!({"TableName": "stepline-t-executions", "Key": {"pk": {"S": "exec#1"}}}),
+        );
+        assert!(check(table).is_err(), "a worker reads no table");
     }
 
     #[test]

@@ -127,6 +127,25 @@ impl Stage {
         ))
     }
 
+    /// The worker stack `stepline init` writes, as if deployed for `request_queue` and its `dlq`
+    /// (queues made outside the template) to serve `release`: clients checked against its worker
+    /// function's policies, and the worker configuration that stack gives the function.
+    pub fn worker_stack(
+        &self,
+        request_queue: &stack::Physical,
+        dlq: &stack::Physical,
+        release: &str,
+    ) -> Result<(Clients, stepline::config::WorkerConfig)> {
+        let iam = self
+            .iam
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("a worker stack needs a provisioned stage"))?;
+        let worker = iam.worker_stack(request_queue, dlq, release)?;
+        let config =
+            stepline::config::WorkerConfig::from_lookup(|name| worker.env.get(name).cloned())?;
+        Ok((iam::checked_clients(&self.clients, &worker.checker), config))
+    }
+
     /// The calls of the functions AWS would deny, so far (none when the stage checks nothing).
     pub fn iam_denials(&self) -> Vec<iam::Denial> {
         self.iam

@@ -109,6 +109,34 @@ pub trait Lookup {
     fn reference(&self, logical: &str) -> Option<String>;
     /// `!GetAtt logical.attribute`.
     fn attribute(&self, logical: &str, attribute: &str) -> Option<String>;
+    /// `Fn::ImportValue name`: another stack's export.
+    fn import(&self, _name: &str) -> Option<String> {
+        None
+    }
+}
+
+/// A lookup whose `!Sub` variables (the list form's map) come before `inner`'s parameters.
+struct WithVariables<'a> {
+    variables: BTreeMap<String, String>,
+    inner: &'a dyn Lookup,
+}
+
+impl Lookup for WithVariables<'_> {
+    fn parameter(&self, name: &str) -> Option<String> {
+        self.variables
+            .get(name)
+            .cloned()
+            .or_else(|| self.inner.parameter(name))
+    }
+    fn reference(&self, logical: &str) -> Option<String> {
+        self.inner.reference(logical)
+    }
+    fn attribute(&self, logical: &str, attribute: &str) -> Option<String> {
+        self.inner.attribute(logical, attribute)
+    }
+    fn import(&self, name: &str) -> Option<String> {
+        self.inner.import(name)
+    }
 }
 
 /// Resolves a value that may be a scalar or an intrinsic function to text.
@@ -154,9 +182,33 @@ pub fn resolve(value: &Value, lookup: &dyn Lookup) -> Result<String> {
                 .attribute(&logical, &attribute)
                 .ok_or_else(|| anyhow!("!GetAtt {logical}.{attribute}: unknown"))
         }
-        "Sub" => {
-            let text = scalar(&argument).ok_or_else(|| anyhow!("!Sub needs a string"))?;
-            substitute(&text, lookup)
+        "Sub" => match &argument {
+            // `!Sub [text, {name: value}]`: the names are variables of the text.
+            Value::Sequence(parts) if parts.len() == 2 => {
+                let text = scalar(&parts[0]).ok_or_else(|| anyhow!("!Sub needs a string"))?;
+                let mut variables = BTreeMap::new();
+                for (name, value) in parts[1].as_mapping().into_iter().flatten() {
+                    let name = scalar(name).ok_or_else(|| anyhow!("!Sub: a variable's name"))?;
+                    variables.insert(name, resolve(value, lookup)?);
+                }
+                substitute(
+                    &text,
+                    &WithVariables {
+                        variables,
+                        inner: lookup,
+                    },
+                )
+            }
+            _ => {
+                let text = scalar(&argument).ok_or_else(|| anyhow!("!Sub needs a string"))?;
+                substitute(&text, lookup)
+            }
+        },
+        "ImportValue" => {
+            let name = resolve(&argument, lookup)?;
+            lookup
+                .import(&name)
+                .ok_or_else(|| anyhow!("Fn::ImportValue {name}: no such export"))
         }
         other => bail!("intrinsic function {other} is not supported by the local stack"),
     }
@@ -220,6 +272,34 @@ mod tests {
         );
         assert_eq!(resolve(&value("5"), &Fixed).unwrap(), "5");
         assert!(resolve(&value("!Ref Nope"), &Fixed).is_err());
+    }
+
+    #[test]
+    fn resolves_the_list_form_of_sub_and_imports() {
+        struct Importing;
+        impl Lookup for Importing {
+            fn parameter(&self, name: &str) -> Option<String> {
+                Fixed.parameter(name)
+            }
+            fn reference(&self, logical: &str) -> Option<String> {
+                Fixed.reference(logical)
+            }
+            fn attribute(&self, logical: &str, attribute: &str) -> Option<String> {
+                Fixed.attribute(logical, attribute)
+            }
+            fn import(&self, name: &str) -> Option<String> {
+                (name == "core-t1-Bucket").then(|| "the-bucket".to_string())
+            }
+        }
+        let imported = "{'Fn::ImportValue': !Sub 'core-${Stage}-Bucket'}";
+        assert_eq!(resolve(&value(imported), &Importing).unwrap(), "the-bucket");
+        let sub = format!("!Sub ['arn:${{B}}/${{Stage}}/*', {{B: {imported}}}]");
+        assert_eq!(
+            resolve(&value(&sub), &Importing).unwrap(),
+            "arn:the-bucket/t1/*"
+        );
+        assert!(resolve(&value("{'Fn::ImportValue': nope}"), &Importing).is_err());
+        assert!(resolve(&value(imported), &Fixed).is_err(), "no exports");
     }
 
     #[test]
