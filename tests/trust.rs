@@ -387,6 +387,8 @@ async fn a_reader_of_both_tables_and_the_bucket_holds_no_key_that_opens_or_makes
     let request: Value = serde_json::from_str(&requests[0])?;
     let token = request["header"]["replyToken"].as_str().unwrap_or_default();
     let sealed = split_token(token).1.expect("the request is sealed");
+    // Nor do the operators' tools hold one.
+    assert!(stack.local.operator()?.key_source().is_none());
     let material = what_a_reader_reads(&stack).await?;
     assert!(
         material.len() > 10,

@@ -40,8 +40,10 @@ pub mod binaries {
 
 pub struct TestStack {
     pub local: LocalStack,
-    /// A coordinator as the redrive/operator function builds it.
+    /// A coordinator as an operator's tools build it (no sealing keys; calls not checked).
     pub api: Coordinator,
+    /// The submit endpoint's function (`ApiFunction`): what `submit` goes through.
+    submitter: Coordinator,
     pub pipeline: PipelineDef,
     runner: Option<Runner>,
 }
@@ -81,9 +83,11 @@ impl TestStack {
         api.register_release(&release).await?;
         let (id, version) = (&pipeline.pipeline_id, &pipeline.release_version);
         api.activate_release(id, version, "test").await?;
+        let submitter = local.coordinator("ApiFunction")?;
         Ok(Self {
             local,
             api,
+            submitter,
             pipeline,
             runner: None,
         })
@@ -167,9 +171,10 @@ impl TestStack {
         self.runner = None;
     }
 
+    /// Submits a sample order as a caller of the submit endpoint does (its function's coordinator).
     pub async fn submit(&self, input: serde_json::Value) -> Result<Uuid> {
         Ok(self
-            .api
+            .submitter
             .submit(SubmitRequest {
                 pipeline_id: self.pipeline.pipeline_id.clone(),
                 tenant: "test".into(),

@@ -117,9 +117,14 @@ impl Stage {
     /// A coordinator for an operator or a test driver (registering releases, submitting as a
     /// caller, inspecting): it acts with the operator's credentials, not a function's role, so its
     /// calls are not checked. Configured from the environment every function shares (the operator
-    /// function's).
+    /// function's), without the sealing keys: operators' tools never read them. What an operator
+    /// sends goes unsealed (its reply's completion reads the record), and a fan-out it re-drives has
+    /// its children started by the sweeper.
     pub fn operator(&self) -> Result<Coordinator> {
-        let config = CoordinatorConfig::from_lookup(self.stack.env_of(functions::REDRIVE)?)?;
+        let config = CoordinatorConfig {
+            seal_key_secret: None,
+            ..CoordinatorConfig::from_lookup(self.stack.env_of(functions::REDRIVE)?)?
+        };
         Ok(stepline::aws::coordinator_on(
             &self.clients,
             &config,
