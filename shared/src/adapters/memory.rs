@@ -30,6 +30,8 @@ pub struct InMemoryExecutionStore {
     writes: AtomicUsize,
     /// Answer the next write as the SDK's retry does after a lost response: applied, then `Conflict`.
     lose_next: AtomicBool,
+    /// Answer the next write as when every attempt's response is lost: applied, then `Unavailable`.
+    lose_all_next: AtomicBool,
     /// Records larger than this (JSON bytes) are refused as `TooLarge`, as DynamoDB refuses items
     /// over 400 KB (none: no limit).
     item_limit: Option<usize>,
@@ -146,8 +148,19 @@ impl InMemoryExecutionStore {
         self.lose_next.store(true, Ordering::SeqCst);
     }
 
+    /// The next write is applied but every attempt's response is lost: the caller sees the store
+    /// unavailable and cannot tell that its write was applied.
+    pub fn lose_every_response_of_the_next_write(&self) {
+        self.lose_all_next.store(true, Ordering::SeqCst);
+    }
+
     /// The outcome of a write that was applied.
     fn answer(&self) -> Result<(), StoreError> {
+        if self.lose_all_next.swap(false, Ordering::SeqCst) {
+            return Err(StoreError::Unavailable(
+                "every attempt's response was lost".into(),
+            ));
+        }
         match self.lose_next.swap(false, Ordering::SeqCst) {
             true => Err(StoreError::Conflict),
             false => Ok(()),
@@ -479,13 +492,23 @@ impl ReleaseRegistry for InMemoryReleaseRegistry {
     }
 }
 
-/// Records every message sent, per queue, and never fails.
+/// Records every message sent, per queue; fails only the sends it is told to fail.
 #[derive(Default)]
 pub struct RecordingSender {
     sent: Mutex<Vec<(String, OutMessage)>>,
+    /// Queues whose next send fails (the message is not sent).
+    fail_next: Mutex<Vec<String>>,
 }
 
 impl RecordingSender {
+    /// The next send to `queue` fails, as a send whose every attempt failed.
+    pub fn fail_next_send_to(&self, queue: &str) {
+        self.fail_next
+            .lock()
+            .expect("sender")
+            .push(queue.to_string());
+    }
+
     /// Takes the messages sent so far.
     pub fn drain(&self) -> Vec<(String, OutMessage)> {
         std::mem::take(&mut *self.sent.lock().expect("sender"))
@@ -496,9 +519,17 @@ impl RecordingSender {
 impl MessageSender for RecordingSender {
     async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
         let mut sent = self.sent.lock().expect("sender");
+        let mut fail_next = self.fail_next.lock().expect("sender");
         messages
             .iter()
             .map(|m| {
+                if let Some(at) = fail_next.iter().position(|q| q == queue) {
+                    fail_next.remove(at);
+                    return Err(SendError {
+                        queue: queue.to_string(),
+                        reason: "the send failed".into(),
+                    });
+                }
                 sent.push((queue.to_string(), m.clone()));
                 Ok(())
             })

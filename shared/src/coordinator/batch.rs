@@ -165,7 +165,9 @@ impl Coordinator {
         .await;
         let mut outbox = Outbox::default();
         let mut poison = Vec::new();
+        let mut ids = Vec::with_capacity(results.len());
         for (message_id, body, result, staged) in results {
+            ids.push(message_id.clone());
             outbox.extend(staged);
             match result {
                 Ok(Handled::Committed) => {}
@@ -188,7 +190,16 @@ impl Coordinator {
                 }
             }
         }
-        self.flush(outbox).await;
+        // A send that failed after its commit: its message comes back, and finds its commit applied
+        // (a duplicate), which sends what that commit staged again.
+        for (source, error) in self.flush(outbox).await {
+            if let Some(id) = ids.get(source) {
+                if !report.retry.contains(id) {
+                    tracing::warn!(message_id = %id, error = %error, "a send after its commit failed: the message will be retried");
+                    report.retry.push(id.clone());
+                }
+            }
+        }
         report.retry.extend(self.park(inbox, poison).await);
         report
     }

@@ -498,10 +498,24 @@ impl Coordinator {
                     skipped: None,
                 })
             }
-            Decided::Unchanged { record, skip } => Ok(Applied {
-                record,
-                skipped: Some(skip),
-            }),
+            Decided::Unchanged { record, skip } => {
+                // A reply applied before: what its write launched is sent again while nothing
+                // happened since (that write's response, or its send, may have been lost).
+                if let (Skip::Duplicate | Skip::Stale, Some(step)) = (&skip, replied(event)) {
+                    let definition = self
+                        .definition(&record.pipeline_id, &record.release_version)
+                        .await?;
+                    let again = domain::reply_actions(&record, &definition, step);
+                    if !again.is_empty() {
+                        tracing::info!(execution_id = %record.id, step = record.step, "a reply applied before came again: its next request is sent again");
+                        self.stage(outbox, &record, &definition, &again, source);
+                    }
+                }
+                Ok(Applied {
+                    record,
+                    skipped: Some(skip),
+                })
+            }
         }
     }
 
@@ -825,6 +839,17 @@ impl Coordinator {
             request.parent = None;
         }
         Ok(request)
+    }
+}
+
+/// The step a worker's reply answers.
+fn replied(event: &Event) -> Option<u32> {
+    match event {
+        Event::FromWorker { event, .. } => match event.as_ref() {
+            Event::Reply { step, .. } => Some(*step),
+            _ => None,
+        },
+        _ => None,
     }
 }
 

@@ -422,8 +422,10 @@ impl Coordinator {
     }
 
     /// Sends everything staged, batched per queue, then applies the follow-up event of each message
-    /// that went out. A send that fails after its commit is recovered by the sweeper: the committed
-    /// record is due at its lease expiry, step deadline or dead-letter check. Returns the failures.
+    /// that went out. Returns the failures, by the index of the message whose commit staged them: a
+    /// batch leaves that message unacknowledged, and its redelivery sends again what its commit
+    /// staged (`domain::reply_actions`). The sweeper stays the last resort: the committed record is
+    /// due at its lease expiry, step deadline or dead-letter check.
     pub(super) async fn flush(&self, outbox: Outbox) -> Vec<(usize, SendError)> {
         let mut failures = Vec::new();
         let mut follow_ups = Vec::new();
@@ -456,7 +458,7 @@ impl Coordinator {
                 match result {
                     Ok(()) => follow_ups.extend(entry.then),
                     Err(e) => {
-                        tracing::warn!(error = %e, "send failed after commit; the sweeper will recover it");
+                        tracing::warn!(error = %e, "send failed after commit");
                         failures.push((entry.source, e));
                     }
                 }

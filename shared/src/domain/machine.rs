@@ -1748,6 +1748,34 @@ pub fn creation_actions(record: &Execution) -> Vec<Action> {
     }
 }
 
+/// What the write that applied a reply to step `step` sent, to send again when that reply comes back
+/// (a duplicate of an applied reply is stale: its step is past) while nothing has happened since:
+/// that write's response may have been lost, or its send may have failed, and nothing else would
+/// send the next step's request before its deadline. "Nothing since": the execution runs the first
+/// attempt of the step right after, launched, never answered nor re-sent. The worker deduplicates on
+/// the launch id, so a request that did go out costs one duplicate delivery.
+pub fn reply_actions(record: &Execution, def: &PipelineDef, step: u32) -> Vec<Action> {
+    let Some(launch_id) = record.launch_id else {
+        return Vec::new();
+    };
+    let unanswered = record.progress(record.step).is_some_and(|p| {
+        p.status == StepStatus::Launching && p.receipt.is_none() && p.launch_id == launch_id
+    });
+    let next_first_attempt = record.step == step + 1 && record.attempt == 1 && record.resends == 0;
+    let task = def
+        .step(record.step)
+        .is_some_and(|s| s.kind == StepKind::Task);
+    if record.status != Status::Running || !unanswered || !next_first_attempt || !task {
+        return Vec::new();
+    }
+    vec![Action::SendRequest {
+        step: record.step,
+        attempt: record.attempt,
+        launch_id,
+        deadline: record.wake_at.unwrap_or(record.updated_at),
+    }]
+}
+
 fn step_timeout_ms(def: &PipelineDef, step: u32) -> i64 {
     def.step(step).map_or(300, |s| s.timeout_secs) as i64 * 1000
 }

@@ -31,8 +31,8 @@ pub use ids::{
     start_event_key,
 };
 pub use machine::{
-    child_notice, creation_actions, decide, oversized_reply, start, start_launched, Action,
-    Context, Decision, Event, EventKind, NewExecution, Outcome, Rejection, Sender, Skip,
+    child_notice, creation_actions, decide, oversized_reply, reply_actions, start, start_launched,
+    Action, Context, Decision, Event, EventKind, NewExecution, Outcome, Rejection, Sender, Skip,
     Transition, TRANSITIONS,
 };
 pub use payload::Payload;

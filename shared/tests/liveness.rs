@@ -1,0 +1,129 @@
+//! Liveness after loss: a committed step whose next request may not have gone out is sent again as
+//! soon as the message that committed it comes back, not at the step's deadline. Step timeouts here
+//! are 300 s and no time passes: what recovers, recovers without any deadline.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{last_request, reply, sqs, submitted, task_pipeline};
+use serde_json::json;
+use stepline::adapters::{InMemoryExecutionStore, RecordingSender};
+use stepline::domain::{launch_id, PipelineDef};
+use stepline::envelope::{ReplyOutcome, RequestHeader};
+use stepline::{handlers, Coordinator};
+use uuid::Uuid;
+
+fn def() -> PipelineDef {
+    let mut def = task_pipeline("live", &["a", "b", "c"]);
+    for step in &mut def.steps {
+        step.timeout_secs = 300;
+    }
+    def
+}
+
+async fn setup() -> (
+    Arc<InMemoryExecutionStore>,
+    Arc<RecordingSender>,
+    Coordinator,
+    Uuid,
+    String,
+) {
+    let store = Arc::new(InMemoryExecutionStore::default());
+    let (sender, coordinator, id) = submitted(def(), store.clone()).await;
+    let header = last_request(&sender);
+    let reply = reply(&header, ReplyOutcome::Succeeded { output: json!({}) });
+    (store, sender, coordinator, id, reply)
+}
+
+/// The requests sent since the last look.
+fn requests_sent(sender: &RecordingSender) -> Vec<RequestHeader> {
+    sender
+        .drain()
+        .into_iter()
+        .filter(|(queue, _)| queue == "requests")
+        .map(|(_, m)| {
+            let body: serde_json::Value = serde_json::from_str(&m.body).unwrap();
+            serde_json::from_value(body["header"].clone()).unwrap()
+        })
+        .collect()
+}
+
+fn launch_ids(requests: &[RequestHeader]) -> Vec<Uuid> {
+    requests.iter().map(|r| r.launch_id).collect()
+}
+
+/// A successful reply to `request`.
+fn answer(request: &RequestHeader) -> String {
+    reply(request, ReplyOutcome::Succeeded { output: json!({}) })
+}
+
+#[tokio::test]
+async fn a_reply_whose_write_lost_every_response_sends_the_next_request_when_it_comes_again() {
+    let (store, sender, coordinator, id, reply) = setup().await;
+    store.lose_every_response_of_the_next_write();
+
+    let first = handlers::completion(&coordinator, sqs(reply.clone())).await;
+
+    // The write was applied, but the completion could not know: the reply comes back.
+    assert_eq!(first.batch_item_failures.len(), 1, "the reply is retried");
+    assert_eq!(store.snapshot(id).unwrap().step, 1, "the write was applied");
+    assert!(requests_sent(&sender).is_empty(), "nothing was sent");
+
+    let again = handlers::completion(&coordinator, sqs(reply.clone())).await;
+
+    assert!(again.batch_item_failures.is_empty());
+    let sent = requests_sent(&sender);
+    assert_eq!(
+        launch_ids(&sent),
+        [launch_id(id, 1, 1)],
+        "the next step's request, under its launch id, without waiting for its deadline"
+    );
+    let record = store.snapshot(id).unwrap();
+    assert_eq!((record.step, record.attempt, record.resends), (1, 1, 0));
+    // And the execution runs on from it.
+    handlers::completion(&coordinator, sqs(answer(&sent[0]))).await;
+    assert_eq!(store.snapshot(id).unwrap().step, 2);
+}
+
+#[tokio::test]
+async fn a_send_that_fails_after_its_commit_leaves_its_message_to_come_again_and_then_goes_out() {
+    let (store, sender, coordinator, id, reply) = setup().await;
+    sender.fail_next_send_to("requests");
+
+    let first = handlers::completion(&coordinator, sqs(reply.clone())).await;
+
+    assert_eq!(store.snapshot(id).unwrap().step, 1, "the commit held");
+    assert!(requests_sent(&sender).is_empty(), "the send failed");
+    assert_eq!(
+        first.batch_item_failures.len(),
+        1,
+        "the message is not acknowledged: its send did not happen"
+    );
+
+    let again = handlers::completion(&coordinator, sqs(reply)).await;
+
+    assert!(again.batch_item_failures.is_empty());
+    assert_eq!(launch_ids(&requests_sent(&sender)), [launch_id(id, 1, 1)]);
+}
+
+#[tokio::test]
+async fn a_duplicate_reply_re_sends_only_while_its_next_step_is_unanswered() {
+    let (store, sender, coordinator, id, reply) = setup().await;
+    handlers::completion(&coordinator, sqs(reply.clone())).await;
+    let sent = requests_sent(&sender);
+    assert_eq!(launch_ids(&sent), [launch_id(id, 1, 1)]);
+    let version = store.snapshot(id).unwrap().version;
+    // A duplicate delivery of the reply (SQS delivers at least once) while step b is unanswered: the
+    // request goes again, under the same launch id (the worker deduplicates), and nothing is written.
+    handlers::completion(&coordinator, sqs(reply.clone())).await;
+    assert_eq!(launch_ids(&requests_sent(&sender)), [launch_id(id, 1, 1)]);
+    assert_eq!(store.snapshot(id).unwrap().version, version);
+    // Step b answered: the execution moved on, and the old reply changes and sends nothing.
+    handlers::completion(&coordinator, sqs(answer(&sent[0]))).await;
+    requests_sent(&sender);
+    let version = store.snapshot(id).unwrap().version;
+    handlers::completion(&coordinator, sqs(reply)).await;
+    assert!(requests_sent(&sender).is_empty());
+    assert_eq!(store.snapshot(id).unwrap().version, version);
+}
