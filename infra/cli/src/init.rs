@@ -45,6 +45,9 @@ pub fn validate(file: &Path, write_contract: bool) -> Result<()> {
         definition.steps.len(),
         contract.contract_version
     );
+    for warning in definition.warnings() {
+        eprintln!("warning: {}: {warning}", file.display());
+    }
     Ok(())
 }
 

@@ -118,3 +118,32 @@ fn init_writes_a_project_and_refuses_to_overwrite_one() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("lowercase"));
 }
+
+#[test]
+fn validate_warns_that_a_retry_delay_under_a_second_waits_a_whole_second() {
+    let dir = scratch("validate-delay");
+    let file = dir.join("pipeline.yaml");
+    let path = file.to_str().unwrap();
+    std::fs::write(&file, PIPELINE).unwrap();
+    let out = stepline(&["validate", path, "--write-contract"]);
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
+
+    std::fs::write(
+        &file,
+        PIPELINE.replace(
+            "maxAttempts: 3",
+            "maxAttempts: 3\n      initialDelayMs: 300",
+        ),
+    )
+    .unwrap();
+    let out = stepline(&["validate", path, "--write-contract"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "a warning, not an error: {stderr}");
+    assert!(
+        stderr.contains("warning:")
+            && stderr.contains("step check: initialDelayMs 300 is under a second")
+            && stderr.contains("rounded up to the next second"),
+        "{stderr}"
+    );
+}

@@ -242,6 +242,26 @@ impl RetryPolicy {
         let cap = (self.initial_delay_ms as f64 * exp).min(self.max_delay_ms as f64);
         (cap * jitter.clamp(0.0, 1.0)).round() as u64
     }
+
+    /// What the policy asks for that it will not get. A retry waits on SQS `DelaySeconds`, which
+    /// counts whole seconds: each delay is rounded up to the next second (a drawn 300 ms waits 1 s; a
+    /// drawn 0 waits none), so delays under a second are not honoured as written.
+    pub fn warnings(&self) -> Vec<String> {
+        let sub_second = |ms: u64| (1..1000).contains(&ms);
+        let mut out = Vec::new();
+        for (name, ms) in [
+            ("initialDelayMs", self.initial_delay_ms),
+            ("maxDelayMs", self.max_delay_ms),
+        ] {
+            if sub_second(ms) && self.max_attempts > 1 {
+                out.push(format!(
+                    "{name} {ms} is under a second: retry delays ride on SQS DelaySeconds, whole \
+                     seconds, so each drawn delay is rounded up to the next second (up to 1 s here)"
+                ));
+            }
+        }
+        out
+    }
 }
 
 impl PipelineDef {
@@ -255,6 +275,20 @@ impl PipelineDef {
             release_version: release_version.into(),
             steps: steps.into_iter().collect(),
         }
+    }
+
+    /// What the definition asks for that it will not get, step by step (see
+    /// [`RetryPolicy::warnings`]): not errors, but worth saying when it is validated.
+    pub fn warnings(&self) -> Vec<String> {
+        self.steps
+            .iter()
+            .flat_map(|step| {
+                step.retry
+                    .warnings()
+                    .into_iter()
+                    .map(move |w| format!("step {}: {w}", step.id))
+            })
+            .collect()
     }
 
     pub fn step(&self, index: u32) -> Option<&StepDef> {
@@ -406,6 +440,36 @@ mod tests {
         assert!(def(100.5).validate().is_err());
         assert!(def(-1.0).validate().is_err());
         assert_eq!(def(50.0).validate(), Ok(()));
+    }
+
+    #[test]
+    fn sub_second_delays_are_said_to_be_rounded_up_to_whole_seconds() {
+        let policy = |initial, max| RetryPolicy::doubling(3, initial, max);
+        assert!(policy(1_000, 60_000).warnings().is_empty());
+        assert!(
+            policy(0, 0).warnings().is_empty(),
+            "no delay at all is honoured"
+        );
+        assert!(
+            RetryPolicy::doubling(1, 300, 300).warnings().is_empty(),
+            "no retry"
+        );
+        let warned = policy(300, 60_000).warnings();
+        assert_eq!(warned.len(), 1);
+        assert!(
+            warned[0].starts_with("initialDelayMs 300 is under a second"),
+            "{warned:?}"
+        );
+        assert_eq!(policy(300, 500).warnings().len(), 2);
+        let mut def =
+            PipelineDef::new("p", "1", [StepDef::task("a", "q"), StepDef::task("b", "q")]);
+        def.steps[1].retry = policy(250, 60_000);
+        let warnings = def.warnings();
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0].starts_with("step b: initialDelayMs 250"),
+            "{warnings:?}"
+        );
     }
 
     #[test]
