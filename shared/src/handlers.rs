@@ -136,10 +136,16 @@ async fn batch(
             } else {
                 decode(&body)
             };
+            let redelivered = message
+                .attributes
+                .get("ApproximateReceiveCount")
+                .and_then(|count| count.parse::<u32>().ok())
+                .is_some_and(|count| count > 1);
             Inbound {
                 message_id: message.message_id.unwrap_or_default(),
                 body,
                 command,
+                redelivered,
             }
         })
         .collect();

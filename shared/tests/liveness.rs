@@ -1,6 +1,7 @@
 //! Liveness after loss: a committed step whose next request may not have gone out is sent again as
-//! soon as the message that committed it comes back, not at the step's deadline. Step timeouts here
-//! are 300 s and no time passes: what recovers, recovers without any deadline.
+//! soon as the message that committed it comes back unacknowledged (SQS `ApproximateReceiveCount`
+//! above 1), not at the step's deadline. Step timeouts here are 300 s and no time passes: what
+//! recovers, recovers without any deadline. A fresh copy of an applied reply sends nothing.
 
 mod common;
 
@@ -34,6 +35,15 @@ async fn setup() -> (
     let header = last_request(&sender);
     let reply = reply(&header, ReplyOutcome::Succeeded { output: json!({}) });
     (store, sender, coordinator, id, reply)
+}
+
+/// `body` delivered again after it was left unacknowledged (its second receive).
+fn redelivered(body: String) -> stepline::aws_lambda_events::event::sqs::SqsEvent {
+    let mut event = sqs(body);
+    event.records[0]
+        .attributes
+        .insert("ApproximateReceiveCount".into(), "2".into());
+    event
 }
 
 /// The requests sent since the last look.
@@ -70,7 +80,7 @@ async fn a_reply_whose_write_lost_every_response_sends_the_next_request_when_it_
     assert_eq!(store.snapshot(id).unwrap().step, 1, "the write was applied");
     assert!(requests_sent(&sender).is_empty(), "nothing was sent");
 
-    let again = handlers::completion(&coordinator, sqs(reply.clone())).await;
+    let again = handlers::completion(&coordinator, redelivered(reply.clone())).await;
 
     assert!(again.batch_item_failures.is_empty());
     let sent = requests_sent(&sender);
@@ -101,29 +111,34 @@ async fn a_send_that_fails_after_its_commit_leaves_its_message_to_come_again_and
         "the message is not acknowledged: its send did not happen"
     );
 
-    let again = handlers::completion(&coordinator, sqs(reply)).await;
+    let again = handlers::completion(&coordinator, redelivered(reply)).await;
 
     assert!(again.batch_item_failures.is_empty());
     assert_eq!(launch_ids(&requests_sent(&sender)), [launch_id(id, 1, 1)]);
 }
 
 #[tokio::test]
-async fn a_duplicate_reply_re_sends_only_while_its_next_step_is_unanswered() {
+async fn a_redelivered_reply_re_sends_only_while_its_next_step_is_unanswered_and_a_fresh_copy_never(
+) {
     let (store, sender, coordinator, id, reply) = setup().await;
     handlers::completion(&coordinator, sqs(reply.clone())).await;
     let sent = requests_sent(&sender);
     assert_eq!(launch_ids(&sent), [launch_id(id, 1, 1)]);
     let version = store.snapshot(id).unwrap().version;
-    // A duplicate delivery of the reply (SQS delivers at least once) while step b is unanswered: the
-    // request goes again, under the same launch id (the worker deduplicates), and nothing is written.
+    // A fresh copy of the reply (an SQS duplicate, or the worker re-sending its stored reply): it
+    // proves nothing was lost, and sends nothing (else one duplicate would cascade down the steps).
     handlers::completion(&coordinator, sqs(reply.clone())).await;
+    assert!(requests_sent(&sender).is_empty());
+    // The reply back unacknowledged while step b is unanswered: the request goes again, under the
+    // same launch id (the worker deduplicates), and nothing is written.
+    handlers::completion(&coordinator, redelivered(reply.clone())).await;
     assert_eq!(launch_ids(&requests_sent(&sender)), [launch_id(id, 1, 1)]);
     assert_eq!(store.snapshot(id).unwrap().version, version);
     // Step b answered: the execution moved on, and the old reply changes and sends nothing.
     handlers::completion(&coordinator, sqs(answer(&sent[0]))).await;
     requests_sent(&sender);
     let version = store.snapshot(id).unwrap().version;
-    handlers::completion(&coordinator, sqs(reply)).await;
+    handlers::completion(&coordinator, redelivered(reply)).await;
     assert!(requests_sent(&sender).is_empty());
     assert_eq!(store.snapshot(id).unwrap().version, version);
 }

@@ -61,6 +61,9 @@ pub struct Inbound {
     pub message_id: String,
     pub body: String,
     pub command: Result<Command, MessageError>,
+    /// Received before and not acknowledged (SQS `ApproximateReceiveCount` above 1): what it asked
+    /// for may have been committed without what the commit staged having been sent.
+    pub redelivered: bool,
 }
 
 /// Why a message of a batch was not processed.
@@ -156,7 +159,10 @@ impl Coordinator {
             |(index, message)| async move {
                 let mut outbox = Outbox::default();
                 let result = match message.command {
-                    Ok(command) => self.handle(&mut outbox, index, command).await,
+                    Ok(command) => {
+                        self.handle(&mut outbox, index, command, message.redelivered)
+                            .await
+                    }
                     Err(e) => Err(e),
                 };
                 (message.message_id, message.body, result, outbox)
@@ -209,6 +215,7 @@ impl Coordinator {
         outbox: &mut Outbox,
         index: usize,
         command: Command,
+        redelivered: bool,
     ) -> Result<Handled, MessageError> {
         match command {
             Command::Apply {
@@ -218,7 +225,7 @@ impl Coordinator {
                 hot,
             } => {
                 let applied = match self
-                    .decide_into(outbox, index, execution, &event, role, hot)
+                    .decide_into(outbox, index, execution, &event, role, (hot, redelivered))
                     .await
                 {
                     // A cancelled fan-out's child that never started (a window's later one): there

@@ -152,7 +152,7 @@ impl Coordinator {
             results,
         };
         let applied = self
-            .decide_into(outbox, source, parent.id, &event, "fan-out", false)
+            .decide_into(outbox, source, parent.id, &event, "fan-out", (false, false))
             .await?;
         tracing::info!(execution_id = %parent.id, succeeded = tally.succeeded, failed = tally.failed, skipped = ?applied.skipped, "fan-out settled");
         Ok(())
@@ -203,7 +203,7 @@ impl Coordinator {
                 };
                 let mut outbox = Outbox::default();
                 let applied = self
-                    .decide_into(&mut outbox, 0, record.id, &sized, "fan-out", false)
+                    .decide_into(&mut outbox, 0, record.id, &sized, "fan-out", (false, false))
                     .await?;
                 Box::pin(self.flush(outbox)).await;
                 current = applied.record;

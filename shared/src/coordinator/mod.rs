@@ -468,7 +468,7 @@ impl Coordinator {
         self.seal_keys().await;
         let mut outbox = Outbox::default();
         let applied = self
-            .decide_into(&mut outbox, 0, id, event, role, false)
+            .decide_into(&mut outbox, 0, id, event, role, (false, false))
             .await?;
         self.flush(outbox).await;
         Ok(applied)
@@ -477,6 +477,8 @@ impl Coordinator {
     /// Decides and commits an event, then stages the committed actions in `outbox` (sent by the
     /// caller's `flush`). With `hot`, the record this process committed last is decided on without a
     /// read first (see `commit_event`).
+    /// `(hot, redelivered)`: see [`Coordinator::commit_event`] for `hot`; `redelivered`: the message
+    /// came back unacknowledged, so a reply found applied re-sends what its commit staged.
     async fn decide_into(
         &self,
         outbox: &mut Outbox,
@@ -484,7 +486,7 @@ impl Coordinator {
         id: Uuid,
         event: &Event,
         role: &str,
-        hot: bool,
+        (hot, redelivered): (bool, bool),
     ) -> Result<Applied, CoordinatorError> {
         match self.commit_event(id, event, role, hot).await? {
             Decided::Committed {
@@ -499,9 +501,12 @@ impl Coordinator {
                 })
             }
             Decided::Unchanged { record, skip } => {
-                // A reply applied before: what its write launched is sent again while nothing
-                // happened since (that write's response, or its send, may have been lost).
-                if let (Skip::Duplicate | Skip::Stale, Some(step)) = (&skip, replied(event)) {
+                // A reply applied before, that came back unacknowledged: what its write launched is
+                // sent again while nothing happened since (that write's response, or its send, may
+                // have been lost). A fresh copy (an SQS duplicate, a worker's re-sent reply) sends
+                // nothing: a duplicate would otherwise cascade down the pipeline.
+                let again = redelivered.then(|| replied(event)).flatten();
+                if let (Skip::Duplicate | Skip::Stale, Some(step)) = (&skip, again) {
                     let definition = self
                         .definition(&record.pipeline_id, &record.release_version)
                         .await?;
@@ -782,7 +787,7 @@ impl Coordinator {
                             unit: link.unit,
                         };
                         let applied = self
-                            .decide_into(outbox, source, id, &rejoin, "fan-out", false)
+                            .decide_into(outbox, source, id, &rejoin, "fan-out", (false, false))
                             .await?;
                         version = applied.record.version;
                     }
