@@ -27,3 +27,7 @@ done
 echo "build-lambdas: cargo lambda build --release --arm64 ${packages[*]}" >&2
 cargo lambda build --release --arm64 "${packages[@]}"
 ls -l target/lambda/*/bootstrap >&2
+# With STEPLINE_LEAN_TARGET=1 (CI), the cross build's intermediates go: only the bootstraps are used.
+if [ "${STEPLINE_LEAN_TARGET:-}" = 1 ]; then
+  rm -rf target/aarch64-unknown-linux-gnu
+fi
