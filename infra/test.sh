@@ -8,12 +8,15 @@
 #                           lanes, the browser, the Rust guide, peak memory, the benchmark's run, and
 #                           the deploy build (infra/build-lambdas.sh) checked
 #
-# Lanes, in order (STEPLINE_LANES chooses some; default "sim moto localstack"):
+# Lanes, in order (STEPLINE_LANES chooses some; default "sim moto localstack", and "lossy" in the full tier):
 #   sim         the library's own tests (pure: no emulator), CPU-bound
 #   moto        every other test, every service on moto (infra/emulator.sh; or on the emulator
 #               AWS_ENDPOINT_URL names when it is set)
 #   localstack  end-to-end tests again, SQS, EventBridge and S3 from LocalStack on the host
 #               (infra/localstack.sh), DynamoDB from moto
+#   lossy       the lossy-network test (tests/lossy.rs) on moto, the functions' calls through a proxy
+#               that kills applied writes' responses, answers throttling and 5xx, and delays
+#               (infra/lossy.sh; 10 % of writes' responses killed)
 #
 # Every run takes a fresh seed for its simulations and campaigns, printed first: STEPLINE_SEED=<seed>
 # reproduces the run's schedules. What a tier runs and at which sizes is the tests' own
@@ -28,7 +31,7 @@ if [ "${1:-}" = --full ]; then
   tier=full
   shift
 fi
-lanes="${STEPLINE_LANES:-sim moto localstack}"
+lanes="${STEPLINE_LANES:-sim moto localstack$([ "$tier" = full ] && echo ' lossy')}"
 seed="${STEPLINE_SEED:-$(od -An -N5 -tu8 /dev/urandom | tr -d ' ')}"
 export STEPLINE_TIER="$tier" STEPLINE_SEED="$seed" STEPLINE_REQUIRE_EMULATOR=1
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}" NEXTEST_HIDE_PROGRESS_BAR=1
@@ -48,7 +51,7 @@ took() { echo "$1 $((SECONDS - phase_began))" >> "$logs/phases"; }
 # check and the plain file commands. The quick tier: the suites whose subject is an SQS, EventBridge
 # or S3 adapter: runs and dead letters on SQS, event triggers and lifecycle events on EventBridge,
 # every function binary on real events, claim checks and batches in S3 and SQS, a fan-out read from S3.
-localstack_full='kind(test) & !package(stepline) & !binary(atomicity) & !binary(deploy_build) & !binary(files)'
+localstack_full='kind(test) & !package(stepline) & !binary(atomicity) & !binary(deploy_build) & !binary(files) & !binary(lossy)'
 localstack_quick='binary(emulator) | binary(triggers) | binary(lifecycle) | binary(binaries)
   | (binary(limits) & test(/claim_checked|megabytes|split_into_batches|300_kb/))
   | (binary(fan_out) & test(/payload_bucket/))'
@@ -59,7 +62,7 @@ if [ "$tier" = full ]; then
   infra/browser.sh
   infra/build-lambdas.sh
 fi
-chosen moto || chosen localstack && infra/emulator.sh start
+chosen moto || chosen localstack || chosen lossy && infra/emulator.sh start
 eval "$(infra/emulator.sh env)"
 chosen localstack && infra/localstack.sh start
 # The binaries the tests run (functions, CLI, local runner) are built here, with the tests.
@@ -87,12 +90,20 @@ if chosen sim; then
   lane sim --workspace -E 'package(stepline)' --test-threads 2 "$@" || failed+=(sim)
 fi
 if chosen moto; then
-  lane moto --workspace -E '!package(stepline)' "$@" || failed+=(moto)
+  lane moto --workspace -E '!package(stepline) & !binary(lossy)' "$@" || failed+=(moto)
 fi
 if chosen localstack; then
   filter="$localstack_quick"
   [ "$tier" = full ] && filter="$localstack_full"
   (eval "$(infra/localstack.sh env)" && lane localstack --workspace -E "$filter" "$@") || failed+=(localstack)
+fi
+
+if chosen lossy; then
+  (STEPLINE_LOSSY_UPSTREAM="$AWS_ENDPOINT_URL" STEPLINE_LOSSY_KILL=0.1 STEPLINE_LOSSY_ERROR=0.05 \
+    STEPLINE_LOSSY_DELAY=0.1 \
+    STEPLINE_LOSSY_DELAY_MS=0-1000 infra/lossy.sh start &&
+    eval "$(infra/lossy.sh env)" && lane lossy --workspace -E 'binary(lossy)' "$@") || failed+=(lossy)
+  infra/lossy.sh stop || true
 fi
 
 echo "total $((SECONDS - began))" >> "$logs/phases"

@@ -136,16 +136,17 @@ async fn batch(
             } else {
                 decode(&body)
             };
-            let redelivered = message
+            let receive_count = message
                 .attributes
                 .get("ApproximateReceiveCount")
                 .and_then(|count| count.parse::<u32>().ok())
-                .is_some_and(|count| count > 1);
+                .unwrap_or(1);
             Inbound {
                 message_id: message.message_id.unwrap_or_default(),
+                receipt: message.receipt_handle,
                 body,
                 command,
-                redelivered,
+                receive_count,
             }
         })
         .collect();

@@ -302,6 +302,18 @@ pub struct SendError {
 pub trait MessageSender: Send + Sync {
     /// Sends in batches; returns one result per message, in order.
     async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>>;
+
+    /// Makes received messages of `queue` (by receipt handle) visible again in `seconds`, instead of
+    /// at the end of the queue's visibility timeout: a message left unacknowledged comes back soon.
+    /// A sender that cannot (one with no queue behind it) leaves them to the visibility timeout.
+    async fn redeliver_in(
+        &self,
+        _queue: &str,
+        _receipts: &[String],
+        _seconds: u32,
+    ) -> Result<(), SendError> {
+        Ok(())
+    }
 }
 
 /// A message received from a dead-letter queue, held invisible until deleted or released.

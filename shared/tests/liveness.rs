@@ -39,10 +39,15 @@ async fn setup() -> (
 
 /// `body` delivered again after it was left unacknowledged (its second receive).
 fn redelivered(body: String) -> stepline::aws_lambda_events::event::sqs::SqsEvent {
+    received(body, 2)
+}
+
+/// `body` at its `count`th receive.
+fn received(body: String, count: u32) -> stepline::aws_lambda_events::event::sqs::SqsEvent {
     let mut event = sqs(body);
     event.records[0]
         .attributes
-        .insert("ApproximateReceiveCount".into(), "2".into());
+        .insert("ApproximateReceiveCount".into(), count.to_string());
     event
 }
 
@@ -141,4 +146,41 @@ async fn a_redelivered_reply_re_sends_only_while_its_next_step_is_unanswered_and
     handlers::completion(&coordinator, redelivered(reply)).await;
     assert!(requests_sent(&sender).is_empty());
     assert_eq!(store.snapshot(id).unwrap().version, version);
+}
+
+#[tokio::test]
+async fn a_message_left_to_come_again_comes_back_in_seconds_not_at_the_visibility_timeout() {
+    let (store, sender, coordinator, _, reply) = setup().await;
+
+    // A lost response, then a failed send: each time the reply is left unacknowledged, and brought
+    // back in 2 s at its first receive, 8 s at its second.
+    store.lose_every_response_of_the_next_write();
+    let first = handlers::completion(&coordinator, received(reply.clone(), 1)).await;
+    assert_eq!(first.batch_item_failures.len(), 1);
+    sender.fail_next_send_to("requests");
+    let second = handlers::completion(&coordinator, received(reply.clone(), 2)).await;
+    assert_eq!(second.batch_item_failures.len(), 1);
+    assert_eq!(
+        sender.redeliveries(),
+        [
+            ("replies".to_string(), "receipt-m1".to_string(), 2),
+            ("replies".to_string(), "receipt-m1".to_string(), 8)
+        ],
+        "each retried message is made visible again on its own queue, by its receipt handle"
+    );
+
+    // From the third receive on, the queue's visibility timeout spaces the retries (an outage of
+    // the store is outlasted before the redrive policy dead-letters the message).
+    sender.fail_next_send_to("requests");
+    let third = handlers::completion(&coordinator, received(reply.clone(), 3)).await;
+    assert_eq!(third.batch_item_failures.len(), 1);
+    assert_eq!(
+        sender.redeliveries().len(),
+        2,
+        "nothing shortened at the third receive"
+    );
+
+    // An acknowledged message is not touched.
+    handlers::completion(&coordinator, received(reply, 4)).await;
+    assert_eq!(sender.redeliveries().len(), 2);
 }

@@ -185,6 +185,43 @@ impl TestStack {
             .execution)
     }
 
+    /// Submits a sample order under an idempotency key, retrying a failed submit (its response may
+    /// have been lost) with the same key, as a caller would, for up to 30 s.
+    pub async fn submit_keyed(&self, input: serde_json::Value, key: &str) -> Result<Uuid> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let submitted = self
+                .submitter
+                .submit(SubmitRequest {
+                    pipeline_id: self.pipeline.pipeline_id.clone(),
+                    tenant: "test".into(),
+                    input: input.clone(),
+                    idempotency_key: Some(key.to_string()),
+                    ..Default::default()
+                })
+                .await;
+            match submitted {
+                Ok(submitted) => return Ok(submitted.execution),
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// The functions' calls (handlers', workers' and the submit endpoint's) go out on `clients`
+    /// from now on; the operator's, the event sources' and the checks' stay on the emulator's.
+    pub fn with_function_clients(self, clients: stepline::aws::Clients) -> Result<Self> {
+        let local = self.local.with_function_clients(clients);
+        let submitter = local.coordinator("ApiFunction")?;
+        Ok(Self {
+            local,
+            submitter,
+            ..self
+        })
+    }
+
     /// Submits `count` sample orders, 25 at a time.
     pub async fn submit_orders(&self, count: usize) -> Result<Vec<Uuid>> {
         let mut ids = Vec::with_capacity(count);

@@ -61,6 +61,12 @@ impl LocalStack {
         Self(self.0.with_clients(clients))
     }
 
+    /// Handlers and workers built from now on call the services on `clients`; the runner (Lambda's
+    /// event sources) and the operator stay on the stage's own.
+    pub fn with_function_clients(self, clients: Clients) -> Self {
+        Self(self.0.with_function_clients(clients))
+    }
+
     /// Bindings of the claim, launch and completion functions, each with its own coordinator instance
     /// (as separate Lambda functions would have).
     pub fn coordinator_bindings(&self) -> Result<Vec<Binding>> {

@@ -51,6 +51,8 @@ pub struct Stage {
     /// The clients coordinators are built on (`with_clients` swaps them, e.g. for metered ones). The
     /// operator's: a function's own are these with its IAM check added.
     pub clients: Clients,
+    /// The clients functions' calls go out on, when not `clients` (`with_function_clients`).
+    network: Option<Clients>,
     iam: Option<iam::StageIam>,
 }
 
@@ -82,6 +84,7 @@ impl Stage {
             sdk,
             stack,
             clients,
+            network: None,
             iam,
         }
     }
@@ -92,13 +95,27 @@ impl Stage {
         self
     }
 
-    /// The clients of `function`: [`Stage::clients`] with its IAM check when the stage checks IAM.
+    /// Functions' (and worker stacks') calls go out on `clients` from now on, while the operator's
+    /// and the event sources' stay on [`Stage::clients`]: e.g. through a network that loses
+    /// responses, between the functions and the services only.
+    pub fn with_function_clients(mut self, clients: Clients) -> Self {
+        self.network = Some(clients);
+        self
+    }
+
+    fn functions_network(&self) -> &Clients {
+        self.network.as_ref().unwrap_or(&self.clients)
+    }
+
+    /// The clients of `function`: [`Stage::clients`] (or those of `with_function_clients`) with its
+    /// IAM check when the stage checks IAM.
     pub fn function_clients(&self, function: &str) -> Result<Clients> {
+        let clients = self.functions_network();
         match &self.iam {
-            Some(iam) => Ok(iam::checked_clients(&self.clients, &iam.checker(function)?)),
+            Some(iam) => Ok(iam::checked_clients(clients, &iam.checker(function)?)),
             None => {
                 self.stack.function(function)?;
-                Ok(self.clients.clone())
+                Ok(clients.clone())
             }
         }
     }
@@ -148,7 +165,10 @@ impl Stage {
         let worker = iam.worker_stack(request_queue, dlq, release)?;
         let config =
             stepline::config::WorkerConfig::from_lookup(|name| worker.env.get(name).cloned())?;
-        Ok((iam::checked_clients(&self.clients, &worker.checker), config))
+        Ok((
+            iam::checked_clients(self.functions_network(), &worker.checker),
+            config,
+        ))
     }
 
     /// The calls of the functions AWS would deny, so far (none when the stage checks nothing).

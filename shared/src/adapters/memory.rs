@@ -498,9 +498,15 @@ pub struct RecordingSender {
     sent: Mutex<Vec<(String, OutMessage)>>,
     /// Queues whose next send fails (the message is not sent).
     fail_next: Mutex<Vec<String>>,
+    redeliveries: Mutex<Vec<(String, String, u32)>>,
 }
 
 impl RecordingSender {
+    /// The messages made visible early so far: (queue, receipt handle, seconds).
+    pub fn redeliveries(&self) -> Vec<(String, String, u32)> {
+        self.redeliveries.lock().expect("sender").clone()
+    }
+
     /// The next send to `queue` fails, as a send whose every attempt failed.
     pub fn fail_next_send_to(&self, queue: &str) {
         self.fail_next
@@ -534,6 +540,19 @@ impl MessageSender for RecordingSender {
                 Ok(())
             })
             .collect()
+    }
+
+    async fn redeliver_in(
+        &self,
+        queue: &str,
+        receipts: &[String],
+        seconds: u32,
+    ) -> Result<(), SendError> {
+        let mut redeliveries = self.redeliveries.lock().expect("sender");
+        for receipt in receipts {
+            redeliveries.push((queue.to_string(), receipt.clone(), seconds));
+        }
+        Ok(())
     }
 }
 

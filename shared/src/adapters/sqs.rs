@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
-    SendMessageBatchRequestEntry,
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
+    MessageAttributeValue, MessageSystemAttributeName, SendMessageBatchRequestEntry,
 };
 use aws_sdk_sqs::Client;
 
@@ -186,6 +186,51 @@ impl MessageSender for SqsSender {
             results.extend(chunk_results);
         }
         results
+    }
+
+    async fn redeliver_in(
+        &self,
+        queue: &str,
+        receipts: &[String],
+        seconds: u32,
+    ) -> Result<(), SendError> {
+        let url = self.resolve(queue).await?;
+        for chunk in receipts.chunks(MAX_BATCH) {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, receipt)| {
+                    ChangeMessageVisibilityBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .receipt_handle(receipt)
+                        .visibility_timeout(seconds as i32)
+                        .build()
+                        .expect("id and receipt are set")
+                })
+                .collect();
+            let out = self
+                .client
+                .change_message_visibility_batch()
+                .queue_url(&url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|e| SendError {
+                    queue: queue.to_string(),
+                    reason: DisplayErrorContext(&e).to_string(),
+                })?;
+            if let Some(failed) = out.failed().first() {
+                return Err(SendError {
+                    queue: queue.to_string(),
+                    reason: format!(
+                        "{}: {}",
+                        failed.code(),
+                        failed.message().unwrap_or_default()
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 }
 

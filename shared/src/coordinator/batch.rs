@@ -61,9 +61,30 @@ pub struct Inbound {
     pub message_id: String,
     pub body: String,
     pub command: Result<Command, MessageError>,
-    /// Received before and not acknowledged (SQS `ApproximateReceiveCount` above 1): what it asked
-    /// for may have been committed without what the commit staged having been sent.
-    pub redelivered: bool,
+    /// The receipt handle it was received with (to bring it back early when it is retried).
+    pub receipt: Option<String>,
+    /// How many times it was received (SQS `ApproximateReceiveCount`). Above 1, it came back
+    /// unacknowledged: what it asked for may have been committed without what the commit staged
+    /// having been sent.
+    pub receive_count: u32,
+}
+
+impl Inbound {
+    fn redelivered(&self) -> bool {
+        self.receive_count > 1
+    }
+}
+
+/// How soon a message left unacknowledged comes back, by how many times it was received: in seconds
+/// at its first two receives (a lost response or a failed send is recovered in seconds, not at the
+/// end of the queue's visibility timeout); from the third on, the visibility timeout applies, so that
+/// an outage of the store is outlasted before the queue's redrive policy dead-letters the message.
+pub fn redelivery_delay(receive_count: u32) -> Option<u32> {
+    match receive_count {
+        0 | 1 => Some(2),
+        2 => Some(8),
+        _ => None,
+    }
 }
 
 /// Why a message of a batch was not processed.
@@ -136,6 +157,8 @@ impl MessageError {
 pub struct BatchReport {
     /// Messages to redeliver (a transient failure, or poison that could not be parked).
     pub retry: Vec<String>,
+    /// Of those, the ones brought back early: (seconds, receipt handles).
+    pub early: Vec<(u32, Vec<String>)>,
 }
 
 /// How one message ended.
@@ -155,14 +178,16 @@ impl Coordinator {
         // Each message stages into its own outbox (concurrently), merged in message order before the
         // one send. Two messages of one execution race like two invocations would: through the
         // conditional write.
+        let returns: Vec<(String, Option<String>, u32)> = messages
+            .iter()
+            .map(|m| (m.message_id.clone(), m.receipt.clone(), m.receive_count))
+            .collect();
         let results = futures_util::future::join_all(messages.into_iter().enumerate().map(
             |(index, message)| async move {
                 let mut outbox = Outbox::default();
+                let redelivered = message.redelivered();
                 let result = match message.command {
-                    Ok(command) => {
-                        self.handle(&mut outbox, index, command, message.redelivered)
-                            .await
-                    }
+                    Ok(command) => self.handle(&mut outbox, index, command, redelivered).await,
                     Err(e) => Err(e),
                 };
                 (message.message_id, message.body, result, outbox)
@@ -207,7 +232,48 @@ impl Coordinator {
             }
         }
         report.retry.extend(self.park(inbox, poison).await);
+        self.redeliver_early(inbox, &mut report, &returns).await;
         report
+    }
+
+    /// Brings the messages to retry back in seconds (`redelivery_delay`) rather than at the end of
+    /// the queue's visibility timeout. Should that fail, the visibility timeout brings them back.
+    async fn redeliver_early(
+        &self,
+        inbox: Inbox,
+        report: &mut BatchReport,
+        returns: &[(String, Option<String>, u32)],
+    ) {
+        let Some(queue) = self.inbox_queue(inbox) else {
+            return;
+        };
+        let mut by_delay: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
+        for (id, receipt, count) in returns {
+            if let (true, Some(receipt), Some(delay)) =
+                (report.retry.contains(id), receipt, redelivery_delay(*count))
+            {
+                by_delay.entry(delay).or_default().push(receipt.clone());
+            }
+        }
+        for (delay, receipts) in by_delay {
+            match self.sender.redeliver_in(&queue, &receipts, delay).await {
+                Ok(()) => report.early.push((delay, receipts)),
+                Err(e) => {
+                    tracing::warn!(queue = inbox.name(), error = %e, "messages to retry come back at the visibility timeout")
+                }
+            }
+        }
+    }
+
+    /// The queue an inbox's messages are received from.
+    fn inbox_queue(&self, inbox: Inbox) -> Option<String> {
+        let settings = &self.settings;
+        let url = match inbox {
+            Inbox::Launch => Some(settings.launch_queue.clone()),
+            Inbox::Reply => Some(settings.reply_queue.clone()),
+            Inbox::Start => settings.start_queue.clone(),
+        };
+        url.filter(|url| !url.is_empty())
     }
 
     async fn handle(

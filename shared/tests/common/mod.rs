@@ -107,6 +107,7 @@ pub fn reply(header: &RequestHeader, outcome: ReplyOutcome) -> String {
 pub fn sqs(body: String) -> SqsEvent {
     let mut message = SqsMessage::default();
     message.message_id = Some("m1".into());
+    message.receipt_handle = Some("receipt-m1".into());
     message.body = Some(body);
     let mut event = SqsEvent::default();
     event.records.push(message);
