@@ -1,6 +1,6 @@
-//! The README's "Your own pipeline" guide, run as written: each of its command blocks (`<!-- guide:
-//! LANG -->`) runs in a fresh directory with the tools on the PATH, on a fresh stage of the emulator,
-//! and must end with its execution SUCCEEDED (`stepline watch` exits 0 only then).
+//! The "Your own pipeline" guide (docs/guide.md), run as written: each of its command blocks
+//! (`<!-- guide: LANG -->`) runs in a fresh directory with the tools on the PATH, on a fresh stage
+//! of the emulator, and must end with its execution SUCCEEDED (`stepline watch` exits 0 only then).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -13,13 +13,13 @@ mod support;
 
 use support::stepline_binary;
 
-/// The shell commands of the README block marked `<!-- guide: LANG -->`.
+/// The shell commands of the docs/guide.md block marked `<!-- guide: LANG -->`.
 fn block(lang: &str) -> Result<String> {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md"))?;
+    let readme = std::fs::read_to_string(workspace_root().join("docs/guide.md"))?;
     let marker = format!("<!-- guide: {lang} -->\n```sh\n");
     let start = readme
         .find(&marker)
-        .with_context(|| format!("the README has no {lang} guide"))?
+        .with_context(|| format!("docs/guide.md has no {lang} guide"))?
         + marker.len();
     let end = readme[start..]
         .find("\n```")
