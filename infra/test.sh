@@ -51,7 +51,9 @@ took() { echo "$1 $((SECONDS - phase_began))" >> "$logs/phases"; }
 # check and the plain file commands. The quick tier: the suites whose subject is an SQS, EventBridge
 # or S3 adapter: runs and dead letters on SQS, event triggers and lifecycle events on EventBridge,
 # every function binary on real events, claim checks and batches in S3 and SQS, a fan-out read from S3.
-localstack_full='kind(test) & !package(stepline) & !binary(atomicity) & !binary(deploy_build) & !binary(files) & !binary(lossy)'
+# The library's crates: unit tests, the state machine and the fault campaign, no emulator.
+library='package(stepline) | package(stepline-domain) | package(stepline-core) | package(stepline-worker)'
+localstack_full="kind(test) & !($library) & "'!binary(atomicity) & !binary(deploy_build) & !binary(files) & !binary(lossy)'
 localstack_quick='binary(emulator) | binary(triggers) | binary(lifecycle) | binary(binaries)
   | (binary(limits) & test(/claim_checked|megabytes|split_into_batches|300_kb/))
   | (binary(fan_out) & test(/payload_bucket/))'
@@ -87,10 +89,10 @@ lane() {
 }
 
 if chosen sim; then
-  lane sim --workspace -E 'package(stepline)' --test-threads 2 "$@" || failed+=(sim)
+  lane sim --workspace -E "$library" --test-threads 2 "$@" || failed+=(sim)
 fi
 if chosen moto; then
-  lane moto --workspace -E '!package(stepline) & !binary(lossy)' "$@" || failed+=(moto)
+  lane moto --workspace -E "!($library) & !binary(lossy)" "$@" || failed+=(moto)
 fi
 if chosen localstack; then
   filter="$localstack_quick"

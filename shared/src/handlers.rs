@@ -375,12 +375,3 @@ pub async fn complete_interaction(
 struct KindOnly {
     kind: String,
 }
-
-impl From<CoordinatorError> for lambda_runtime::Diagnostic {
-    fn from(err: CoordinatorError) -> Self {
-        lambda_runtime::Diagnostic {
-            error_type: err.code().to_string(),
-            error_message: err.to_string(),
-        }
-    }
-}

@@ -7,17 +7,15 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-pub use lambda_runtime::Error;
 use lambda_runtime::{service_fn, Diagnostic, LambdaEvent};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
+pub use stepline_worker::lambda::{run_worker, serve_worker, Error};
 
 use crate::aws::{self, SqsDeadLetterQueues};
-use crate::config::{CoordinatorConfig, WorkerConfig};
-use crate::coordinator::Coordinator;
-use crate::domain::contract::Contract;
-use crate::worker::StepFunction;
+use crate::config::CoordinatorConfig;
+use crate::coordinator::{Coordinator, CoordinatorError};
 
 /// Everything a coordinator function needs, built once per container.
 pub struct Function {
@@ -27,7 +25,7 @@ pub struct Function {
 }
 
 fn function() -> Result<Arc<Function>, Error> {
-    crate::telemetry::init();
+    stepline_worker::telemetry::init();
     let sdk = aws::lambda_sdk_config();
     let config = CoordinatorConfig::from_env()?;
     Ok(Arc::new(Function {
@@ -47,31 +45,38 @@ where
 
 /// Serves the claim function (an EventBridge schedule); the handler gets the invocation's deadline
 /// (epoch milliseconds) to stop in time.
-pub async fn serve_schedule<H, F, R, E>(handler: H) -> Result<(), Error>
+pub async fn serve_schedule<H, F, R>(handler: H) -> Result<(), Error>
 where
     H: Fn(Arc<Function>, EventBridgeEvent<Value>, Option<i64>) -> F,
-    F: Future<Output = Result<R, E>>,
+    F: Future<Output = Result<R, CoordinatorError>>,
     R: Serialize,
-    E: Into<Diagnostic> + std::fmt::Debug,
 {
     let function = function()?;
     lambda_runtime::run(service_fn(|event: LambdaEvent<EventBridgeEvent<Value>>| {
         let deadline = i64::try_from(event.context.deadline).ok();
-        handler(function.clone(), event.payload, deadline)
+        let output = handler(function.clone(), event.payload, deadline);
+        async move { output.await.map_err(diagnostic) }
     }))
     .await
 }
 
 /// Serves a directly invoked coordinator function (the operator's).
-pub async fn serve_invoke<A, H, F, R, E>(handler: H) -> Result<(), Error>
+pub async fn serve_invoke<A, H, F, R>(handler: H) -> Result<(), Error>
 where
     A: DeserializeOwned,
     H: Fn(Arc<Function>, A) -> F,
-    F: Future<Output = Result<R, E>>,
+    F: Future<Output = Result<R, CoordinatorError>>,
     R: Serialize,
-    E: Into<Diagnostic> + std::fmt::Debug,
 {
-    serve(handler, |result| result).await
+    serve(handler, |result| result.map_err(diagnostic)).await
+}
+
+/// A coordinator error as the Lambda runtime reports it: its stable code as the error type.
+fn diagnostic(err: CoordinatorError) -> Diagnostic {
+    Diagnostic {
+        error_type: err.code().to_string(),
+        error_message: err.to_string(),
+    }
 }
 
 async fn serve<A, H, F, O, R, E>(handler: H, into: fn(O) -> Result<R, E>) -> Result<(), Error>
@@ -88,92 +93,6 @@ where
         async move { into(output.await) }
     }))
     .await
-}
-
-/// Runs a worker function: release and DLQ from the environment, identity from `contract` (the code
-/// it was built from).
-pub async fn run_worker(contract: Contract, steps: Arc<dyn StepFunction>) -> Result<(), Error> {
-    crate::telemetry::init();
-    let worker = Arc::new(aws::worker(
-        &aws::lambda_sdk_config(),
-        &WorkerConfig::from_env()?,
-        &contract,
-        steps,
-    ));
-    lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
-        let worker = worker.clone();
-        async move { Ok::<_, Error>(worker.handle(event.payload).await) }
-    }))
-    .await
-}
-
-/// Serves a worker where it runs: on Lambda, the requests of its SQS event source; anywhere else (a
-/// container, a laptop against an emulator) it polls `REQUEST_QUEUE_URL` as an event source mapping
-/// would, until interrupted.
-pub async fn serve_worker(contract: Contract, steps: Arc<dyn StepFunction>) -> Result<(), Error> {
-    if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
-        return run_worker(contract, steps).await;
-    }
-    crate::telemetry::init();
-    let queue_url = std::env::var("REQUEST_QUEUE_URL")
-        .map_err(|_| "REQUEST_QUEUE_URL: the request queue to poll (not running on Lambda)")?;
-    let sdk = aws::sdk_config().await;
-    let queue_name = queue_url.rsplit('/').next().unwrap_or_default().to_string();
-    let worker = Arc::new(
-        aws::worker(&sdk, &WorkerConfig::from_env()?, &contract, steps).reading(&queue_name),
-    );
-    let sqs = aws_sdk_sqs::Client::new(&sdk);
-    let queue_arn = sqs
-        .get_queue_attributes()
-        .queue_url(&queue_url)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .send()
-        .await?
-        .attributes
-        .and_then(|mut a| a.remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn))
-        .unwrap_or_default();
-    let source = crate::adapters::sqs::EventSource {
-        name: queue_url.clone(),
-        queue_url,
-        queue_arn,
-        batch_size: 10,
-        wait_secs: 20,
-    };
-    tracing::info!(identity = %worker.identity(), queue = %source.queue_url, "worker polling");
-    let poll = crate::adapters::sqs::poll_event_source(&sqs, &source, |event| {
-        let worker = worker.clone();
-        async move { worker.handle(event).await }
-    });
-    // Announced at start (when it knows the reply queue) and now and then while idle.
-    let announcing = async {
-        loop {
-            worker.announce_if_due().await;
-            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
-        }
-    };
-    let poll = async {
-        tokio::select! {
-            () = poll => {}
-            () = announcing => {}
-        }
-    };
-    let stopped = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        std::io::Result::Ok(())
-    };
-    tokio::select! {
-        () = poll => Ok(()),
-        stopped = stopped => {
-            stopped?;
-            // Told to stop: no more requests are taken; the coordinator hears it drains.
-            worker.drain().await;
-            Ok(())
-        }
-    }
 }
 
 /// Serves the HTTP API function (a function URL or an HTTP API, payload format 2.0).

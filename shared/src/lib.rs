@@ -13,29 +13,23 @@
 //!   inbound adapters that decode, call the coordinator and encode; [`lambda`]: the Lambda runtime
 //!   wiring the function binaries share. [`worker`]: the worker runtime for step code.
 
+pub use stepline_core::{
+    cache, claims, config, coordinator, domain, envelope, metrics, planted, ports,
+};
+pub use stepline_worker::{telemetry, worker};
+
 pub mod adapters;
 pub mod aws;
-pub mod cache;
-pub mod claims;
-pub mod config;
-pub mod coordinator;
-pub mod domain;
-pub mod envelope;
 pub mod handlers;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod lambda;
-pub mod metrics;
-pub mod planted;
-pub mod ports;
 #[cfg(feature = "testing")]
 pub mod sim;
-pub mod telemetry;
-pub mod worker;
 
 pub use aws_lambda_events;
-pub use coordinator::{
+pub use domain::{contract, pipeline_file, release, Code};
+pub use stepline_core::coordinator::{
     Applied, ClaimReport, Coordinator, CoordinatorError, ExecutionSummary, HistoryView,
     ListRequest, ListResponse, Settings, SubmitRequest, Submitted,
 };
-pub use domain::{contract, pipeline_file, release, Code};

@@ -16,7 +16,7 @@ fn read(path: &Path) -> String {
 
 /// The values of the `*_KIND` constants of the envelope module.
 fn kinds() -> Vec<String> {
-    read(&root().join("shared/src/envelope.rs"))
+    read(&root().join("shared/core/src/envelope.rs"))
         .lines()
         .filter_map(|line| {
             let rest = line.trim().strip_prefix("pub const ")?;

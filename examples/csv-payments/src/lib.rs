@@ -4,10 +4,10 @@
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
-use stepline::contract::Contract;
-use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError};
-use stepline::envelope::RequestHeader;
-use stepline::worker::StepFunction;
+use stepline_worker::contract::Contract;
+use stepline_worker::domain::{PipelineDef, RetryPolicy, StepDef, StepError};
+use stepline_worker::envelope::RequestHeader;
+use stepline_worker::worker::StepFunction;
 
 pub const BATCH_PIPELINE: &str = "csv-payments";
 pub const PAYMENT_PIPELINE: &str = "csv-payment";

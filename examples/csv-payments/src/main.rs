@@ -9,5 +9,5 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         Ok(csv_payments::PAYMENT_PIPELINE) => csv_payments::payment_contract(),
         _ => csv_payments::batch_contract(),
     };
-    stepline::lambda::run_worker(contract, Arc::new(csv_payments::CsvSteps)).await
+    stepline_worker::lambda::run_worker(contract, Arc::new(csv_payments::CsvSteps)).await
 }

@@ -1,7 +1,7 @@
 //! The committed contracts must be what the code generates (regenerate them with
 //! `cargo run -p stepline-local -- contract --write`).
 
-use stepline::contract::Contract;
+use stepline_worker::contract::Contract;
 
 #[test]
 fn the_committed_contracts_match_the_code() {

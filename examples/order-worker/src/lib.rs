@@ -6,10 +6,10 @@
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
-use stepline::contract::Contract;
-use stepline::domain::{PipelineDef, RetryPolicy, StepDef, StepError};
-use stepline::envelope::RequestHeader;
-use stepline::worker::StepFunction;
+use stepline_worker::contract::Contract;
+use stepline_worker::domain::{PipelineDef, RetryPolicy, StepDef, StepError};
+use stepline_worker::envelope::RequestHeader;
+use stepline_worker::worker::StepFunction;
 
 pub const PIPELINE_ID: &str = "orders";
 pub const RELEASE_VERSION: &str = "1";

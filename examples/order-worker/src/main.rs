@@ -4,5 +4,9 @@ use std::sync::Arc;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    stepline::lambda::run_worker(order_worker::contract(), Arc::new(order_worker::OrderSteps)).await
+    stepline_worker::lambda::run_worker(
+        order_worker::contract(),
+        Arc::new(order_worker::OrderSteps),
+    )
+    .await
 }

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use stepline::contract::{Contract, CONTRACT_FILE};
+use stepline_worker::contract::{Contract, CONTRACT_FILE};
 
 fn committed_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(CONTRACT_FILE)

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    stepline::lambda::run_worker(
+    stepline_worker::lambda::run_worker(
         restaurant_approval::contract(),
         Arc::new(restaurant_approval::RestaurantSteps),
     )

@@ -1,7 +1,7 @@
 //! The committed `pipeline-contract.json` must be what the code generates (regenerate it with
 //! `cargo run -p stepline-local -- contract --write`).
 
-use stepline::contract::{Contract, CONTRACT_FILE};
+use stepline_worker::contract::{Contract, CONTRACT_FILE};
 
 #[test]
 fn the_committed_contract_matches_the_code() {

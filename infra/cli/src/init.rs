@@ -82,11 +82,11 @@ pub fn init(
     }
     let stepline_path = match stepline_path {
         Some(path) => path,
-        None => stepline_stage::workspace_root().join("shared"),
+        None => stepline_stage::workspace_root().join("shared/worker"),
     };
     let stepline_path = stepline_path
         .canonicalize()
-        .with_context(|| format!("the stepline library at {}", stepline_path.display()))?;
+        .with_context(|| format!("the stepline-worker library at {}", stepline_path.display()))?;
     let fill = |text: &str| {
         text.replace("{{name}}", name)
             .replace("{{stepline_path}}", &stepline_path.to_string_lossy())
@@ -109,8 +109,11 @@ pub fn init(
                 ("src/main.rs", fill(RUST_MAIN)),
             ]);
             // The versions the library is built and tested with (cargo drops what is not used).
-            let lock = stepline_path.join("../Cargo.lock");
-            if let Ok(text) = std::fs::read_to_string(&lock) {
+            let lock = stepline_path
+                .ancestors()
+                .map(|dir| dir.join("Cargo.lock"))
+                .find(|lock| lock.exists());
+            if let Some(text) = lock.and_then(|lock| std::fs::read_to_string(lock).ok()) {
                 files.push(("Cargo.lock", text));
             }
         }

@@ -141,7 +141,7 @@ enum Command {
         /// Directory to create (default: NAME).
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
-        /// Rust: the path of the `stepline` library the worker builds with.
+        /// Rust: the path of the `stepline-worker` library the worker builds with.
         #[arg(long)]
         stepline_path: Option<std::path::PathBuf>,
     },

@@ -209,10 +209,7 @@ fn execution_from_item(mut item: Item) -> Result<Execution, StoreError> {
     from_item(item).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
-/// The shard of the due index an execution belongs to.
-pub fn due_shard(id: Uuid, shards: u32) -> u32 {
-    (id.as_u128() % u128::from(shards.max(1))) as u32
-}
+pub use crate::ports::due_shard;
 
 #[derive(Clone)]
 pub struct DynamoDbExecutionStore {

@@ -1,16 +1,15 @@
 //! Adapters: the ports implemented on AWS (DynamoDB, SQS, EventBridge, S3, Secrets Manager) and in
 //! memory.
 
-pub mod batches;
 pub mod dynamodb;
 pub mod eventbridge;
-pub mod memory;
-pub mod s3;
 pub mod secrets;
-pub mod sqs;
 
 pub use dynamodb::{DynamoDbExecutionStore, DynamoDbReleaseRegistry};
 pub use eventbridge::EventBridgePublisher;
+pub use stepline_core::adapters::{batches, memory};
+pub use stepline_worker::adapters::{s3, sqs};
+
 pub use memory::{
     InMemoryExecutionStore, InMemoryFanOutLedger, InMemoryPayloadStore, InMemoryReleaseRegistry,
     MemoryKeys, RecordingSender,

@@ -433,7 +433,7 @@ fn render(rows: &[Transition], effect: &str) -> Vec<String> {
 
 #[test]
 fn the_doc_tables_of_the_machine_are_its_rows() {
-    let source = include_str!("../../src/domain/machine.rs");
+    let source = include_str!("../../domain/src/machine.rs");
     let documented: Vec<&str> = source.lines().filter(|l| l.starts_with("//! |")).collect();
     let mut rendered = render(TRANSITIONS, "next status / effect");
     rendered.extend(render(APPENDED, "effect added"));

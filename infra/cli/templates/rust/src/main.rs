@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
-use stepline::domain::StepError;
-use stepline::envelope::RequestHeader;
-use stepline::worker::StepFunction;
+use stepline_worker::domain::StepError;
+use stepline_worker::envelope::RequestHeader;
+use stepline_worker::StepFunction;
 
 /// The pipeline file this worker is built for: its contract is the worker's identity.
 const PIPELINE: &str = include_str!("../pipeline.yaml");
@@ -42,7 +42,7 @@ impl StepFunction for Steps {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), stepline::lambda::Error> {
-    let contract = stepline::pipeline_file::contract(PIPELINE)?;
-    stepline::lambda::serve_worker(contract, Arc::new(Steps)).await
+async fn main() -> Result<(), stepline_worker::lambda::Error> {
+    let contract = stepline_worker::pipeline_file::contract(PIPELINE)?;
+    stepline_worker::lambda::serve_worker(contract, Arc::new(Steps)).await
 }

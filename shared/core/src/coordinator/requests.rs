@@ -93,7 +93,7 @@ impl Coordinator {
 }
 
 /// The event of an interaction completion.
-pub(crate) fn interaction_event(message: InteractionMessage) -> (Uuid, Event) {
+pub fn interaction_event(message: InteractionMessage) -> (Uuid, Event) {
     let event = Event::CompleteInteraction {
         fingerprint: InteractionMessage::answer_fingerprint(message.verdict, &message.payload),
         interaction: message.interaction,

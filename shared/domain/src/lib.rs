@@ -1,4 +1,4 @@
-//! The pure domain: pipeline definitions, their contracts and releases, the execution record, the
+//! Stepline's pure domain: pipeline definitions, their contracts and releases, the execution record, the
 //! state machine and the catalogue of stable codes. No AWS and no I/O here; nothing here imports from
 //! the layers above.
 
@@ -14,6 +14,7 @@ pub mod machine;
 pub mod payload;
 pub mod pipeline;
 pub mod pipeline_file;
+pub mod planted;
 pub mod release;
 pub mod seal;
 pub mod status;

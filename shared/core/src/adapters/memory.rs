@@ -8,12 +8,12 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use crate::adapters::dynamodb::due_shard;
 use crate::domain::fan_out::{block_len, block_of};
 use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord};
 use crate::domain::seal::{SealKey, SealKeys};
 use crate::domain::{ChildEnd, Execution, Tally};
+use crate::ports::due_shard;
 use crate::ports::{
     ActivationRequest, Backoff, BlockCount, DueCursor, DuePage, DueQuery, ExecutionStore,
     FanOutLedger, ListCursor, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore,
@@ -61,10 +61,10 @@ pub fn list_page<'a>(records: impl Iterator<Item = &'a Execution>, query: &ListQ
 /// Due-index entries pushed back by `defer`, as the DynamoDB adapter moves an item's `dueAt`: a
 /// write of the record replaces its entry, and with it the deferral.
 #[derive(Debug, Default)]
-pub(crate) struct Deferrals(BTreeMap<Uuid, (i64, u32)>);
+pub struct Deferrals(BTreeMap<Uuid, (i64, u32)>);
 
 impl Deferrals {
-    pub(crate) fn defer(&mut self, record: &Execution, now: i64, backoff: Backoff) -> Option<i64> {
+    pub fn defer(&mut self, record: &Execution, now: i64, backoff: Backoff) -> Option<i64> {
         record.index_due()?;
         let entry = self.0.entry(record.id).or_insert((0, 0));
         entry.1 += 1;
@@ -72,12 +72,12 @@ impl Deferrals {
         Some(entry.0)
     }
 
-    pub(crate) fn written(&mut self, id: Uuid) {
+    pub fn written(&mut self, id: Uuid) {
         self.0.remove(&id);
     }
 
     /// The record's due-index entry, deferrals applied.
-    pub(crate) fn due_at(&self, record: &Execution) -> Option<i64> {
+    pub fn due_at(&self, record: &Execution) -> Option<i64> {
         let due = record.index_due()?;
         Some(
             self.0
@@ -89,7 +89,7 @@ impl Deferrals {
 
 /// One page of due entries, as a Query of one shard returns it: due by `now`, earliest first, after
 /// the cursor, at most `limit`.
-pub(crate) fn due_page(entries: impl Iterator<Item = (i64, Uuid)>, query: DueQuery) -> DuePage {
+pub fn due_page(entries: impl Iterator<Item = (i64, Uuid)>, query: DueQuery) -> DuePage {
     let DueQuery {
         now, limit, after, ..
     } = query;

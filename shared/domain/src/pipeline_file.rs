@@ -163,7 +163,7 @@ fn is_id_of(line: &str, id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::pipeline::{RetryPolicy, StepKind};
+    use crate::pipeline::{RetryPolicy, StepKind};
 
     const SHOP: &str = "\
 pipelineId: shop

@@ -406,3 +406,8 @@ pub trait PayloadStore: Send + Sync {
         len: u64,
     ) -> Result<Vec<u8>, StoreError>;
 }
+
+/// The shard of the due index an execution belongs to.
+pub fn due_shard(id: Uuid, shards: u32) -> u32 {
+    (id.as_u128() % u128::from(shards.max(1))) as u32
+}

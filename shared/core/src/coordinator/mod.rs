@@ -28,7 +28,7 @@ pub use batch::{BatchReport, Command, Inbound, Inbox, MessageError};
 pub use dead_letters::{ReplayFilter, ReplayReport, ReplayRequest};
 pub use fan_out::count_child;
 use outbox::Outbox;
-pub(crate) use requests::interaction_event;
+pub use requests::interaction_event;
 pub use requests::{CancelRequest, RedriveRequest, RedriveResponse};
 pub use sweep::{ClaimReport, MAX_DUE_SHARDS};
 pub use visibility::{
@@ -372,7 +372,7 @@ impl Coordinator {
     /// The sealing keys: loaded by the first call of the process, read again once they are
     /// [`KEYS_CACHED_MS`] old. None without a key source, or while the keys cannot be read (requests
     /// then go unsealed and replies are read; parent links wait).
-    pub(crate) async fn seal_keys(&self) -> Option<Arc<SealKeys>> {
+    pub async fn seal_keys(&self) -> Option<Arc<SealKeys>> {
         self.keys_newer_than(KEYS_CACHED_MS).await
     }
 
@@ -399,7 +399,7 @@ impl Coordinator {
     }
 
     /// The sealing keys as last loaded (see [`Coordinator::seal_keys`]).
-    pub(crate) fn loaded_keys(&self) -> Option<Arc<SealKeys>> {
+    pub fn loaded_keys(&self) -> Option<Arc<SealKeys>> {
         self.keys
             .read()
             .expect("keys")

@@ -1106,7 +1106,7 @@ fn complete_interaction(
     let Some(unit) = &record.await_unit else {
         return Decision::Reject(Rejection::InvalidToken);
     };
-    let holds = |i: &crate::domain::Interaction| same(i.token.as_bytes(), token.as_bytes());
+    let holds = |i: &crate::Interaction| same(i.token.as_bytes(), token.as_bytes());
     let Some(index) = unit.interactions.iter().position(|i| i.id == interaction) else {
         return Decision::Reject(if unit.interactions.iter().any(holds) {
             Rejection::UnknownInteraction(interaction.to_string())

@@ -24,7 +24,7 @@ impl Coordinator {
 
     /// `value`, or its reference once stored when it is above the threshold. Without a payload
     /// bucket, a payload too large to travel inline is refused (`PAYLOAD_TOO_LARGE`).
-    pub(crate) async fn claim_checked(
+    pub async fn claim_checked(
         &self,
         execution: Uuid,
         value: Value,
@@ -39,7 +39,7 @@ impl Coordinator {
     }
 
     /// The event with its payloads above the threshold claim-checked; `None` if nothing changed.
-    pub(crate) async fn claim_checked_event(
+    pub async fn claim_checked_event(
         &self,
         execution: Uuid,
         event: &Event,

@@ -184,7 +184,7 @@ pub fn unseal(key: &SealKey, sealed: &str, id: Uuid) -> Option<Execution> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{self, Context, NewExecution, PipelineDef, StepDef};
+    use crate::{self as domain, Context, NewExecution, PipelineDef, StepDef};
     use serde_json::json;
 
     fn record() -> Execution {

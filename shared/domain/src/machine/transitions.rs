@@ -5,7 +5,7 @@
 //! every row's tests exist, and that the doc tables are these tables.
 
 use super::Event;
-use crate::domain::execution::Status;
+use crate::execution::Status;
 
 /// What an event is, without its data. A worker's message (`Event::FromWorker`) is of the kind of the
 /// event it wraps: once its sender is proven, it is applied as that event.

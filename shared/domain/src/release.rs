@@ -363,7 +363,7 @@ pub fn served(workers: &[WorkerRecord], release_version: &str, now: i64) -> bool
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{RetryPolicy, StepDef};
+    use crate::{RetryPolicy, StepDef};
 
     fn def(attempts: u32) -> PipelineDef {
         let retry = RetryPolicy {
