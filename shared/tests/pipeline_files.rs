@@ -48,7 +48,7 @@ fn files() -> Vec<(String, String)> {
 #[test]
 fn the_repositorys_pipeline_files_pass_the_schema_and_the_reader() {
     for (name, text) in files() {
-        let value: Value = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let value: Value = serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
         valid(&value).unwrap_or_else(|e| panic!("{name}: {e}"));
         pipeline_file::parse(&text, "1").unwrap_or_else(|e| panic!("{name}: {e}"));
     }

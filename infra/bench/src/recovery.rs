@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
-use serde_yaml::Value as Yaml;
+use serde_yaml_ng::Value as Yaml;
 use stepline::adapters::dynamodb::due_shard;
 use stepline::config::CoordinatorConfig;
 use stepline::envelope::LaunchWork;

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use serde_yaml::Value as Yaml;
+use serde_yaml_ng::Value as Yaml;
 use stepline::adapters::SqsSender;
 use stepline::contract::Contract;
 use stepline::domain::{PipelineDef, StepError};

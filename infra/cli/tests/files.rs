@@ -109,6 +109,40 @@ fn init_writes_a_project_and_refuses_to_overwrite_one() {
         let again = stepline(&["init", "shop", "--lang", lang, "--dir", project]);
         assert!(!again.status.success(), "init overwrote {project}");
     }
+    // The Rust worker links the worker crate: SQS and S3, no coordinator client.
+    let manifest = dir.join("rust/Cargo.toml");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "tree",
+            "--offline",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .output()
+        .unwrap();
+    let tree = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for linked in ["stepline-worker v", "aws-sdk-sqs v", "aws-sdk-s3 v"] {
+        assert!(
+            tree.lines().any(|l| l.starts_with(linked)),
+            "{linked}:\n{tree}"
+        );
+    }
+    for absent in ["aws-sdk-dynamodb v", "aws-sdk-eventbridge v", "stepline v"] {
+        assert!(
+            !tree.lines().any(|l| l.starts_with(absent)),
+            "{absent}:\n{tree}"
+        );
+    }
     let bad = stepline(&[
         "init",
         "Shop Two",

@@ -31,7 +31,7 @@ use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_dynamodb::error::BoxError;
 use aws_smithy_types::config_bag::{Storable, StoreReplace};
 use serde_json::{json, Map, Value as Json};
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 use stepline::aws::Clients;
 
 use crate::stack::{Physical, Stack};
@@ -516,7 +516,7 @@ fn resolve_document(value: &Value, lookup: &dyn Lookup) -> Result<Json> {
     })
 }
 
-fn is_intrinsic(map: &serde_yaml::Mapping) -> bool {
+fn is_intrinsic(map: &serde_yaml_ng::Mapping) -> bool {
     map.len() == 1
         && map
             .keys()

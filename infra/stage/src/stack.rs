@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde::Serialize;
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 use crate::template::{resolve, scalar, Lookup, Template};
 
@@ -623,7 +623,7 @@ async fn create_rule(
     let pattern = props
         .get("EventPattern")
         .ok_or_else(|| anyhow!("only event-pattern rules are provisioned locally"))?;
-    let pattern: serde_json::Value = serde_yaml::from_value(pattern.clone())?;
+    let pattern: serde_json::Value = serde_yaml_ng::from_value(pattern.clone())?;
     client
         .put_rule()
         .name(&name)

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 /// A parsed template.
 #[derive(Debug, Clone)]
@@ -21,7 +21,7 @@ impl Template {
     }
 
     pub fn parse(text: &str) -> Result<Self> {
-        let root: Value = serde_yaml::from_str(text).context("parsing the template")?;
+        let root: Value = serde_yaml_ng::from_str(text).context("parsing the template")?;
         if !root.get("Resources").is_some_and(Value::is_mapping) {
             bail!("the template has no Resources");
         }
@@ -254,7 +254,7 @@ mod tests {
     }
 
     fn value(text: &str) -> Value {
-        serde_yaml::from_str(text).unwrap()
+        serde_yaml_ng::from_str(text).unwrap()
     }
 
     #[test]

@@ -61,7 +61,7 @@ impl std::fmt::Display for Located {
 /// Reads a pipeline file as the definition of release `release_version` (checked: a definition the
 /// coordinator can run).
 pub fn parse(text: &str, release_version: &str) -> Result<PipelineDef, PipelineFileError> {
-    let file: PipelineFile = serde_yaml::from_str(text).map_err(|e| {
+    let file: PipelineFile = serde_yaml_ng::from_str(text).map_err(|e| {
         let (line, column) = e
             .location()
             .map(|l| (l.line(), l.column()))
