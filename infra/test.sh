@@ -52,7 +52,7 @@ took() { echo "$1 $((SECONDS - phase_began))" >> "$logs/phases"; }
 # or S3 adapter: runs and dead letters on SQS, event triggers and lifecycle events on EventBridge,
 # every function binary on real events, claim checks and batches in S3 and SQS, a fan-out read from S3.
 # The library's crates: unit tests, the state machine and the fault campaign, no emulator.
-library='package(stepline) | package(stepline-domain) | package(stepline-core) | package(stepline-worker)'
+library='package(stepline) | package(stepline-domain) | package(stepline-core) | package(stepline-worker) | package(stepline-sim)'
 localstack_full="kind(test) & !($library) & "'!binary(atomicity) & !binary(deploy_build) & !binary(files) & !binary(lossy)'
 localstack_quick='binary(emulator) | binary(triggers) | binary(lifecycle) | binary(binaries)
   | (binary(limits) & test(/claim_checked|megabytes|split_into_batches|300_kb/))

@@ -32,6 +32,8 @@ const LAYERS: &[&[&str]] = &[
         "redrive",
         "api",
         "stepline-stage",
+        // The simulation: test support only.
+        "stepline-sim",
     ],
     &["stepline-local"],
     &["stepline-cli", "stepline-bench"],
@@ -157,7 +159,7 @@ fn a_worker_links_no_coordinator_client() {
 }
 
 #[test]
-fn no_function_binary_is_built_with_the_planted_bugs_or_the_simulation() {
+fn no_function_binary_links_the_simulation_or_is_built_with_the_planted_bugs() {
     for function in FUNCTIONS {
         // Inverted at the domain: every feature of it the build enables, and what enables it.
         let tree = cargo(&[
@@ -180,6 +182,10 @@ fn no_function_binary_is_built_with_the_planted_bugs_or_the_simulation() {
         assert!(
             !tree.contains("feature \"testing\""),
             "{function} is built with the planted bugs:\n{tree}"
+        );
+        assert!(
+            !tree.contains("stepline-sim"),
+            "{function} links the simulation:\n{tree}"
         );
         let src = root().join("functions").join(function).join("src");
         let files: Vec<String> = std::fs::read_dir(&src)

@@ -4,7 +4,7 @@
 //! killed (SIGKILL, then started again) or paused (SIGSTOP, then SIGCONT after up to seven seconds:
 //! longer than the lease, so a paused sweeper or launcher comes back a zombie holder). Executions are
 //! submitted before and during the rounds; some are invalid orders, planned to fail at their first step.
-//! Afterwards the campaign's end-state checker (`stepline::sim::judge_end`) judges every execution from
+//! Afterwards the campaign's end-state checker (`stepline_sim::judge_end`) judges every execution from
 //! its item and the execution DLQ, and nothing may be lost: every queue drained, no DLQ holding a
 //! message. The run's seed (`STEPLINE_SEED`, fresh and printed when unset) chooses the rounds' victims
 //! (timing is the machine's).
@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 use stepline::domain::{launch_id, Execution};
-use stepline::sim::{judge_end, End};
 use stepline::{Coordinator, SubmitRequest};
 use stepline_local::{fresh_stage, LocalStack};
+use stepline_sim::{judge_end, End};
 use uuid::Uuid;
 
 mod support;

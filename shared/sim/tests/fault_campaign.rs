@@ -9,7 +9,7 @@ mod soak;
 
 use soak::{env_u64, say};
 use stepline::planted::Bug;
-use stepline::sim::{campaign, run, SimConfig};
+use stepline_sim::{campaign, run, SimConfig};
 
 /// The campaign's seeds in this run.
 fn seeds() -> std::ops::Range<u64> {

@@ -1,4 +1,4 @@
-//! A fan-out in the deterministic simulation (`stepline::sim::fan_out`): the real handlers, worker
+//! A fan-out in the deterministic simulation (`stepline_sim::fan_out`): the real handlers, worker
 //! runtime and ledger protocol over in-memory ports, with crashes, duplicate deliveries and
 //! reordering. The large run has 100,000 children in the full tier and 10,000 in the quick one
 //! (`STEPLINE_FAN_OUT_CHILDREN` sets them); every run takes its schedules from the run's seed
@@ -9,7 +9,7 @@ mod soak;
 use std::io::Write;
 
 use stepline::domain::Status;
-use stepline::sim::fan_out::{run, FanOutConfig, FanOutReport};
+use stepline_sim::fan_out::{run, FanOutConfig, FanOutReport};
 
 fn say(report: &FanOutReport, children: u32) {
     let _ = writeln!(

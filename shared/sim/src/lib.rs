@@ -30,12 +30,17 @@
 //! lease it names; a live invocation sends the launch of every lease it commits and still holds; a
 //! sweep that ran to its end read every entry due when it started; nothing is lost (garbage and forged
 //! messages sit in a DLQ, every failed execution's envelope in the execution DLQ). A schedule is a pure
-//! function of its seed; a planted bug ([`crate::planted`]) must make it report violations.
+//! function of its seed; a planted bug (`stepline::planted`) must make it report violations.
 //!
 //! One schedule in [`SimConfig::fan_out_every`] is a fan-out instead ([`fan_out`]): a parent over
 //! children, with a window or a tolerance, sometimes cancelled, under the same kinds of faults.
 
 pub mod fan_out;
+
+// The library's modules under the names the simulation has always used.
+use stepline::{
+    adapters, cache, claims, coordinator, domain, envelope, handlers, planted, ports, worker,
+};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
