@@ -1,7 +1,7 @@
-//! The transition table in machine.rs is complete and true: every (status, event kind) pair that
+//! The transition table in machine/ is complete and true: every (status, event kind) pair that
 //! `decide` commits, for representative records of every status and representative events of every
 //! kind, has a row; every row's statuses and kinds do commit; every row names tests, and those tests
-//! exist under `shared/tests`; and the doc tables at the top of machine.rs are the rows, rendered.
+//! exist under `shared/tests`; and the doc tables at the top of machine/mod.rs are the rows, rendered.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -433,13 +433,13 @@ fn render(rows: &[Transition], effect: &str) -> Vec<String> {
 
 #[test]
 fn the_doc_tables_of_the_machine_are_its_rows() {
-    let source = include_str!("../../domain/src/machine.rs");
+    let source = include_str!("../../domain/src/machine/mod.rs");
     let documented: Vec<&str> = source.lines().filter(|l| l.starts_with("//! |")).collect();
     let mut rendered = render(TRANSITIONS, "next status / effect");
     rendered.extend(render(APPENDED, "effect added"));
     assert!(
         documented == rendered,
-        "the doc tables of machine.rs differ from machine::TRANSITIONS and APPENDED; they read:\n{}",
+        "the doc tables of machine/mod.rs differ from machine::TRANSITIONS and APPENDED; they read:\n{}",
         rendered.join("\n")
     );
 }

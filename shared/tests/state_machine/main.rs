@@ -3,7 +3,7 @@
 //! heartbeats, dead letters, incidents, await units, fan-outs, the lifecycle outbox), every event
 //! delivered twice, full happy paths, replies checked against their sender, and the commit invariants
 //! (version +1 per commit, pinned release / pipeline / input, generation moving only with a new lease),
-//! also over random event sequences. `coverage` checks that the table in machine.rs is complete and
+//! also over random event sequences. `coverage` checks that the table in machine/ is complete and
 //! that each of its rows names tests that exist.
 //!
 //! No AWS, no emulator: records are built with `start` and advanced with `decide` under hand-made

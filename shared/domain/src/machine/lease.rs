@@ -1,0 +1,266 @@
+//! The sweeper's claims and the launch function's work: leases, attempts, retries and their deadlines.
+
+use super::*;
+
+pub(super) fn claim(record: &Execution, ctx: &Context) -> Decision {
+    // Only the outbox is due: publish it (again) and look back later, less often each time. An
+    // outbox that cannot be published (events switched off, or a bus that keeps failing) is not
+    // rewritten forever: it is dropped, and the drop noted on the record and counted.
+    let outbox_due = record.publish_by.is_some_and(|p| p <= ctx.now) && !record.events.is_empty();
+    if outbox_due && record.work_due_at().is_none_or(|w| w > ctx.now) {
+        let mut next = bump(record, ctx);
+        if !ctx.lifecycle || record.publish_attempts + 1 >= MAX_PUBLISH_ATTEMPTS {
+            let reason = if ctx.lifecycle {
+                format!("not confirmed after {MAX_PUBLISH_ATTEMPTS} attempts")
+            } else {
+                "lifecycle events are switched off".to_string()
+            };
+            let detail = format!("{} lifecycle events dropped: {reason}", next.events.len());
+            note_incident(&mut next, ctx, EVENTS_DROPPED, &detail);
+            next.events.clear();
+            next.publish_by = None;
+            next.publish_attempts = 0;
+            return commit(next, Vec::new());
+        }
+        next.publish_attempts += 1;
+        next.publish_by = Some(ctx.now + ctx.lease_ms * (1_i64 << next.publish_attempts.min(6)));
+        return commit(next, vec![Action::PublishEvents]);
+    }
+    match record.work_due_at() {
+        Some(due) if due <= ctx.now => {}
+        _ if record.status.is_terminal() => return Decision::Skip(Skip::Terminal),
+        _ => return rekeyed(record, ctx).unwrap_or(Decision::Skip(Skip::NotDue)),
+    }
+    if record.status.is_terminal() {
+        // Due only while its dead-letter envelope or its parent's notice is unsent: send them (again)
+        // and look back later.
+        let mut actions = Vec::new();
+        if let Some(mark) = record.dead_letter.as_ref().filter(|d| !d.sent) {
+            actions.push(Action::SendDeadLetter { id: mark.id });
+        }
+        if record.parent.is_some() && !record.parent_notified {
+            actions.push(Action::NotifyParent);
+        }
+        if actions.is_empty() {
+            return Decision::Skip(Skip::Terminal);
+        }
+        let mut next = bump(record, ctx);
+        next.wake_at = Some(ctx.now + ctx.lease_ms);
+        return commit(next, actions);
+    }
+    // (A held lease makes the record due at its expiry, so a due record's lease has expired.)
+    let mut next = bump(record, ctx);
+    let action = take_lease(&mut next, ctx, 0);
+    commit(next, vec![action])
+}
+
+pub(super) fn launch_work(
+    record: &Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    generation: u64,
+    token: Uuid,
+) -> Decision {
+    if record.status.is_terminal() {
+        return Decision::Skip(Skip::Terminal);
+    }
+    let holds = matches!(&record.lease, Some(lease) if lease.token == token)
+        && record.generation == generation
+        || planted::active(Bug::LaunchIgnoresFencing);
+    if !holds {
+        return Decision::Skip(Skip::Fenced);
+    }
+    let mut next = bump(record, ctx);
+    next.lease = None;
+    match record.status {
+        Status::Queued | Status::WaitRetry => {
+            let actions = launch_attempt(&mut next, def, ctx, record.attempt + 1);
+            commit(next, actions)
+        }
+        Status::WaitingExternal if record.wake_at.is_some_and(|w| w <= ctx.now) => {
+            let Some(unit) = next.await_unit.as_mut() else {
+                return commit(next, Vec::new());
+            };
+            if ctx.now >= unit.deadline {
+                let error = StepError::new(
+                    Code::AwaitTimeout.as_str(),
+                    "no completion before the await deadline",
+                    false,
+                );
+                unit.resolved = true;
+                let actions = fail_attempt(&mut next, def, ctx, error);
+                commit(next, actions)
+            } else {
+                // The announcement was not confirmed sent: send it again.
+                let unit = unit.id;
+                next.wake_at = Some(notice_check(&next, ctx));
+                commit(next, vec![Action::SendAwaitNotice { unit }])
+            }
+        }
+        Status::Running if record.wake_at.is_some_and(|w| w <= ctx.now) => {
+            if record.resends < MAX_RESENDS {
+                next.resends += 1;
+                let deadline = ctx.now + step_timeout_ms(def, record.step);
+                next.wake_at = Some(deadline);
+                let action = Action::SendRequest {
+                    step: record.step,
+                    attempt: record.attempt,
+                    launch_id: launch_id(record.id, record.step, record.attempt),
+                    deadline,
+                };
+                commit(next, vec![action])
+            } else {
+                let error = StepError::new(
+                    Code::StepTimeout.as_str(),
+                    format!(
+                        "no reply within {} s (request sent {} times)",
+                        step_timeout_ms(def, record.step) / 1000,
+                        record.resends + 1
+                    ),
+                    true,
+                );
+                let actions = fail_attempt(&mut next, def, ctx, error);
+                commit(next, actions)
+            }
+        }
+        // Nothing to do under this lease (the execution moved on meanwhile): release it.
+        _ => commit(next, Vec::new()),
+    }
+}
+
+/// Starts attempt `attempt` of the record's current step: saved as `launching` with its deterministic
+/// launch id, to be sent after the commit.
+pub(super) fn launch_attempt(
+    next: &mut Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    attempt: u32,
+) -> Vec<Action> {
+    let step = next.step;
+    let id = launch_id(next.id, step, attempt);
+    let deadline = ctx.now + step_timeout_ms(def, step);
+    next.status = Status::Running;
+    next.attempt = attempt;
+    next.launch_id = Some(id);
+    next.resends = 0;
+    next.wake_at = Some(deadline);
+    next.launched_at = Some(ctx.now);
+    let progress = StepProgress {
+        status: StepStatus::Launching,
+        launch_id: id,
+        receipt: None,
+        earlier_receipts: Vec::new(),
+        error: None,
+    };
+    match next.progress_mut(step) {
+        Some(existing) => {
+            existing.status = StepStatus::Launching;
+            existing.launch_id = id;
+        }
+        None => next.steps.push(progress),
+    }
+    let Some(step_def) = def.step(step).filter(|s| s.kind != StepKind::Task) else {
+        return vec![Action::SendRequest {
+            step,
+            attempt,
+            launch_id: id,
+            deadline,
+        }];
+    };
+    if step_def.kind == StepKind::FanOut {
+        return launch_fan_out(next, def, ctx, id, deadline);
+    }
+    // An await step parks the execution on an await unit; its tokens derive from this decision's
+    // random token, so they cannot be guessed from anything stored elsewhere.
+    let interactions = step_def
+        .interaction_names()
+        .into_iter()
+        .map(|name| Interaction {
+            idempotency_key: format!("{id}/{name}"),
+            token: Uuid::new_v5(&ctx.token, name.as_bytes())
+                .simple()
+                .to_string(),
+            id: name,
+            completion: None,
+        })
+        .collect();
+    next.status = Status::WaitingExternal;
+    next.await_unit = Some(AwaitUnit {
+        id,
+        step,
+        deadline,
+        interactions,
+        notice_sent: false,
+        resolved: false,
+        fan_out: None,
+    });
+    next.wake_at = Some(notice_check(next, ctx));
+    vec![Action::SendAwaitNotice { unit: id }]
+}
+
+/// Records a failed attempt and either schedules the retry or fails the execution.
+pub(super) fn fail_attempt(
+    next: &mut Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    mut error: StepError,
+) -> Vec<Action> {
+    let policy = def
+        .step(next.step)
+        .map(|s| s.retry.clone())
+        .unwrap_or_default();
+    error.retryable &= !policy.non_retryable.contains(&error.code);
+    let step = next.step;
+    if let Some(progress) = next.progress_mut(step) {
+        progress.status = StepStatus::Failed;
+        progress.error = Some(error.clone());
+    }
+    next.launch_id = None;
+    next.lease = None;
+    let used = next.attempts_in_budget();
+    if error.retryable && used < policy.max_attempts {
+        let delay_ms = policy.delay_ms(used, ctx.jitter);
+        next.status = Status::WaitRetry;
+        next.error = Some(error);
+        next.wake_at = Some(ctx.now + delay_ms as i64);
+        let delay_secs = delay_ms.div_ceil(1000);
+        if delay_secs <= MAX_DELAY_SECONDS {
+            vec![take_lease(next, ctx, delay_ms as i64)]
+        } else {
+            Vec::new()
+        }
+    } else {
+        next.status = Status::Failed;
+        next.error = Some(error);
+        let id = dead_letter_id(next.id, next.version);
+        next.dead_letter = Some(DeadLetterMark { id, sent: false });
+        // Due again if the envelope is not marked sent by then (a crash between commit and send).
+        next.wake_at = Some(ctx.now + ctx.lease_ms);
+        vec![Action::SendDeadLetter { id }]
+    }
+}
+
+/// Id of the dead-letter envelope of the failure committed at `version`.
+pub(super) fn dead_letter_id(execution: Uuid, version: u64) -> Uuid {
+    Uuid::new_v5(&execution, format!("dead-letter/{version}").as_bytes())
+}
+
+/// Takes a fresh lease (new generation) covering `delay_ms` plus the lease time, and returns the launch
+/// work that carries it.
+pub(super) fn take_lease(next: &mut Execution, ctx: &Context, delay_ms: i64) -> Action {
+    next.generation += 1;
+    next.lease = Some(Lease {
+        owner: ctx.owner.clone(),
+        token: ctx.token,
+        expires_at: ctx.now + delay_ms + ctx.lease_ms,
+    });
+    Action::EnqueueLaunch {
+        generation: next.generation,
+        token: ctx.token,
+        delay_secs: (delay_ms.max(0) as u64).div_ceil(1000) as u32,
+    }
+}
+
+pub(super) fn step_timeout_ms(def: &PipelineDef, step: u32) -> i64 {
+    def.step(step).map_or(300, |s| s.timeout_secs) as i64 * 1000
+}

@@ -1,0 +1,124 @@
+//! What operators and parents ask of an execution: re-drive, reopen, rejoin, cancel.
+
+use super::*;
+
+pub(super) fn redrive(
+    record: &Execution,
+    ctx: &Context,
+    expected_version: u64,
+    reason: &str,
+) -> Decision {
+    if !matches!(record.status, Status::Failed | Status::Dlq) {
+        return Decision::Reject(Rejection::NotRedrivable(record.status));
+    }
+    if record.version != expected_version {
+        return Decision::Reject(Rejection::VersionMismatch {
+            expected: expected_version,
+            actual: record.version,
+        });
+    }
+    reopen(record, ctx, reason)
+}
+
+/// A FAILED or DLQ execution queued again: a new attempt of its step with a new retry budget, under
+/// the same pinned release, noted with `reason`.
+pub(super) fn reopen(record: &Execution, ctx: &Context, reason: &str) -> Decision {
+    let mut next = bump(record, ctx);
+    next.redrives.push(RedriveNote {
+        at: ctx.now,
+        reason: truncated(reason, MAX_INCIDENT_DETAIL),
+        from_status: record.status,
+        from_version: record.version,
+    });
+    let excess = next.redrives.len().saturating_sub(MAX_REDRIVE_NOTES);
+    next.redrives.drain(..excess);
+    next.status = Status::Queued;
+    next.budget_base = record.attempt;
+    next.error = None;
+    next.dead_letter = None;
+    next.wake_at = Some(ctx.now);
+    let action = take_lease(&mut next, ctx, 0);
+    commit(next, vec![action])
+}
+
+/// A fan-out child started again by its parent's next attempt of the step (`unit`): a child that
+/// failed or was cancelled runs again; one that succeeded tells the parent again without running; a
+/// running one answers the new attempt when it ends.
+pub(super) fn rejoin(
+    record: &Execution,
+    ctx: &Context,
+    token: &str,
+    unit: Option<Uuid>,
+) -> Decision {
+    let Some(parent) = &record.parent else {
+        return Decision::Reject(Rejection::InvalidToken);
+    };
+    if !same(parent.token.as_bytes(), token.as_bytes()) {
+        return Decision::Reject(Rejection::InvalidToken);
+    }
+    if parent.unit == unit {
+        // Started by this attempt already (a redelivered start).
+        return Decision::Skip(Skip::Duplicate);
+    }
+    let decision = match record.status {
+        // Every child that did not succeed runs again: a failed one, and one cancelled (its parent's
+        // fan-out failed beyond its tolerance, or the parent was cancelled, before it ended).
+        Status::Failed | Status::Dlq | Status::Cancelled => {
+            reopen(record, ctx, "the parent ran its fan-out again")
+        }
+        status if status.is_terminal() => {
+            let mut next = bump(record, ctx);
+            next.parent_notified = false;
+            next.wake_at = Some(ctx.now + ctx.lease_ms);
+            commit(next, vec![Action::NotifyParent])
+        }
+        _ => commit(bump(record, ctx), Vec::new()),
+    };
+    match decision {
+        Decision::Commit {
+            record: mut next,
+            actions,
+        } => {
+            if let Some(link) = next.parent.as_mut() {
+                link.unit = unit;
+            }
+            Decision::Commit {
+                record: next,
+                actions,
+            }
+        }
+        other => other,
+    }
+}
+
+pub(super) fn cancel(
+    record: &Execution,
+    def: &PipelineDef,
+    ctx: &Context,
+    reason: &str,
+) -> Decision {
+    if record.status.is_terminal() {
+        return Decision::Reject(Rejection::AlreadyTerminal(record.status));
+    }
+    let mut next = bump(record, ctx);
+    next.status = Status::Cancelled;
+    next.lease = None;
+    next.wake_at = None;
+    next.launch_id = None;
+    next.error = Some(StepError::new(Code::Cancelled.as_str(), reason, false));
+    let fanned_out = def
+        .step(record.step)
+        .is_some_and(|s| s.kind == StepKind::FanOut);
+    let actions = match (record.status, record.launch_id, &record.await_unit) {
+        (Status::Running, Some(launch_id), _) => vec![Action::NotifyCancel {
+            step: record.step,
+            launch_id,
+        }],
+        // The children still running are cancelled too (each by a message naming its token).
+        (Status::WaitingExternal, _, Some(unit)) if fanned_out && !unit.resolved => {
+            vec![Action::CancelChildren { unit: unit.id }]
+        }
+        _ => Vec::new(),
+    };
+    commit(next, actions)
+}
