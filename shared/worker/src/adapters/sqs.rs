@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 
 use async_trait::async_trait;
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
@@ -16,6 +16,7 @@ use aws_sdk_sqs::types::{
 use aws_sdk_sqs::Client;
 
 use crate::ports::{DeadLetter, DeadLetterQueue, MessageSender, OutMessage, SendError, StoreError};
+use crate::worker::VisibilityExtender;
 
 use super::batches::{split, MAX_BATCH_BYTES, MAX_ENTRIES};
 
@@ -428,6 +429,84 @@ where
                 tracing::warn!(queue = %source.name, error = %DisplayErrorContext(e), "delete failed; messages will be redelivered");
             }
         }
+    }
+}
+
+/// The account id and queue name of an SQS queue ARN (`arn:aws:sqs:region:account:name`).
+pub fn parse_queue_arn(arn: &str) -> Option<(&str, &str)> {
+    let parts: Vec<&str> = arn.split(':').collect();
+    match parts.as_slice() {
+        ["arn", _, "sqs", _, account, .., name] if !account.is_empty() && !name.is_empty() => {
+            Some((account, name))
+        }
+        _ => None,
+    }
+}
+
+/// [`VisibilityExtender`] on SQS: the queue URL is resolved from the event source ARN once per process
+/// (`GetQueueUrl` with the owner account, as the queue may belong to another account), then
+/// `ChangeMessageVisibility`.
+pub struct SqsVisibilityExtender {
+    client: aws_sdk_sqs::Client,
+    urls: Mutex<HashMap<String, String>>,
+}
+
+impl SqsVisibilityExtender {
+    pub fn new(client: aws_sdk_sqs::Client) -> Self {
+        Self {
+            client,
+            urls: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn queue_url(&self, arn: &str) -> Result<String, String> {
+        if let Some(url) = self
+            .urls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(arn)
+        {
+            return Ok(url.clone());
+        }
+        let (account, name) =
+            parse_queue_arn(arn).ok_or_else(|| format!("not an SQS queue ARN: {arn}"))?;
+        let out = self
+            .client
+            .get_queue_url()
+            .queue_name(name)
+            .queue_owner_aws_account_id(account)
+            .send()
+            .await
+            .map_err(|e| format!("GetQueueUrl {arn}: {}", DisplayErrorContext(&e)))?;
+        let url = out
+            .queue_url
+            .ok_or_else(|| format!("GetQueueUrl {arn} returned no URL"))?;
+        self.urls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(arn.to_string(), url.clone());
+        Ok(url)
+    }
+}
+
+#[async_trait]
+impl VisibilityExtender for SqsVisibilityExtender {
+    async fn extend(
+        &self,
+        event_source_arn: &str,
+        receipt_handle: &str,
+        seconds: i32,
+    ) -> Result<(), String> {
+        let url = self.queue_url(event_source_arn).await?;
+        self.client
+            .change_message_visibility()
+            .queue_url(&url)
+            .receipt_handle(receipt_handle)
+            .visibility_timeout(seconds)
+            .send()
+            .await
+            .map_err(|e| format!("ChangeMessageVisibility {url}: {}", DisplayErrorContext(&e)))?;
+        Ok(())
     }
 }
 

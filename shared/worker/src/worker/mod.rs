@@ -29,22 +29,19 @@
 //! [`Worker::with_concurrency`]). Replies are still sent batched per reply queue once every step of the
 //! batch has finished, so a reply waits for the batch's slowest step: give long steps a small batch size.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
-use aws_sdk_sqs::error::DisplayErrorContext;
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::Instrument;
-use uuid::Uuid;
 
 use crate::adapters::batches::MAX_BATCH_BYTES;
-use crate::cache::{byte_budget, BoundedCache};
 use crate::claims::{ClaimCheck, ClaimError, MAX_INLINE_BYTES};
 use crate::domain::payload::PayloadRef;
 use crate::domain::{Code, StepError};
@@ -53,6 +50,15 @@ use crate::envelope::{
     DETAIL_ATTRIBUTE, REASON_ATTRIBUTE, REQUEST_KIND, SOURCE_ATTRIBUTE,
 };
 use crate::ports::{Clock, MessageSender, OutMessage, SendError, SystemClock};
+
+mod announce;
+mod memory;
+
+use announce::Announcer;
+use memory::{InFlight, LaunchMemory};
+
+// The SQS side of the runtime, where it has always been named.
+pub use crate::adapters::sqs::{parse_queue_arn, SqsVisibilityExtender};
 
 /// Default number of cancelled launch ids a worker remembers.
 pub const DEFAULT_CANCEL_CAPACITY: usize = 10_000;
@@ -147,18 +153,6 @@ pub struct Worker {
     announcer: Option<Mutex<Announcer>>,
 }
 
-/// When and where a worker announces itself: at its first batch, then at most every
-/// [`ANNOUNCE_EVERY_MS`](crate::release::ANNOUNCE_EVERY_MS), on the reply queue it was given or, until
-/// it is known, the one its requests name.
-struct Announcer {
-    worker_id: String,
-    reply_queue: Option<String>,
-    queue: String,
-    last: Option<std::time::Instant>,
-    /// Once it drains, every later announcement says so.
-    draining: bool,
-}
-
 /// Everything a step's task needs; cloned into an `Arc` per batch so tasks can be spawned.
 #[derive(Clone)]
 struct Core {
@@ -195,105 +189,6 @@ impl Worker {
             concurrency: DEFAULT_CONCURRENCY,
             announcer: None,
         }
-    }
-
-    /// Announces the worker (identity, queue, state) on the coordinator's reply queue: at its first
-    /// batch and then now and then, so that `stepline workers` lists it and an activation of a release
-    /// nobody serves warns. `reply_queue`: where to send before a request names it.
-    pub fn with_announcements(mut self, reply_queue: Option<String>) -> Self {
-        self.announcer = Some(Mutex::new(Announcer {
-            worker_id: uuid::Uuid::new_v4().to_string(),
-            reply_queue,
-            queue: String::new(),
-            last: None,
-            draining: false,
-        }));
-        self
-    }
-
-    /// The name of the request queue it reads, when known before its first batch (a polling worker).
-    pub fn reading(self, queue: &str) -> Self {
-        if let Some(announcer) = &self.announcer {
-            announcer.lock().expect("announcer").queue = queue.to_string();
-        }
-        self
-    }
-
-    /// Announces the worker if an announcement is due (a polling worker calls it while idle too).
-    pub async fn announce_if_due(&self) {
-        self.announce(crate::release::WorkerState::Healthy).await;
-    }
-
-    /// Announces that this worker drains (takes no more requests): submissions pinned to its
-    /// release are refused once all its workers drain.
-    pub async fn drain(&self) {
-        self.announce(crate::release::WorkerState::Draining).await;
-    }
-
-    /// Sends an announcement if one is due (or `state` is draining); best effort.
-    async fn announce(&self, state: crate::release::WorkerState) {
-        let Some(announcer) = &self.announcer else {
-            return;
-        };
-        let every = std::time::Duration::from_millis(crate::release::ANNOUNCE_EVERY_MS as u64);
-        let (queue, message) = {
-            let mut a = announcer.lock().expect("announcer");
-            let due = a.last.is_none_or(|last| last.elapsed() >= every)
-                || state == crate::release::WorkerState::Draining && !a.draining;
-            a.draining |= state == crate::release::WorkerState::Draining;
-            let state = if a.draining {
-                crate::release::WorkerState::Draining
-            } else {
-                state
-            };
-            let Some(reply_queue) = a.reply_queue.clone().filter(|_| due) else {
-                return;
-            };
-            a.last = Some(std::time::Instant::now());
-            let announcement = crate::envelope::WorkerAnnouncement::new(
-                a.worker_id.clone(),
-                self.core.identity.clone(),
-                a.queue.clone(),
-                state,
-            );
-            let body = serde_json::to_string(&announcement).expect("an announcement serializes");
-            (reply_queue, OutMessage::new(body))
-        };
-        if let Some(Err(e)) = self.core.sender.send(&queue, &[message]).await.pop() {
-            tracing::warn!(error = %e, "worker announcement not sent");
-            if let Some(announcer) = &self.announcer {
-                announcer.lock().expect("announcer").last = None;
-            }
-        }
-    }
-
-    /// Learns the request queue and (unless given) the reply queue from a batch, then announces.
-    async fn announce_from(&self, event: &SqsEvent) {
-        let Some(announcer) = &self.announcer else {
-            return;
-        };
-        {
-            let mut a = announcer.lock().expect("announcer");
-            if a.queue.is_empty() {
-                if let Some(arn) = event
-                    .records
-                    .iter()
-                    .find_map(|m| m.event_source_arn.as_deref())
-                {
-                    a.queue = arn.rsplit(':').next().unwrap_or_default().to_string();
-                }
-            }
-            if a.reply_queue.is_none() {
-                a.reply_queue = event
-                    .records
-                    .iter()
-                    .filter_map(|m| m.body.as_deref())
-                    .find_map(|body| serde_json::from_str::<RawRequest>(body).ok())
-                    .map(|request| request.header.reply_to)
-                    .filter(|url| !url.is_empty());
-            }
-        }
-        self.announce(crate::release::WorkerState::Healthy).await;
     }
 
     /// Sends undecodable and misaddressed requests to this queue (URL or name) with a typed reason.
@@ -858,125 +753,4 @@ fn truncate(text: &str, max: usize) -> String {
         end -= 1;
     }
     text[..end].to_string()
-}
-
-/// What this process knows of launches: cancelled ones, completed ones (with their reply) and the ones
-/// running now.
-struct LaunchMemory {
-    cancelled: BoundedCache<Uuid, ()>,
-    /// Reply bodies, bounded by bytes too: a function's memory is fixed, and outputs can be large.
-    completed: BoundedCache<Uuid, String>,
-    in_flight: HashSet<Uuid>,
-}
-
-impl LaunchMemory {
-    fn new(cancel_capacity: usize, dedup_capacity: usize) -> Self {
-        Self {
-            cancelled: BoundedCache::new(cancel_capacity, byte_budget()),
-            completed: BoundedCache::new(dedup_capacity, byte_budget()),
-            in_flight: HashSet::new(),
-        }
-    }
-}
-
-/// A launch claimed as running in this process; released when dropped (also by a panic or an abort).
-struct InFlight {
-    memory: Arc<Mutex<LaunchMemory>>,
-    launch_id: Uuid,
-}
-
-impl InFlight {
-    /// Records the launch's reply, in the same critical section that ends the claim, so a redelivery
-    /// sees it either running or completed.
-    fn complete(self, body: String) {
-        let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
-        let bytes = body.len();
-        memory.completed.insert(self.launch_id, body, bytes);
-        memory.in_flight.remove(&self.launch_id);
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
-        memory.in_flight.remove(&self.launch_id);
-    }
-}
-
-/// The account id and queue name of an SQS queue ARN (`arn:aws:sqs:region:account:name`).
-pub fn parse_queue_arn(arn: &str) -> Option<(&str, &str)> {
-    let parts: Vec<&str> = arn.split(':').collect();
-    match parts.as_slice() {
-        ["arn", _, "sqs", _, account, .., name] if !account.is_empty() && !name.is_empty() => {
-            Some((account, name))
-        }
-        _ => None,
-    }
-}
-
-/// [`VisibilityExtender`] on SQS: the queue URL is resolved from the event source ARN once per process
-/// (`GetQueueUrl` with the owner account, as the queue may belong to another account), then
-/// `ChangeMessageVisibility`.
-pub struct SqsVisibilityExtender {
-    client: aws_sdk_sqs::Client,
-    urls: Mutex<HashMap<String, String>>,
-}
-
-impl SqsVisibilityExtender {
-    pub fn new(client: aws_sdk_sqs::Client) -> Self {
-        Self {
-            client,
-            urls: Mutex::new(HashMap::new()),
-        }
-    }
-
-    async fn queue_url(&self, arn: &str) -> Result<String, String> {
-        if let Some(url) = self
-            .urls
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(arn)
-        {
-            return Ok(url.clone());
-        }
-        let (account, name) =
-            parse_queue_arn(arn).ok_or_else(|| format!("not an SQS queue ARN: {arn}"))?;
-        let out = self
-            .client
-            .get_queue_url()
-            .queue_name(name)
-            .queue_owner_aws_account_id(account)
-            .send()
-            .await
-            .map_err(|e| format!("GetQueueUrl {arn}: {}", DisplayErrorContext(&e)))?;
-        let url = out
-            .queue_url
-            .ok_or_else(|| format!("GetQueueUrl {arn} returned no URL"))?;
-        self.urls
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(arn.to_string(), url.clone());
-        Ok(url)
-    }
-}
-
-#[async_trait]
-impl VisibilityExtender for SqsVisibilityExtender {
-    async fn extend(
-        &self,
-        event_source_arn: &str,
-        receipt_handle: &str,
-        seconds: i32,
-    ) -> Result<(), String> {
-        let url = self.queue_url(event_source_arn).await?;
-        self.client
-            .change_message_visibility()
-            .queue_url(&url)
-            .receipt_handle(receipt_handle)
-            .visibility_timeout(seconds)
-            .send()
-            .await
-            .map_err(|e| format!("ChangeMessageVisibility {url}: {}", DisplayErrorContext(&e)))?;
-        Ok(())
-    }
 }
