@@ -1,0 +1,135 @@
+//! The API's request bodies and response views, as `openapi.yaml` describes them.
+
+use super::*;
+
+/// `POST /executions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubmitBody {
+    pub pipeline_id: String,
+    pub tenant: String,
+    pub input: Value,
+    /// The same key (same tenant and pipeline) returns the first execution.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    /// Defaults to the pipeline's active release.
+    #[serde(default)]
+    pub release_version: Option<String>,
+}
+
+/// `POST /executions/{id}/cancel`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CancelBody {
+    pub reason: String,
+}
+
+/// `POST /executions/{id}/redrive`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RedriveBody {
+    pub expected_version: u64,
+    pub reason: String,
+}
+
+/// `POST /executions/{id}/interactions/{interactionId}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CompleteBody {
+    pub token: String,
+    pub verdict: Verdict,
+    #[serde(default)]
+    pub payload: Value,
+}
+
+/// `POST /pipelines/{pipelineId}/activations`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ActivateBody {
+    pub release_version: String,
+    pub reason: String,
+}
+
+// --------------------------------------------------------------------------------------- responses
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubmitResponse {
+    pub execution_id: Uuid,
+    pub duplicate: bool,
+    pub version: u64,
+}
+
+/// `GET /executions/{id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutionView {
+    pub execution_id: Uuid,
+    pub tenant: String,
+    pub pipeline_id: String,
+    pub release_version: String,
+    pub contract_version: String,
+    pub status: Status,
+    /// Index of the current step.
+    pub step: u32,
+    /// Id of the current step (absent past the last step or if the release cannot be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_id: Option<String>,
+    pub attempt: u32,
+    pub version: u64,
+    /// Epoch milliseconds.
+    pub created_at: i64,
+    pub updated_at: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<StepError>,
+}
+
+/// `GET /executions/{id}/result`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResultView {
+    pub execution_id: Uuid,
+    pub status: Status,
+    pub result: Value,
+}
+
+/// Cancel and re-drive responses: the execution after the change.
+pub type ExecutionState = crate::coordinator::RedriveResponse;
+
+/// `GET /executions/{id}/interactions` (one entry per interaction of the pending await unit).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InteractionView {
+    pub interaction_id: String,
+    pub idempotency_key: String,
+    /// The resume token a completion must present.
+    pub token: String,
+    /// Epoch milliseconds; past it the await step fails with `AWAIT_TIMEOUT`.
+    pub deadline: i64,
+    pub completed: bool,
+}
+
+/// `POST /executions/{id}/interactions/{interactionId}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompletionResponse {
+    pub execution_id: Uuid,
+    pub interaction_id: String,
+    pub status: Status,
+    pub version: u64,
+    /// The same answer was already recorded: nothing changed.
+    pub duplicate: bool,
+}
+
+/// `POST /releases`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegistrationResponse {
+    pub pipeline_id: String,
+    pub release_version: String,
+    pub contract_version: String,
+    /// `CREATED` or `UNCHANGED` (the identical descriptor was already registered).
+    pub registration: String,
+}
+
+// --------------------------------------------------------------------------------------- audiences
