@@ -1,0 +1,488 @@
+//! The coordinator's and the worker's ports on the simulated world: the store, the queues, the
+//! dead-letter queues, the event bus, the payload store and the clock, each failing as the scheduler
+//! says (crashes, lost responses), and the step code each execution's plan dictates.
+
+use crate::*;
+
+/// Claim checks where a schedule has them.
+pub(crate) trait WithClaims: Sized {
+    fn with_claims(self, claims: Option<&ClaimCheck>) -> Self;
+}
+
+impl WithClaims for Coordinator {
+    fn with_claims(self, claims: Option<&ClaimCheck>) -> Self {
+        match claims {
+            Some(claims) => self.with_claim_check(claims.clone()),
+            None => self,
+        }
+    }
+}
+
+impl WithClaims for Worker {
+    fn with_claims(self, claims: Option<&ClaimCheck>) -> Self {
+        match claims {
+            Some(claims) => self.with_claim_check(claims.clone()),
+            None => self,
+        }
+    }
+}
+
+/// The payload store (S3): claim-checked payloads under content addresses, with crashes like every
+/// port.
+pub(crate) struct SimPayloads {
+    pub(crate) world: Shared,
+    pub(crate) inner: InMemoryPayloadStore,
+}
+
+impl SimPayloads {
+    /// A crash of the current invocation at the payload store: a worker's failure to read or store
+    /// the payloads of its requests (which it may answer with `PAYLOAD_UNAVAILABLE`).
+    pub(crate) fn failed(&self) -> StoreError {
+        let mut w = self.world.lock().expect("world");
+        let requests: Vec<(Uuid, u32, u32)> = w
+            .invocation()
+            .filter(|i| i.role == Some(Role::Worker))
+            .map(|i| {
+                i.batch
+                    .iter()
+                    .filter_map(|b| request_header(b))
+                    .map(|h| (h.execution_id, h.step_index, h.attempt))
+                    .collect()
+            })
+            .unwrap_or_default();
+        w.payload_faults.extend(requests);
+        crashed()
+    }
+}
+
+#[async_trait]
+impl PayloadStore for SimPayloads {
+    async fn put(&self, bucket: &str, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        YieldOnce(false).await;
+        let fate = self.world.lock().expect("world").fate();
+        match fate {
+            // (A lost response is retried by the SDK: the key is a content address, the retry puts
+            // the same bytes.)
+            Fate::Proceed | Fate::LostResponse => {
+                self.world
+                    .lock()
+                    .expect("world")
+                    .report
+                    .counts
+                    .claim_checked += 1;
+                self.inner.put(bucket, key, bytes).await
+            }
+            Fate::CrashAfter => {
+                self.inner.put(bucket, key, bytes).await?;
+                Err(self.failed())
+            }
+            _ => Err(self.failed()),
+        }
+    }
+
+    async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError> {
+        YieldOnce(false).await;
+        let fate = self.world.lock().expect("world").fate();
+        match fate {
+            Fate::Proceed | Fate::LostResponse => self.inner.get(bucket, key).await,
+            _ => Err(self.failed()),
+        }
+    }
+
+    async fn get_range(
+        &self,
+        bucket: &str,
+        key: &str,
+        start: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        YieldOnce(false).await;
+        let fate = self.world.lock().expect("world").fate();
+        match fate {
+            Fate::Proceed | Fate::LostResponse => {
+                self.inner.get_range(bucket, key, start, len).await
+            }
+            _ => Err(self.failed()),
+        }
+    }
+}
+
+pub(crate) type Shared = Arc<Mutex<World>>;
+
+/// Returns `Pending` once: every port call is a point where the scheduler may switch invocations.
+pub(crate) struct YieldOnce(pub(crate) bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<()> {
+        if self.0 {
+            Poll::Ready(())
+        } else {
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}
+
+pub(crate) fn crashed() -> StoreError {
+    StoreError::Unavailable("simulated crash".into())
+}
+
+// ------------------------------------------------------------------------------------------- ports
+
+pub(crate) struct SimStore(pub(crate) Shared);
+
+impl SimStore {
+    /// A write under a fate: a lost response is the SDK's retry meeting its own version.
+    pub(crate) async fn write(
+        &self,
+        record: &Execution,
+        expected: Option<u64>,
+    ) -> Result<(), StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.0.lock().expect("world");
+        match w.fate() {
+            Fate::Proceed => w.write(record, expected),
+            Fate::LostResponse => {
+                w.write(record, expected)?;
+                Err(StoreError::Conflict)
+            }
+            Fate::CrashAfter => {
+                let _ = w.write(record, expected);
+                Err(crashed())
+            }
+            _ => Err(crashed()),
+        }
+    }
+}
+
+#[async_trait]
+impl ExecutionStore for SimStore {
+    async fn get(&self, id: Uuid) -> Result<Option<Execution>, StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.0.lock().expect("world");
+        match w.fate() {
+            Fate::Proceed | Fate::LostResponse => {
+                if let Some(invocation) = w.invocation() {
+                    invocation.reads.insert(id);
+                }
+                Ok(w.records.get(&id).cloned())
+            }
+            // A crash after a read: the result never reaches the caller.
+            _ => Err(crashed()),
+        }
+    }
+
+    async fn create(&self, record: &Execution) -> Result<(), StoreError> {
+        self.write(record, None).await
+    }
+
+    async fn replace(&self, record: &Execution, expected_version: u64) -> Result<(), StoreError> {
+        self.write(record, Some(expected_version)).await
+    }
+
+    async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.0.lock().expect("world");
+        match w.fate() {
+            Fate::Proceed | Fate::LostResponse => {
+                if query.after.is_some() {
+                    w.report.counts.paged_queries += 1;
+                }
+                let mut entries = Vec::new();
+                let mut stale = 0;
+                for id in w.index.keys() {
+                    let (key, lagging) = w.indexed(id);
+                    stale += usize::from(lagging);
+                    if let Some((key, shard)) = key {
+                        if shard == query.shard {
+                            entries.push((key, *id));
+                        }
+                    }
+                }
+                w.report.counts.stale_index_reads += stale.min(1);
+                Ok(crate::adapters::memory::due_page(
+                    entries.into_iter(),
+                    query,
+                ))
+            }
+            _ => Err(crashed()),
+        }
+    }
+
+    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.0.lock().expect("world");
+        match w.fate() {
+            Fate::Proceed => {
+                let World {
+                    records, deferrals, ..
+                } = &mut *w;
+                let until = records
+                    .get(&id)
+                    .and_then(|r| deferrals.defer(r, now, backoff));
+                w.index(id);
+                Ok(until)
+            }
+            _ => Err(crashed()),
+        }
+    }
+
+    fn shards(&self) -> u32 {
+        self.0.lock().expect("world").shards
+    }
+
+    async fn put_journal(
+        &self,
+        id: Uuid,
+        chunk: u32,
+        entries: &[crate::domain::history::Entry],
+    ) -> Result<(), StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.0.lock().expect("world");
+        let fate = w.fate();
+        if matches!(fate, Fate::CrashBefore | Fate::Dead) {
+            return Err(crashed());
+        }
+        w.report.counts.journal_chunks += 1;
+        let written = w.journal.insert((id, chunk), entries.to_vec());
+        if written.is_some_and(|was| was != entries) {
+            w.violations.push(format!(
+                "journal chunk {chunk} of {id} written over with other entries"
+            ));
+        }
+        match fate {
+            Fate::CrashAfter => Err(crashed()),
+            _ => Ok(()),
+        }
+    }
+
+    async fn journal(
+        &self,
+        id: Uuid,
+        chunks: u32,
+    ) -> Result<Vec<Option<Vec<crate::domain::history::Entry>>>, StoreError> {
+        let w = self.0.lock().expect("world");
+        Ok((0..chunks)
+            .map(|k| w.journal.get(&(id, k)).cloned())
+            .collect())
+    }
+
+    async fn list(
+        &self,
+        query: crate::ports::ListQuery,
+    ) -> Result<crate::ports::ListPage, StoreError> {
+        let w = self.0.lock().expect("world");
+        Ok(crate::adapters::memory::list_page(
+            w.records.values(),
+            &query,
+        ))
+    }
+
+    async fn get_many(&self, ids: &[Uuid]) -> Result<Vec<Execution>, StoreError> {
+        let w = self.0.lock().expect("world");
+        Ok(ids
+            .iter()
+            .filter_map(|id| w.records.get(id).cloned())
+            .collect())
+    }
+}
+
+/// A DLQ as bulk replay reads it: received messages are hidden until deleted or released.
+pub(crate) struct SimDeadLetterQueue {
+    pub(crate) world: Shared,
+    pub(crate) queue: &'static str,
+}
+
+#[async_trait]
+impl DeadLetterQueue for SimDeadLetterQueue {
+    async fn receive(&self, max: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.world.lock().expect("world");
+        match w.fate() {
+            Fate::Proceed | Fate::LostResponse => {}
+            _ => return Err(crashed()),
+        }
+        let sent: BTreeMap<u64, i64> = w.queues[self.queue]
+            .messages
+            .iter()
+            .map(|m| (m.id, m.sent_at))
+            .collect();
+        let received = w.receive(self.queue, max.min(10));
+        Ok(received
+            .into_iter()
+            .map(|(id, receipt, body)| DeadLetter {
+                handle: format!("{id}:{receipt}"),
+                body,
+                attributes: Default::default(),
+                sent_at: sent.get(&id).copied(),
+            })
+            .collect())
+    }
+
+    async fn delete(&self, handle: &str) -> Result<(), StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.world.lock().expect("world");
+        match w.fate() {
+            Fate::Proceed | Fate::LostResponse => {
+                let (id, receipt) = parse_handle(handle);
+                w.delete(self.queue, id, receipt);
+                Ok(())
+            }
+            Fate::CrashAfter => {
+                let (id, receipt) = parse_handle(handle);
+                w.delete(self.queue, id, receipt);
+                Err(crashed())
+            }
+            _ => Err(crashed()),
+        }
+    }
+
+    async fn release(&self, handle: &str) -> Result<(), StoreError> {
+        YieldOnce(false).await;
+        let mut w = self.world.lock().expect("world");
+        match w.fate() {
+            Fate::Proceed | Fate::LostResponse => {
+                let (id, receipt) = parse_handle(handle);
+                let now = w.now;
+                if let Some(q) = w.queues.get_mut(self.queue) {
+                    for m in q.messages.iter_mut() {
+                        if m.id == id && m.receipt == receipt {
+                            m.visible_at = now;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            _ => Err(crashed()),
+        }
+    }
+}
+
+pub(crate) fn parse_handle(handle: &str) -> (u64, u64) {
+    let (id, receipt) = handle.split_once(':').unwrap_or_default();
+    (id.parse().unwrap_or(0), receipt.parse().unwrap_or(0))
+}
+
+pub(crate) struct SimSender(pub(crate) Shared);
+
+#[async_trait]
+impl MessageSender for SimSender {
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
+        YieldOnce(false).await;
+        let mut w = self.0.lock().expect("world");
+        let fail = || SendError {
+            queue: queue.to_string(),
+            reason: "simulated crash".into(),
+        };
+        let fate = w.fate();
+        if matches!(fate, Fate::CrashBefore | Fate::Dead) {
+            return messages.iter().map(|_| Err(fail())).collect();
+        }
+        for m in messages {
+            let reason = m
+                .attributes
+                .iter()
+                .find(|(k, _)| k == crate::envelope::REASON_ATTRIBUTE)
+                .map(|(_, v)| v.clone());
+            let delay = i64::from(m.delay_secs) * 1000;
+            w.push(queue, m.body.clone(), reason.clone(), delay);
+            if w.faults && w.rng.f64() < w.config.duplicate_rate {
+                w.report.counts.duplicates += 1;
+                w.push(queue, m.body.clone(), reason, delay);
+            }
+        }
+        match fate {
+            Fate::CrashAfter | Fate::LostResponse => messages.iter().map(|_| Err(fail())).collect(),
+            _ => messages.iter().map(|_| Ok(())).collect(),
+        }
+    }
+}
+
+/// The event bus: records what was published (by event id), with crashes like every port.
+pub(crate) struct SimPublisher(pub(crate) Shared);
+
+#[async_trait]
+impl EventPublisher for SimPublisher {
+    async fn publish(&self, events: &[BusEvent]) -> Vec<Result<(), String>> {
+        YieldOnce(false).await;
+        let mut w = self.0.lock().expect("world");
+        let fate = w.fate();
+        if matches!(fate, Fate::CrashBefore | Fate::Dead) {
+            return events
+                .iter()
+                .map(|_| Err("simulated crash".into()))
+                .collect();
+        }
+        let mut results = Vec::with_capacity(events.len());
+        for e in events {
+            // A partial failure (FailedEntryCount > 0): this entry was not accepted, the call succeeded.
+            if w.faults && w.rng.f64() < w.config.duplicate_rate {
+                results.push(Err("simulated ThrottlingException for this entry".into()));
+                continue;
+            }
+            let id = e.detail["eventId"].as_str().unwrap_or_default().to_string();
+            w.published.insert(id);
+            results.push(Ok(()));
+        }
+        match fate {
+            Fate::CrashAfter | Fate::LostResponse => events
+                .iter()
+                .map(|_| Err("simulated crash".into()))
+                .collect(),
+            _ => results,
+        }
+    }
+}
+
+pub(crate) struct SimClock(pub(crate) Shared);
+
+impl Clock for SimClock {
+    fn now_ms(&self) -> i64 {
+        self.0.lock().expect("world").now
+    }
+    fn token(&self) -> Uuid {
+        Uuid::from_u128(self.0.lock().expect("world").rng.u128(..))
+    }
+    fn secret(&self) -> [u8; 16] {
+        self.0.lock().expect("world").rng.u128(..).to_le_bytes()
+    }
+    fn jitter(&self) -> f64 {
+        self.0.lock().expect("world").rng.f64()
+    }
+}
+
+/// The worker's steps: deterministic, failing as each execution's plan says.
+pub(crate) struct PlannedSteps {
+    pub(crate) item_limit: usize,
+}
+
+#[async_trait]
+impl StepFunction for PlannedSteps {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        // After the await step, the input is the approved input with the answers beside it; one that
+        // was claim-checked comes nested under `input`.
+        let input = match input.get("input") {
+            Some(nested) if input.get("interactions").is_some() => nested.clone(),
+            _ => input,
+        };
+        let k = u64::from(request.step_index);
+        let plan = &input["plan"];
+        if plan["fatal"].as_u64() == Some(k) {
+            return Err(StepError::new("FATAL", "planned permanent failure", false));
+        }
+        if u64::from(request.attempt) <= plan["fail"][k as usize].as_u64().unwrap_or(0) {
+            return Err(StepError::new("FLAKY", "planned transient failure", true));
+        }
+        let mut trail = input["trail"].as_array().cloned().unwrap_or_default();
+        trail.push(json!(request.step_id));
+        let mut output = json!({"n": input["n"], "plan": plan, "trail": trail});
+        if plan["huge"].as_u64() == Some(k) {
+            output["pad"] = json!("x".repeat(self.item_limit));
+        }
+        Ok(output)
+    }
+}
+
+// ------------------------------------------------------------------------------------------- run
