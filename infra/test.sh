@@ -31,7 +31,9 @@ if [ "${1:-}" = --full ]; then
   tier=full
   shift
 fi
-lanes="${STEPLINE_LANES:-sim moto localstack$([ "$tier" = full ] && echo ' lossy')}"
+default_lanes="sim moto localstack"
+if [ "$tier" = full ]; then default_lanes+=" lossy"; fi
+lanes="${STEPLINE_LANES:-$default_lanes}"
 seed="${STEPLINE_SEED:-$(od -An -N5 -tu8 /dev/urandom | tr -d ' ')}"
 export STEPLINE_TIER="$tier" STEPLINE_SEED="$seed" STEPLINE_REQUIRE_EMULATOR=1
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}" NEXTEST_HIDE_PROGRESS_BAR=1
