@@ -171,13 +171,13 @@ impl InMemoryExecutionStore {
         self.records.lock().expect("store").get(&id).cloned()
     }
 
-    /// How many records held match `predicate`.
     /// The records `predicate` holds for.
     pub fn find(&self, predicate: impl Fn(&Execution) -> bool) -> Vec<Execution> {
         let records = self.records.lock().expect("store");
         records.values().filter(|r| predicate(r)).cloned().collect()
     }
 
+    /// How many records held match `predicate`.
     pub fn count(&self, predicate: impl Fn(&Execution) -> bool) -> usize {
         let records = self.records.lock().expect("store");
         records.values().filter(|r| predicate(r)).count()
