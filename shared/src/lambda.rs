@@ -101,10 +101,8 @@ pub async fn serve_http() -> Result<(), Error> {
     use lambda_http::Request;
     let function = function()?;
     // What this endpoint serves (template.yaml gives each audience a function URL of its own).
-    let served = match std::env::var("API_AUDIENCES") {
-        Ok(text) => crate::http::Audiences::parse(&text)?,
-        Err(_) => crate::http::Audiences::ALL,
-    };
+    let served =
+        crate::http::Audiences::configured(std::env::var("API_AUDIENCES").ok().as_deref())?;
     lambda_http::run(lambda_http::service_fn(|request: Request| {
         let function = function.clone();
         async move {

@@ -49,6 +49,18 @@ impl Audiences {
         self.0[audience as usize]
     }
 
+    /// What an endpoint serves, from its `API_AUDIENCES` setting: an endpoint that was not told
+    /// serves nothing (it fails to start) rather than every route, so that a function deployed
+    /// without the setting does not make each of its callers an administrator.
+    pub fn configured(setting: Option<&str>) -> Result<Self, String> {
+        match setting {
+            Some(text) => Self::parse(text),
+            None => Err("API_AUDIENCES is not set: name what this endpoint serves \
+                 (submit, operate, administer, or all)"
+                .into()),
+        }
+    }
+
     /// From `API_AUDIENCES`' form: names separated by commas (`submit,operate`), or `all`.
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut served = [false; 3];

@@ -655,6 +655,12 @@ mod tests {
     }
 
     #[test]
+    fn an_endpoint_told_nothing_serves_nothing() {
+        let refused = Audiences::configured(None).unwrap_err();
+        assert!(refused.contains("API_AUDIENCES"), "{refused}");
+    }
+
+    #[test]
     fn audiences_parse_and_each_route_has_its_own() {
         assert_eq!(Audiences::parse("all"), Ok(Audiences::ALL));
         assert_eq!(
@@ -667,6 +673,10 @@ mod tests {
         assert_eq!(submit.to_string(), "submit");
         assert!(Audiences::parse("").is_err());
         assert!(Audiences::parse("admin").is_err());
+        assert_eq!(
+            Audiences::configured(Some("operate")),
+            Ok(Audiences::only(Audience::Operate))
+        );
         assert_eq!(Route::Executions.audience(), Some(Audience::Submit));
         assert_eq!(Route::Releases.audience(), Some(Audience::Administer));
         assert_eq!(

@@ -235,6 +235,8 @@ pub struct Coordinator {
     publisher: Option<Arc<dyn EventPublisher>>,
     /// Records this process committed last (bounded): the hot path decides on them without a read.
     recent: Mutex<RecentRecords>,
+    /// When this process last re-sent each execution's first request for a duplicate submission.
+    resent: Mutex<BoundedCache<Uuid, i64>>,
     /// Where payloads above the threshold go (none: kept inline).
     claims: Option<ClaimCheck>,
     /// Where fan-out children are counted (none: a child's end cannot be counted).
@@ -253,6 +255,13 @@ pub const KEYS_CACHED_MS: i64 = 5 * 60 * 1000;
 /// A parent link that no loaded key signed is checked once more on keys at most this old (it may be
 /// signed under a key a rotation made since they were loaded).
 const KEYS_RECHECKED_MS: i64 = 10_000;
+
+/// A duplicate submission re-sends its execution's first request at most once in this long per
+/// process: however often a caller submits the same key, its worker sees a bounded number of copies.
+pub const RESEND_WINDOW_MS: i64 = 10_000;
+
+/// How many executions' re-sends a process remembers, at most.
+const RESENT_CAPACITY: usize = 1024;
 
 /// A pipeline's workers as read from the registry, and when (epoch ms).
 type WorkersRead = (i64, Arc<Vec<WorkerRecord>>);
@@ -298,6 +307,7 @@ impl Coordinator {
             workers: Mutex::new(HashMap::new()),
             publisher: None,
             recent: Mutex::new(RecentRecords::default()),
+            resent: Mutex::new(BoundedCache::new(RESENT_CAPACITY, usize::MAX)),
             claims: None,
             ledger: None,
             key_source: None,

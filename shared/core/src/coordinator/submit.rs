@@ -95,9 +95,9 @@ impl Coordinator {
                 if existing.version != record.version || existing.write_id != record.write_id {
                     // Submitted before. If nothing happened since, its first request may not have
                     // gone out (the first submitter may have died before sending): send it again,
-                    // under the same launch id.
+                    // under the same launch id, at most once per window.
                     let again = domain::creation_actions(&existing);
-                    if !again.is_empty() {
+                    if !again.is_empty() && self.resend_due(id) {
                         let definition = self
                             .definition(&existing.pipeline_id, &existing.release_version)
                             .await?;
@@ -137,9 +137,14 @@ impl Coordinator {
         })
     }
 
-    /// `request` with its parent link only if the coordinator signed it (a fan-out's child start);
+    /// `request` with its parent link only if the coordinator made it (a fan-out's child start);
     /// anyone else's link is stripped, and the execution starts as a parentless one. Without the key
     /// to check it, the start waits (a retryable error).
+    ///
+    /// The link's signature proves it on the spot. A start that waited in its queue across two key
+    /// rotations carries a signature no key in use verifies any more; its link is then proven from
+    /// the parent's record instead (`proven_by_parent`), so a child is never cut off from the
+    /// parent that waits for it.
     async fn checked_parent(
         &self,
         mut request: SubmitRequest,
@@ -163,10 +168,216 @@ impl Coordinator {
                 .keys_newer_than(KEYS_RECHECKED_MS)
                 .await
                 .is_some_and(|keys| signed(&keys));
-        if !signed {
+        if !signed && !self.proven_by_parent(link, &request).await? {
             tracing::warn!(parent = %link.execution_id, pipeline = %request.pipeline_id, "a start event's parent link is not the coordinator's: stripped");
             request.parent = None;
         }
         Ok(request)
+    }
+
+    /// Whether this process may re-send `id`'s first request now (it has not in the last
+    /// [`RESEND_WINDOW_MS`]), noting that it does.
+    fn resend_due(&self, id: Uuid) -> bool {
+        let now = self.clock.now_ms();
+        let mut resent = self.resent.lock().expect("resent");
+        if resent
+            .get(&id)
+            .is_some_and(|at| now - at < RESEND_WINDOW_MS)
+        {
+            return false;
+        }
+        resent.insert(id, now, 1);
+        true
+    }
+
+    /// Whether the parent's record proves `link` for a child of `request`'s pipeline and tenant:
+    /// the link's token is the one only the coordinator derives from the parent's secret for that
+    /// step and item, the tenant is the parent's, and the parent's step is a fan-out over this
+    /// pipeline. One read of the parent, only for a link no key in use verifies.
+    async fn proven_by_parent(
+        &self,
+        link: &ParentLink,
+        request: &SubmitRequest,
+    ) -> Result<bool, CoordinatorError> {
+        let Some(parent) = self.store.get(link.execution_id).await? else {
+            return Ok(false);
+        };
+        let token =
+            domain::ids::fan_out_token(&parent.secret, parent.id, link.step, &link.interaction);
+        if parent.secret.is_empty()
+            || parent.tenant != request.tenant
+            || !domain::crypto::same(token.as_bytes(), link.token.as_bytes())
+        {
+            return Ok(false);
+        }
+        let definition = self
+            .definition(&parent.pipeline_id, &parent.release_version)
+            .await?;
+        let step = definition.steps.get(link.step as usize);
+        Ok(step.and_then(|s| s.child_pipeline.as_deref()) == Some(request.pipeline_id.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapters::memory::{
+        InMemoryExecutionStore, InMemoryReleaseRegistry, MemoryKeys, RecordingSender,
+    };
+    use crate::domain::release::Release;
+    use crate::domain::{PipelineDef, StepDef};
+    use crate::ports::{ActivationRequest, SystemClock};
+
+    fn settings() -> Settings {
+        Settings {
+            launch_queue: "launch".into(),
+            reply_queue: "replies".into(),
+            execution_dlq: "execution-dlq".into(),
+            launch_dlq: "launch-dlq".into(),
+            reply_dlq: "reply-dlq".into(),
+            await_queue: "replies".into(),
+            start_queue: Some("start".into()),
+            start_dlq: Some("start-dlq".into()),
+            lease_ms: 30_000,
+            claim_limit: 10,
+            instance: "test".into(),
+        }
+    }
+
+    /// A coordinator over `store` and `keys` with two pipelines active: `batch` (a task, then a
+    /// fan-out over `shop`) and `shop` (one task). A fresh process: it loads its keys at its first
+    /// use.
+    async fn coordinator(
+        store: Arc<InMemoryExecutionStore>,
+        keys: Arc<MemoryKeys>,
+        sender: Arc<RecordingSender>,
+    ) -> Coordinator {
+        let registry = Arc::new(InMemoryReleaseRegistry::default());
+        let batch = [
+            StepDef::task("parse", "requests"),
+            StepDef::fan_out("each", "shop"),
+        ];
+        for def in [
+            PipelineDef::new("batch", "1", batch),
+            PipelineDef::new("shop", "1", [StepDef::task("a", "requests")]),
+        ] {
+            let release = Release::new(def, Vec::new());
+            registry.register(&release).await.unwrap();
+            let activation = ActivationRequest {
+                pipeline_id: &release.pipeline_id,
+                release_version: &release.release_version,
+                at: 0,
+                reason: "test",
+            };
+            registry.activate(activation).await.unwrap();
+        }
+        Coordinator::new(store, registry, sender, Arc::new(SystemClock), settings()).with_keys(keys)
+    }
+
+    /// The requests sent to the `requests` queue since the last call.
+    fn requests(sender: &RecordingSender) -> usize {
+        sender
+            .drain()
+            .iter()
+            .filter(|(q, _)| q == "requests")
+            .count()
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_submission_re_sends_the_first_request_at_most_once_per_window() {
+        let store = Arc::new(InMemoryExecutionStore::default());
+        let keys = Arc::new(MemoryKeys::default());
+        let sender = Arc::new(RecordingSender::default());
+        let first = coordinator(store.clone(), keys.clone(), sender.clone()).await;
+        let keyed = SubmitRequest {
+            idempotency_key: Some("order-1".into()),
+            ..submission("shop", None)
+        };
+        let created = first.submit(keyed.clone()).await.unwrap();
+        assert_eq!(requests(&sender), 1);
+        // The first duplicate re-sends (the first submitter may have died before sending); a
+        // hundred more within the window send nothing more.
+        for _ in 0..100 {
+            let again = first.submit(keyed.clone()).await.unwrap();
+            assert!(again.duplicate);
+            assert_eq!(again.execution, created.execution);
+        }
+        assert_eq!(requests(&sender), 1, "one re-send in the window");
+        // Another process re-sends once in its own window.
+        let other = coordinator(store.clone(), keys.clone(), sender.clone()).await;
+        for _ in 0..10 {
+            other.submit(keyed.clone()).await.unwrap();
+        }
+        assert_eq!(requests(&sender), 1);
+    }
+
+    fn submission(pipeline: &str, parent: Option<ParentLink>) -> SubmitRequest {
+        SubmitRequest {
+            pipeline_id: pipeline.into(),
+            tenant: "t".into(),
+            parent,
+            ..Default::default()
+        }
+    }
+
+    /// The link the coordinator gives the child of item 0 of `parent`'s step 1, signed under the
+    /// keys' current key.
+    async fn child_link(parent: &Execution, keys: &MemoryKeys) -> ParentLink {
+        let name = crate::domain::fan_out::item_name(0);
+        let key = keys.keys().await.unwrap().current().clone();
+        ParentLink {
+            execution_id: parent.id,
+            token: crate::domain::ids::fan_out_token(&parent.secret, parent.id, 1, &name),
+            interaction: name,
+            complete_to: "replies".into(),
+            unit: None,
+            step: 1,
+            signature: None,
+        }
+        .signed(&key, "t", "shop")
+    }
+
+    #[tokio::test]
+    async fn a_childs_link_signed_under_a_retired_key_is_kept_when_its_parents_record_proves_it() {
+        let (store, keys) = (
+            Arc::new(InMemoryExecutionStore::default()),
+            Arc::new(MemoryKeys::default()),
+        );
+        let sender = Arc::new(RecordingSender::default());
+        let first = coordinator(store.clone(), keys.clone(), sender.clone()).await;
+        let parent = first.submit(submission("batch", None)).await.unwrap();
+        let parent = parent.execution;
+        let parent = first.get(parent).await.unwrap();
+        let link = child_link(&parent, &keys).await;
+        // Two rotations while the child's start waits in its queue: its key is neither current nor
+        // previous any more.
+        keys.rotate();
+        keys.rotate();
+        let later = coordinator(store.clone(), keys.clone(), sender).await;
+        let child = later.submit(submission("shop", Some(link.clone())));
+        let child = child.await.unwrap();
+        let child = later.get(child.execution).await.unwrap();
+        assert_eq!(
+            child.parent,
+            Some(link),
+            "the child still answers its parent"
+        );
+
+        // A link whose token the parent's record does not give is stripped as before; so is a
+        // genuine token offered for a child of another pipeline than the parent's step starts.
+        let mut forged = child_link(&parent, &keys).await;
+        forged.interaction = crate::domain::fan_out::item_name(1);
+        forged.token = "0".repeat(32);
+        forged.signature = None;
+        let mut elsewhere = child_link(&parent, &keys).await;
+        elsewhere.signature = None;
+        for (pipeline, link) in [("shop", forged), ("batch", elsewhere)] {
+            let stranger = later
+                .submit(submission(pipeline, Some(link)))
+                .await
+                .unwrap();
+            let stranger = later.get(stranger.execution).await.unwrap();
+            assert_eq!(stranger.parent, None, "{pipeline}");
+        }
     }
 }
