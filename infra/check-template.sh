@@ -11,6 +11,7 @@ fi
 export AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-us-east-1}" SAM_CLI_TELEMETRY=0
 "$venv/bin/cfn-lint" template.yaml
 "$venv/bin/sam" validate --lint -t template.yaml
+"$venv/bin/python" infra/test_check_iam.py
 "$venv/bin/python" infra/check-iam.py template.yaml
 # The check must be able to fail: a template with wildcards and a broad policy template is refused.
 if "$venv/bin/python" infra/check-iam.py infra/testdata/wildcard-policy.yaml > /dev/null; then

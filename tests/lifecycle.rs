@@ -19,7 +19,7 @@ use stepline_suite::TestStack;
 async fn subscribe(stack: &TestStack) -> anyhow::Result<String> {
     let stage = &stack.local.stack.stage;
     let queue = stack
-        .create_queue(&format!("stepline-{stage}-lifecycle"))
+        .create_private_queue(&format!("stepline-{stage}-lifecycle"))
         .await?;
     let (url, arn) = (queue.url, queue.arn);
     let bus = stack.local.stack.reference_of("EventBus")?;

@@ -99,7 +99,7 @@ async fn v2_queues(stack: &TestStack) -> anyhow::Result<(ExtraQueue, ExtraQueue)
         .create_queue(&format!("stepline-{stage}-orders-v2-request"))
         .await?;
     let dlq = stack
-        .create_queue(&format!("stepline-{stage}-orders-v2-request-dlq"))
+        .create_private_queue(&format!("stepline-{stage}-orders-v2-request-dlq"))
         .await?;
     Ok((queue, dlq))
 }

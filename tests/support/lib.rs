@@ -412,9 +412,23 @@ pub struct ExtraQueue {
 }
 
 impl TestStack {
-    /// Creates a queue outside the template (as a worker stack makes its request queue: the
-    /// coordinator's roles may send to it).
+    /// Creates a queue outside the template as a worker stack makes its request queue: the queue
+    /// policy of `stepline init`'s template governs it (the coordinator's roles may send to it, no
+    /// one else).
     pub async fn create_queue(&self, name: &str) -> Result<ExtraQueue> {
+        let queue = self.create_private_queue(name).await?;
+        self.local
+            .adopt_worker_queue(&stepline_local::stack::Physical::Queue {
+                name: queue.name.clone(),
+                url: queue.url.clone(),
+                arn: queue.arn.clone(),
+            })?;
+        Ok(queue)
+    }
+
+    /// Creates a queue outside the template with no queue policy (a worker stack's DLQ, a
+    /// subscriber's queue): only identity policies decide who may use it.
+    pub async fn create_private_queue(&self, name: &str) -> Result<ExtraQueue> {
         let (url, arn) = stepline_local::stack::create_plain_queue(&self.sqs(), name).await?;
         Ok(ExtraQueue {
             name: name.into(),

@@ -171,6 +171,16 @@ impl Stage {
         ))
     }
 
+    /// Takes `queue` (made outside the template) for a worker stack's request queue: the queue
+    /// policy that `stepline init`'s template gives it governs the functions' calls on it. (On a
+    /// stage that checks nothing, nothing to do.)
+    pub fn adopt_worker_queue(&self, queue: &stack::Physical) -> Result<()> {
+        match &self.iam {
+            Some(iam) => iam.adopt_worker_queue(queue),
+            None => Ok(()),
+        }
+    }
+
     /// The calls of the functions AWS would deny, so far (none when the stage checks nothing).
     pub fn iam_denials(&self) -> Vec<iam::Denial> {
         self.iam

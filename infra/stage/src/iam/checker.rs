@@ -56,43 +56,63 @@ pub struct Checker {
     pub(crate) worker_queues: Arc<WorkerQueues>,
 }
 
-/// Queues outside the template are worker stacks' request queues (`stepline init`), each with that
-/// stack's queue policy: the coordinator roles it names may send to it. The roles of those functions.
+/// Queues outside the template that stand for worker stacks' request queues (`stepline init`),
+/// each governed by the queue policy that stack's template gives it (`RequestQueuePolicy`), resolved
+/// for that queue. A queue outside the template that was not adopted has no policy: identity
+/// policies alone decide, and the coordinator's grant nothing outside its stack, as on AWS for a
+/// queue nobody opened to the coordinator (a mistyped queue, another account's).
 #[derive(Debug, Default)]
 pub struct WorkerQueues {
-    pub(crate) senders: Vec<String>,
+    adopted: Mutex<BTreeMap<String, WorkerQueue>>,
+}
+
+/// A worker stack as deployed for one request queue: its template and what it resolves on.
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerQueue {
+    pub(crate) template: Template,
+    pub(crate) stack: Stack,
+    pub(crate) imports: BTreeMap<String, String>,
 }
 
 impl WorkerQueues {
-    /// The queue policy a worker stack gives each queue of `requests` that is not the template's.
+    /// The queue at `arn` is `queue`'s request queue from now on.
+    pub(crate) fn adopt(&self, arn: String, queue: WorkerQueue) {
+        self.adopted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(arn, queue);
+    }
+
+    /// The queue policies, as they cover `role_arn`, of the adopted queues `requests` name.
     pub(crate) fn documents(
         &self,
         requests: &[Request],
         catalog: &Catalog,
-    ) -> Vec<ResourceDocument> {
-        let ours: BTreeSet<&String> = catalog.queues.values().collect();
-        let outside: BTreeSet<&String> = requests
+        role_arn: &str,
+    ) -> Result<Vec<ResourceDocument>> {
+        let adopted = self.adopted.lock().unwrap_or_else(|e| e.into_inner());
+        let named: BTreeSet<&String> = requests
             .iter()
-            .filter(|r| r.action.starts_with("sqs:") && !ours.contains(&r.resource))
+            .filter(|r| r.action.starts_with("sqs:"))
             .map(|r| &r.resource)
             .collect();
-        outside
-            .into_iter()
-            .map(|arn| ResourceDocument {
-                name: format!("worker stack queue policy of {arn}"),
-                governs: vec![arn.clone()],
-                document: json!({
-                    "Version": "2012-10-17",
-                    "Statement": [{
-                        "Sid": "CoordinatorSends",
-                        "Effect": "Allow",
-                        "Principal": {"AWS": self.senders},
-                        "Action": ["sqs:SendMessage", "sqs:GetQueueUrl"],
-                        "Resource": arn,
-                    }],
-                }),
-            })
-            .collect()
+        let mut out = Vec::new();
+        for queue in named.into_iter().filter_map(|arn| adopted.get(arn)) {
+            let functions = functions_of(&queue.template);
+            let lookup = PolicyLookup {
+                stack: &queue.stack,
+                accounts: &catalog.accounts,
+                functions: &functions,
+                imports: &queue.imports,
+            };
+            out.extend(resource_documents(
+                &queue.template,
+                &lookup,
+                catalog,
+                role_arn,
+            )?);
+        }
+        Ok(out)
     }
 }
 
@@ -107,7 +127,12 @@ pub fn worker_queue_senders() -> Vec<String> {
             let name = rest.split('"').next()?.strip_suffix("RoleArn")?;
             Some(format!("{name}Function"))
         })
-        .collect()
+        .fold(Vec::new(), |mut senders, sender| {
+            if !senders.contains(&sender) {
+                senders.push(sender);
+            }
+            senders
+        })
 }
 
 impl fmt::Debug for Checker {
@@ -163,7 +188,10 @@ impl Checker {
         if requests.is_empty() {
             return Err(self.denial(None, "unrecognised call: it names nothing".into()));
         }
-        let attached = self.worker_queues.documents(&requests, &self.catalog);
+        let attached = self
+            .worker_queues
+            .documents(&requests, &self.catalog, &self.principal.role_arn)
+            .map_err(|e| self.denial(None, format!("a worker stack's queue policy: {e:#}")))?;
         let with_attached;
         let principal = if attached.is_empty() {
             &*self.principal
@@ -352,18 +380,11 @@ impl StageIam {
                 principals.insert(logical, Arc::new(principal));
             }
         }
-        let worker_queues = Arc::new(WorkerQueues {
-            senders: worker_queue_senders()
-                .iter()
-                .filter_map(|function| principals.get(function))
-                .map(|principal: &Arc<Principal>| principal.role_arn.clone())
-                .collect(),
-        });
         Ok(Self {
             catalog,
             principals,
             denials: Arc::default(),
-            worker_queues,
+            worker_queues: Arc::default(),
             template: template.clone(),
             stack: stack.clone(),
         })
@@ -379,10 +400,93 @@ impl StageIam {
         dlq: &Physical,
         release: &str,
     ) -> Result<WorkerStack> {
+        let queue = self.worker_queue(request_queue, dlq, release)?;
+        let (template, stack, imports) = (&queue.template, &queue.stack, &queue.imports);
+        self.adopt(request_queue, queue.clone())?;
+        let accounts = &self.catalog.accounts;
+        let function = "WorkerFunction";
+        let principal =
+            Principal::of_function_importing(template, stack, &self.catalog, function, imports)
+                .context("the worker stack's function")?;
+        // The coordinator stack's resource policies (the payload bucket's) govern the worker too.
+        let functions = functions_of(&self.template);
+        let none = BTreeMap::new();
+        let lookup = PolicyLookup {
+            stack: &self.stack,
+            accounts,
+            functions: &functions,
+            imports: &none,
+        };
+        let stage_policies =
+            resource_documents(&self.template, &lookup, &self.catalog, &principal.role_arn)?;
+        let principal = principal.with_resources(stage_policies)?;
+        let functions = functions_of(template);
+        let lookup = PolicyLookup {
+            stack,
+            accounts,
+            functions: &functions,
+            imports,
+        };
+        let variables = template.root["Resources"][function]["Properties"]["Environment"]
+            ["Variables"]
+            .as_mapping()
+            .cloned()
+            .unwrap_or_default();
+        let mut env = BTreeMap::new();
+        for (key, value) in &variables {
+            let key = scalar(key).ok_or_else(|| anyhow!("a variable's name: {key:?}"))?;
+            let value = resolve(value, &lookup).with_context(|| format!("{function} {key}"))?;
+            env.insert(key, value);
+        }
+        Ok(WorkerStack {
+            checker: Checker::new(
+                Arc::new(principal),
+                self.catalog.clone(),
+                self.denials.clone(),
+            )
+            .with_worker_queues(self.worker_queues.clone()),
+            env,
+        })
+    }
+
+    /// Takes `request_queue` (made outside the template) for the request queue of a worker stack
+    /// that `stepline init` wrote, serving release 1: from now on the queue policy that stack gives
+    /// it governs calls on it. A queue outside the template that was not adopted has no policy.
+    pub fn adopt_worker_queue(&self, request_queue: &Physical) -> Result<()> {
+        let Physical::Queue { name, url, arn } = request_queue else {
+            bail!("a worker stack's request queue is a queue: {request_queue:?}");
+        };
+        let dlq = Physical::Queue {
+            name: format!("{name}-dlq"),
+            url: format!("{url}-dlq"),
+            arn: format!("{arn}-dlq"),
+        };
+        let queue = self.worker_queue(request_queue, &dlq, "1")?;
+        self.adopt(request_queue, queue)
+    }
+
+    fn adopt(&self, request_queue: &Physical, queue: WorkerQueue) -> Result<()> {
+        let Physical::Queue { url, .. } = request_queue else {
+            bail!("a worker stack's request queue is a queue: {request_queue:?}");
+        };
+        // Keyed as requests name it (their queue URL read by the catalog).
+        let arn = self.catalog.queue_arn(url).map_err(|e| anyhow!(e))?;
+        self.worker_queues.adopt(arn, queue);
+        Ok(())
+    }
+
+    /// The worker stack `stepline init` writes, as deployed for `request_queue` and `dlq` to serve
+    /// `release` of this stage's coordinator: its template, its resources and the coordinator's
+    /// exports it imports.
+    fn worker_queue(
+        &self,
+        request_queue: &Physical,
+        dlq: &Physical,
+        release: &str,
+    ) -> Result<WorkerQueue> {
         let Physical::Queue { name, .. } = request_queue else {
             bail!("a worker stack's request queue is a queue: {request_queue:?}");
         };
-        let accounts = &self.catalog.accounts;
         let template = worker_stack_template("worker")?;
         let coordinator = self
             .stack
@@ -402,48 +506,11 @@ impl StageIam {
             ]),
             functions: BTreeMap::new(),
         };
-        let imports = exports_of(&self.template, &self.stack, accounts);
-        let function = "WorkerFunction";
-        let principal =
-            Principal::of_function_importing(&template, &stack, &self.catalog, function, &imports)
-                .context("the worker stack's function")?;
-        // The coordinator stack's resource policies (the payload bucket's) govern the worker too.
-        let functions = functions_of(&self.template);
-        let none = BTreeMap::new();
-        let lookup = PolicyLookup {
-            stack: &self.stack,
-            accounts,
-            functions: &functions,
-            imports: &none,
-        };
-        let stage_policies =
-            resource_documents(&self.template, &lookup, &self.catalog, &principal.role_arn)?;
-        let principal = principal.with_resources(stage_policies)?;
-        let functions = functions_of(&template);
-        let lookup = PolicyLookup {
-            stack: &stack,
-            accounts,
-            functions: &functions,
-            imports: &imports,
-        };
-        let variables = template.root["Resources"][function]["Properties"]["Environment"]
-            ["Variables"]
-            .as_mapping()
-            .cloned()
-            .unwrap_or_default();
-        let mut env = BTreeMap::new();
-        for (key, value) in &variables {
-            let key = scalar(key).ok_or_else(|| anyhow!("a variable's name: {key:?}"))?;
-            let value = resolve(value, &lookup).with_context(|| format!("{function} {key}"))?;
-            env.insert(key, value);
-        }
-        Ok(WorkerStack {
-            checker: Checker::new(
-                Arc::new(principal),
-                self.catalog.clone(),
-                self.denials.clone(),
-            ),
-            env,
+        let imports = exports_of(&self.template, &self.stack, &self.catalog.accounts);
+        Ok(WorkerQueue {
+            template,
+            stack,
+            imports,
         })
     }
 

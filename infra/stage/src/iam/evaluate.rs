@@ -317,7 +317,7 @@ pub fn evaluate(principal: &Principal, request: &Request) -> Result<Decision, St
             policy
                 .governs
                 .iter()
-                .any(|pattern| glob(pattern, &request.resource, false))
+                .any(|pattern| request.resource_matches(pattern))
         })
         .flat_map(|policy| &policy.statements);
     let mut allowed = false;

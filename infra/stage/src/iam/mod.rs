@@ -308,6 +308,15 @@ impl Catalog {
         Ok(catalog)
     }
 
+    /// The ARN of a secret named by ARN or by name (a secret of the stack: its ARN carries a suffix
+    /// the name does not tell).
+    pub(crate) fn secret_arn(&self, id: &str) -> String {
+        self.secrets
+            .get(id)
+            .cloned()
+            .unwrap_or_else(|| id.to_string())
+    }
+
     /// The ARN of a queue by URL: the stack's, else read from the URL (`/<account>/<name>`).
     fn queue_arn(&self, url: &str) -> Result<String, String> {
         if let Some(arn) = self.queues.get(url) {

@@ -473,15 +473,28 @@ pub(crate) fn resource_documents(
                         .map_err(|e| anyhow!("{logical}: {e}"))
                 })
                 .collect::<Result<_>>()?,
+            "AWS::SecretsManager::ResourcePolicy" => {
+                let id = resolve(
+                    props
+                        .get("SecretId")
+                        .ok_or_else(|| anyhow!("{logical}: no SecretId"))?,
+                    lookup,
+                )?;
+                vec![catalog.secret_arn(&id)]
+            }
             // Resource policies on services the functions call, which this module does not read yet.
-            "AWS::Events::EventBusPolicy" | "AWS::SecretsManager::ResourcePolicy" => {
+            "AWS::Events::EventBusPolicy" => {
                 bail!("{logical}: {kind} is not modelled by the IAM checker")
             }
             _ => continue,
         };
+        let property = match kind.as_str() {
+            "AWS::SecretsManager::ResourcePolicy" => "ResourcePolicy",
+            _ => "PolicyDocument",
+        };
         let document = props
-            .get("PolicyDocument")
-            .ok_or_else(|| anyhow!("{logical}: no PolicyDocument"))?;
+            .get(property)
+            .ok_or_else(|| anyhow!("{logical}: no {property}"))?;
         let statements = match document.get("Statement") {
             Some(Value::Sequence(items)) => items.clone(),
             Some(one) => vec![one.clone()],

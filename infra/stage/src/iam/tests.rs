@@ -955,7 +955,7 @@ fn the_project_template_decides_as_aws_would() {
     );
     assert!(check("ClaimFunction", put_events(None)).is_err());
 
-    // The sealing key's secret: the coordinator functions only, by ARN or name.
+    // The sealing key's secret: the functions that seal or open only, by ARN or name.
     if let Some(Physical::Secret { name, arn }) = stack.resources.get("SealKeySecret") {
         for id in [name, arn] {
             let read = signed(
@@ -963,7 +963,8 @@ fn the_project_template_decides_as_aws_would() {
                 Some("secretsmanager.GetSecretValue"),
                 json!({ "SecretId": id }),
             );
-            assert_eq!(check("ClaimFunction", read.clone()), Ok(None));
+            assert_eq!(check("CompletionFunction", read.clone()), Ok(None));
+            assert!(check("ClaimFunction", read.clone()).is_err());
             assert!(check("OrderWorkerFunction", read).is_err());
         }
     }
@@ -999,6 +1000,10 @@ fn each_function_writes_only_its_own_part_of_the_release_table_and_reads_the_key
     // Releases are the administrator's: neither the submit nor the operate endpoint, nor any
     // other coordinator function, registers or activates one.
     assert_eq!(check("AdminApiFunction", put("pipeline#orders")), Ok(None));
+    // ... and only those: not an announcement, not a key item.
+    for pk in ["workers#orders", "coordinator"] {
+        assert!(check("AdminApiFunction", put(pk)).is_err(), "{pk}");
+    }
     for function in [
         "ApiFunction",
         "OperatorApiFunction",
@@ -1019,7 +1024,6 @@ fn each_function_writes_only_its_own_part_of_the_release_table_and_reads_the_key
             json!({ "SecretId": arn }),
         );
         for function in [
-            "ClaimFunction",
             "LaunchFunction",
             "CompletionFunction",
             "RedriveFunction",
@@ -1028,9 +1032,42 @@ fn each_function_writes_only_its_own_part_of_the_release_table_and_reads_the_key
         ] {
             assert_eq!(check(function, read.clone()), Ok(None), "{function}");
         }
-        for function in ["AdminApiFunction", "OrderWorkerFunction"] {
+        // The sweeper seals nothing and signs nothing.
+        for function in ["ClaimFunction", "AdminApiFunction", "OrderWorkerFunction"] {
             assert!(check(function, read.clone()).is_err(), "{function}");
         }
+        // Nor does a principal whose own policies allow everything (an administrator, an
+        // operator's credentials): the secret's resource policy denies all but those functions.
+        let mut administrator = Principal::new(
+            "Administrator",
+            &format!("arn:aws:iam::{ACCOUNT}:role/administrator"),
+            ACCOUNT,
+            vec![Document {
+                name: "AdministratorAccess".into(),
+                document: json!({"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}),
+            }],
+            Vec::new(),
+        )
+        .unwrap();
+        administrator.resource_policies =
+            iam.principals["AdminApiFunction"].resource_policies.clone();
+        let checker = Checker::new(Arc::new(administrator), iam.catalog.clone(), Arc::default());
+        let denied = checker.check(&read).unwrap_err();
+        assert!(
+            denied.reason.contains("OnlyTheCoordinatorReadsTheKey"),
+            "{denied}"
+        );
+        // By name, as the SDK may ask for it, too.
+        let by_name = signed(
+            "secretsmanager",
+            Some("secretsmanager.GetSecretValue"),
+            json!({ "SecretId": "stepline-t-seal-key" }),
+        );
+        assert!(checker.check(&by_name).is_err());
+        assert_eq!(
+            iam.checker("LaunchFunction").unwrap().check(&by_name),
+            Ok(None)
+        );
     } else {
         panic!("the template has a SealKeySecret");
     }
@@ -1045,18 +1082,51 @@ fn each_function_writes_only_its_own_part_of_the_release_table_and_reads_the_key
     ] {
         assert!(senders.contains(&function.to_string()), "{senders:?}");
     }
-    // A queue outside the template is a worker stack's: only the roles its policy names send.
-    let outside = signed(
-        "sqs",
-        Some("AmazonSQS.SendMessage"),
-        json!({"QueueUrl": format!("http://127.0.0.1:5055/{ACCOUNT}/someones-requests"),
-            "MessageBody": "{}"}),
-    );
+    // A queue outside the template is nobody's until a worker stack opens it: no coordinator
+    // role may send to a mistyped queue, or to another account's.
+    let send_to = |account: &str, name: &str| {
+        signed(
+            "sqs",
+            Some("AmazonSQS.SendMessage"),
+            json!({"QueueUrl": format!("http://127.0.0.1:5055/{account}/{name}"),
+                "MessageBody": "{}"}),
+        )
+    };
+    let outside = send_to(ACCOUNT, "someones-requests");
+    assert!(check("LaunchFunction", outside.clone()).is_err());
+    // Adopted as a worker stack's request queue: only the roles its policy names send.
+    iam.adopt_worker_queue(&Physical::Queue {
+        url: format!("http://127.0.0.1:5055/{ACCOUNT}/someones-requests"),
+        arn: format!("arn:aws:sqs:us-east-1:{ACCOUNT}:someones-requests"),
+        name: "someones-requests".into(),
+    })
+    .unwrap();
     assert_eq!(check("LaunchFunction", outside.clone()), Ok(None));
     assert_eq!(check("OperatorApiFunction", outside.clone()), Ok(None));
     assert!(check("ClaimFunction", outside.clone()).is_err());
     assert!(check("AdminApiFunction", outside.clone()).is_err());
-    assert!(check("OrderWorkerFunction", outside).is_err());
+    assert!(check("OrderWorkerFunction", outside.clone()).is_err());
+    assert!(check(
+        "LaunchFunction",
+        send_to("999999999999", "someones-requests")
+    )
+    .is_err());
+    // Whatever a principal's own policies allow, the queue's policy refuses it.
+    let administrator = Principal::new(
+        "Administrator",
+        &format!("arn:aws:iam::{ACCOUNT}:role/administrator"),
+        ACCOUNT,
+        vec![Document {
+            name: "AdministratorAccess".into(),
+            document: json!({"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}),
+        }],
+        Vec::new(),
+    )
+    .unwrap();
+    let checker = Checker::new(Arc::new(administrator), iam.catalog.clone(), Arc::default())
+        .with_worker_queues(iam.worker_queues.clone());
+    let denied = checker.check(&outside).unwrap_err();
+    assert!(denied.reason.contains("NobodyElseSends"), "{denied}");
 }
 
 #[test]

@@ -19,7 +19,8 @@ impl Coordinator {
     /// the shards beyond the configured count is swept too, so entries written before the count was
     /// lowered are found and moved (any write puts an entry in its current shard).
     pub async fn claim_due(&self, deadline: Option<i64>) -> Result<ClaimReport, CoordinatorError> {
-        self.seal_keys().await;
+        // No sealing keys: what a claim decides (launch work, dead letters, a child's end, lifecycle
+        // events) is neither sealed nor signed.
         let now = self.clock.now_ms();
         let shards = self.store.shards().max(1);
         let first = ((self.clock.jitter() * f64::from(shards)) as u32).min(shards - 1);
