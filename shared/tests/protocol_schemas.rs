@@ -1030,17 +1030,9 @@ fn sqs(bodies: &[String]) -> SqsEvent {
 
 fn settings() -> Settings {
     Settings {
-        launch_queue: "launch".into(),
-        reply_queue: "replies".into(),
-        execution_dlq: "execution-dlq".into(),
-        launch_dlq: "launch-dlq".into(),
-        reply_dlq: "reply-dlq".into(),
-        await_queue: "replies".into(),
         start_queue: Some("start".into()),
-        start_dlq: None,
-        lease_ms: 30_000,
-        claim_limit: 10,
         instance: "protocol".into(),
+        ..Settings::named()
     }
 }
 

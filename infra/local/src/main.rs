@@ -271,6 +271,9 @@ async fn main() -> Result<()> {
             let local = LocalStack::up_with(&stage, &params.into_iter().collect())
                 .await
                 .context(PROVISIONING)?;
+            // Workers attach from other processes (`stepline-local attach`): their request queues
+            // are taken for worker stacks' as they are named.
+            local.take_outside_queues_as_worker_stacks()?;
             release_order_example(&local, pipeline).await?;
             let _runner = start(&local, &functions, pipeline)?;
             eprintln!("running stage {stage}; Ctrl-C to stop");

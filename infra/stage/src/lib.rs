@@ -181,6 +181,17 @@ impl Stage {
         }
     }
 
+    /// Takes every queue of the stage's account made outside the template for a worker stack's
+    /// request queue, governed by the queue policy of `stepline init`'s template: for a process that
+    /// serves workers other processes attach (`stepline-local run`), which cannot adopt them one by
+    /// one. (On a stage that checks nothing, nothing to do.)
+    pub fn take_outside_queues_as_worker_stacks(&self) -> Result<()> {
+        match &self.iam {
+            Some(iam) => iam.take_outside_queues_as_worker_stacks(),
+            None => Ok(()),
+        }
+    }
+
     /// The calls of the functions AWS would deny, so far (none when the stage checks nothing).
     pub fn iam_denials(&self) -> Vec<iam::Denial> {
         self.iam

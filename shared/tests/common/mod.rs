@@ -18,19 +18,7 @@ pub fn task_pipeline(pipeline_id: &str, steps: &[&str]) -> PipelineDef {
 
 /// Settings whose queues are plain names (what the recording sender records).
 pub fn settings() -> Settings {
-    Settings {
-        launch_queue: "launch".into(),
-        reply_queue: "replies".into(),
-        execution_dlq: "execution-dlq".into(),
-        launch_dlq: "launch-dlq".into(),
-        reply_dlq: "reply-dlq".into(),
-        await_queue: "replies".into(),
-        start_queue: None,
-        start_dlq: None,
-        lease_ms: 30_000,
-        claim_limit: 10,
-        instance: "test".into(),
-    }
+    Settings::named()
 }
 
 /// A coordinator on the system clock over `store` and `sender`, `def`'s release registered and active.

@@ -61,9 +61,17 @@ pub struct Checker {
 /// for that queue. A queue outside the template that was not adopted has no policy: identity
 /// policies alone decide, and the coordinator's grant nothing outside its stack, as on AWS for a
 /// queue nobody opened to the coordinator (a mistyped queue, another account's).
+///
+/// A process that cannot be told which queues were adopted (`stepline-local run` serving workers
+/// that other processes attach) may take every queue of the stage's account outside the template
+/// for a worker stack's ([`StageIam::take_outside_queues_as_worker_stacks`]): each then gets that
+/// stack's queue policy, resolved for it. Another account's queue never does.
 #[derive(Debug, Default)]
 pub struct WorkerQueues {
     adopted: Mutex<BTreeMap<String, WorkerQueue>>,
+    /// The worker stack every queue of the account stands for, when outside queues are taken for
+    /// worker stacks' (resolved for a placeholder queue, re-pointed at each).
+    any_in_account: Mutex<Option<WorkerQueue>>,
 }
 
 /// A worker stack as deployed for one request queue: its template and what it resolves on.
@@ -83,21 +91,71 @@ impl WorkerQueues {
             .insert(arn, queue);
     }
 
-    /// The queue policies, as they cover `role_arn`, of the adopted queues `requests` name.
+    /// From now on every queue of the account outside the template stands for a worker stack's,
+    /// as `stack` is deployed for it.
+    pub(crate) fn take_any_in_account(&self, stack: WorkerQueue) {
+        *self
+            .any_in_account
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(stack);
+    }
+
+    /// The worker stack of the queue at `arn`: adopted, or taken for one as any in `account`.
+    fn stack_of(&self, arn: &str, catalog: &Catalog) -> Option<WorkerQueue> {
+        let adopted = self.adopted.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(queue) = adopted.get(arn) {
+            return Some(queue.clone());
+        }
+        if catalog.is_stack_queue(arn) {
+            return None;
+        }
+        let any = self
+            .any_in_account
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let parts = arn_parts(arn)?;
+        let (account, name) = (parts[4], parts[5]);
+        if account != catalog.accounts.default.account {
+            return None;
+        }
+        let mut queue = any.clone()?;
+        let queue_of = |name: String| Physical::Queue {
+            url: format!("https://sqs.{}/{account}/{name}", parts[3]),
+            arn: format!("arn:{}:sqs:{}:{account}:{name}", parts[1], parts[3]),
+            name,
+        };
+        queue
+            .stack
+            .parameters
+            .insert("RequestQueueName".into(), name.to_string());
+        queue
+            .stack
+            .resources
+            .insert("RequestQueue".into(), queue_of(name.to_string()));
+        queue.stack.resources.insert(
+            "RequestDeadLetterQueue".into(),
+            queue_of(format!("{name}-dlq")),
+        );
+        Some(queue)
+    }
+
+    /// The queue policies, as they cover `role_arn`, of the worker stacks' queues `requests` name.
     pub(crate) fn documents(
         &self,
         requests: &[Request],
         catalog: &Catalog,
         role_arn: &str,
     ) -> Result<Vec<ResourceDocument>> {
-        let adopted = self.adopted.lock().unwrap_or_else(|e| e.into_inner());
         let named: BTreeSet<&String> = requests
             .iter()
             .filter(|r| r.action.starts_with("sqs:"))
             .map(|r| &r.resource)
             .collect();
         let mut out = Vec::new();
-        for queue in named.into_iter().filter_map(|arn| adopted.get(arn)) {
+        for queue in named
+            .into_iter()
+            .filter_map(|arn| self.stack_of(arn, catalog))
+        {
             let functions = functions_of(&queue.template);
             let lookup = PolicyLookup {
                 stack: &queue.stack,
@@ -463,6 +521,24 @@ impl StageIam {
         };
         let queue = self.worker_queue(request_queue, &dlq, "1")?;
         self.adopt(request_queue, queue)
+    }
+
+    /// Takes every queue of the stage's account outside the template for a worker stack's request
+    /// queue (see [`WorkerQueues`]): for a process that serves workers it is not told of.
+    pub fn take_outside_queues_as_worker_stacks(&self) -> Result<()> {
+        let account = &self.catalog.accounts.default.account;
+        let placeholder = |name: &str| Physical::Queue {
+            url: format!("https://sqs.local/{account}/{name}"),
+            arn: format!("arn:aws:sqs:local:{account}:{name}"),
+            name: name.into(),
+        };
+        let queue = self.worker_queue(
+            &placeholder("worker-requests"),
+            &placeholder("worker-requests-dlq"),
+            "1",
+        )?;
+        self.worker_queues.take_any_in_account(queue);
+        Ok(())
     }
 
     fn adopt(&self, request_queue: &Physical, queue: WorkerQueue) -> Result<()> {

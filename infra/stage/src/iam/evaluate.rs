@@ -208,12 +208,13 @@ pub fn glob(pattern: &str, text: &str, ignore_case: bool) -> bool {
     let (mut pi, mut ti) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
+        // A `*` in the pattern is a wildcard even where the text holds a `*` too.
+        if pi < p.len() && p[pi] == '*' {
             star = Some((pi, ti));
             pi += 1;
+        } else if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
         } else if let Some((s, mark)) = star {
             pi = s + 1;
             ti = mark + 1;

@@ -317,6 +317,11 @@ impl Catalog {
             .unwrap_or_else(|| id.to_string())
     }
 
+    /// Whether `arn` is one of the stack's own queues.
+    pub(crate) fn is_stack_queue(&self, arn: &str) -> bool {
+        self.queues.values().any(|a| a == arn)
+    }
+
     /// The ARN of a queue by URL: the stack's, else read from the URL (`/<account>/<name>`).
     fn queue_arn(&self, url: &str) -> Result<String, String> {
         if let Some(arn) = self.queues.get(url) {

@@ -318,9 +318,12 @@ impl Principal {
                 let principal = statement
                     .get("Principal")
                     .ok_or_else(|| anyhow!("{name}, statement {}: no Principal", index + 1))?;
-                if covers(principal, role_arn, account)
-                    .with_context(|| format!("{name}, statement {}", index + 1))?
-                {
+                let cover = covers(principal, role_arn, account)
+                    .with_context(|| format!("{name}, statement {}", index + 1))?;
+                let allow = statement.get("Effect").and_then(Json::as_str) == Some("Allow");
+                // An Allow to the account grants nothing by itself (the role's own policies
+                // decide); a Deny to it denies.
+                if cover == Cover::Direct || (cover == Cover::Account && !allow) {
                     policy
                         .statements
                         .push(Statement::parse(statement, &name, index, true)?);
@@ -507,7 +510,7 @@ pub(crate) fn resource_documents(
                 anyhow!("{}: no Principal (NotPrincipal is not supported)", here())
             })?;
             let principal = resolve_document(principal, lookup).with_context(here)?;
-            if covers(&principal, role_arn, account).with_context(here)? {
+            if covers(&principal, role_arn, account).with_context(here)? != Cover::No {
                 kept.push(resolve_document(statement, lookup).with_context(here)?);
             }
         }
@@ -520,30 +523,44 @@ pub(crate) fn resource_documents(
     Ok(out)
 }
 
-/// Whether a statement's Principal covers `role_arn` of `account`: everyone, the account (which
-/// stands for every principal of it), or the role itself. Services and other accounts do not.
-pub(crate) fn covers(principal: &Json, role_arn: &str, account: &str) -> Result<bool> {
+/// How a statement's Principal covers a role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cover {
+    /// It does not (another account, a service).
+    No,
+    /// Everyone, or the role itself: an Allow there grants on its own.
+    Direct,
+    /// The role's account: on its own, such an Allow grants nothing. It delegates to the account,
+    /// whose identity policies must allow too; a Deny there denies every principal of it.
+    Account,
+}
+
+/// Whether a statement's Principal covers `role_arn` of `account`, and how (see [`Cover`]).
+pub(crate) fn covers(principal: &Json, role_arn: &str, account: &str) -> Result<Cover> {
     let names = match principal {
-        Json::String(s) if s == "*" => return Ok(true),
+        Json::String(s) if s == "*" => return Ok(Cover::Direct),
         Json::Object(map) => map,
         other => bail!("Principal {other} is not supported"),
     };
+    let mut cover = Cover::No;
     for (kind, values) in names {
         match kind.as_str() {
             "AWS" => {
                 let root = format!(":iam::{account}:root");
-                if strings(values)?
-                    .iter()
-                    .any(|v| v == "*" || v == account || v == role_arn || v.ends_with(&root))
-                {
-                    return Ok(true);
+                for value in strings(values)? {
+                    if value == "*" || value == role_arn {
+                        return Ok(Cover::Direct);
+                    }
+                    if value == account || value.ends_with(&root) {
+                        cover = Cover::Account;
+                    }
                 }
             }
             "Service" | "Federated" | "CanonicalUser" => {}
             other => bail!("Principal {other} is not supported"),
         }
     }
-    Ok(false)
+    Ok(cover)
 }
 
 // ------------------------------------------------------------------------------------ request context

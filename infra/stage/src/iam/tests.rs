@@ -133,6 +133,9 @@ fn globs_match_as_iam_does() {
     assert!(!glob("sqs:sendmessage*", "sqs:SendMessage", false));
     assert!(glob("a?c*", "abcdef", false));
     assert!(!glob("a?c", "ac", false));
+    // A pattern's `*` stays a wildcard where the text has a `*` of its own.
+    assert!(glob("a*", "a*b", false));
+    assert!(glob("arn:aws:s3:::b/*", "arn:aws:s3:::b/*/k", false));
     assert!(glob("*", "", false));
     assert!(glob(
         "arn:aws:s3:::b/payloads/*",
@@ -393,6 +396,29 @@ fn a_resource_policy_allows_or_denies_only_what_it_governs_and_whom_it_names() {
         evaluate(&service, &object(Context::default())),
         Ok(Decision::ImplicitDeny)
     );
+    // An Allow to the account delegates to it: the role's own policies must allow as well.
+    for principal in [
+        json!(ACCOUNT),
+        json!(format!("arn:aws:iam::{ACCOUNT}:root")),
+    ] {
+        let statement = json!({"Effect": "Allow", "Principal": {"AWS": principal},
+            "Action": "s3:GetObject", "Resource": "arn:aws:s3:::b/*"});
+        let delegated =
+            with_resource_policy(json!({"Statement": []}), vec![bucket(statement.clone())]);
+        assert_eq!(
+            evaluate(&delegated, &object(Context::default())),
+            Ok(Decision::ImplicitDeny),
+            "{principal}"
+        );
+        let granted = with_resource_policy(
+            json!({"Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}]}),
+            vec![bucket(statement)],
+        );
+        assert_eq!(
+            evaluate(&granted, &object(Context::default())),
+            Ok(Decision::Allowed)
+        );
+    }
     // The account principal's Deny applies to the role, despite the identity Allow.
     let denies = with_resource_policy(
         json!({"Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}),

@@ -154,6 +154,25 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// Settings whose queues are plain names (what an in-memory sender records), with no start
+    /// queue: tests and simulations over in-memory ports.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn named() -> Self {
+        Self {
+            launch_queue: "launch".into(),
+            reply_queue: "replies".into(),
+            execution_dlq: "execution-dlq".into(),
+            launch_dlq: "launch-dlq".into(),
+            reply_dlq: "reply-dlq".into(),
+            await_queue: "replies".into(),
+            start_queue: None,
+            start_dlq: None,
+            lease_ms: 30_000,
+            claim_limit: 10,
+            instance: "test".into(),
+        }
+    }
+
     pub fn from_config(config: &CoordinatorConfig) -> Self {
         Self {
             launch_queue: config.launch_queue_url.clone(),

@@ -230,17 +230,9 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
-            launch_queue: "launch".into(),
-            reply_queue: "replies".into(),
-            execution_dlq: "execution-dlq".into(),
-            launch_dlq: "launch-dlq".into(),
-            reply_dlq: "reply-dlq".into(),
-            await_queue: "replies".into(),
             start_queue: Some("start".into()),
             start_dlq: Some("start-dlq".into()),
-            lease_ms: 30_000,
-            claim_limit: 10,
-            instance: "test".into(),
+            ..Settings::named()
         }
     }
 
