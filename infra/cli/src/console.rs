@@ -12,6 +12,11 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
 use serde_json::{json, Value};
 use stepline::domain::history::{describe, utc};
 use stepline::domain::{Status, Verdict};
@@ -19,8 +24,7 @@ use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
 use stepline::handlers::{self, CancelRequest, OperatorRequest, RedriveRequest};
 use stepline::{Coordinator, HistoryView, ListRequest};
 use stepline_stage::Stage;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use uuid::Uuid;
 
 use crate::{dead_letter_queues, peek, FilterArgs};
@@ -40,15 +44,27 @@ pub async fn serve(stage: Stage, api: Coordinator, port: u16) -> Result<()> {
     use std::io::Write as _;
     std::io::stdout().flush()?;
     let console = Arc::new(Console { stage, api, port });
-    loop {
-        let (stream, _) = listener.accept().await?;
-        let console = console.clone();
-        tokio::spawn(async move {
-            if let Err(e) = console.connection(stream).await {
-                eprintln!("console: a connection failed: {e:#}");
-            }
-        });
-    }
+    // Every request goes to `Console::respond`, which routes it itself; bodies over 1 MiB are refused.
+    let app = Router::new()
+        .fallback(respond)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(console);
+    axum::serve(listener, app)
+        .await
+        .context("serving the console")
+}
+
+/// The largest request body the console reads (its forms are a few fields).
+const BODY_LIMIT: usize = 1 << 20;
+
+async fn respond(
+    State(console): State<Arc<Console>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    console.respond(method, uri, headers, body).await
 }
 
 /// A request as the console needs it.
@@ -71,44 +87,27 @@ enum Page {
 }
 
 impl Console {
-    async fn connection(&self, stream: TcpStream) -> Result<()> {
-        let mut reader = BufReader::new(stream);
-        let mut line = String::new();
-        reader.read_line(&mut line).await?;
-        let mut parts = line.split_whitespace();
-        let method = parts.next().unwrap_or_default().to_string();
-        let target = parts.next().unwrap_or("/").to_string();
-        let mut length = 0usize;
-        let mut headers = HashMap::new();
-        loop {
-            let mut header = String::new();
-            if reader.read_line(&mut header).await? == 0 || header.trim().is_empty() {
-                break;
-            }
-            if let Some((name, value)) = header.split_once(':') {
-                let (name, value) = (name.trim().to_ascii_lowercase(), value.trim().to_string());
-                if name == "content-length" {
-                    length = value.parse().unwrap_or(0);
-                }
-                headers.insert(name, value);
-            }
-        }
-        let mut body = vec![0; length.min(1 << 20)];
-        reader.read_exact(&mut body).await?;
-        let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-        let header = |name: &str| headers.get(name).map(String::as_str);
+    async fn respond(&self, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+        // Each header as text (a value that is not ASCII is compared as it reads, never skipped).
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_string())
+        };
+        let (host, origin) = (header("host"), header("origin"));
+        let (referer, fetch_site) = (header("referer"), header("sec-fetch-site"));
         let request = Request {
             allowed: allowed(
                 self.port,
-                &method,
-                header("host"),
-                header("origin"),
-                header("referer"),
-                header("sec-fetch-site"),
+                method.as_str(),
+                host.as_deref(),
+                origin.as_deref(),
+                referer.as_deref(),
+                fetch_site.as_deref(),
             ),
-            method,
-            path: path.to_string(),
-            query: form_fields(query),
+            method: method.as_str().to_string(),
+            path: uri.path().to_string(),
+            query: form_fields(uri.query().unwrap_or("")),
             form: form_fields(&String::from_utf8_lossy(&body)),
         };
         let page = match self.route(&request).await {
@@ -130,20 +129,20 @@ impl Console {
             Page::Fragment(body) => (200, "text/html; charset=utf-8", body, None),
             Page::Redirect(to) => (303, "text/plain", String::new(), Some(to)),
         };
-        let mut head = format!(
-            "HTTP/1.1 {status} {}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\ncache-control: no-store\r\nconnection: close\r\n",
-            if status < 400 { "OK" } else { "Error" },
-            body.len()
-        );
-        if let Some(to) = location {
-            let _ = write!(head, "location: {to}\r\n");
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = (
+            status,
+            [
+                (header::CONTENT_TYPE, kind),
+                (header::CACHE_CONTROL, "no-store"),
+            ],
+            body,
+        )
+            .into_response();
+        if let Some(location) = location.and_then(|to| HeaderValue::try_from(to).ok()) {
+            response.headers_mut().insert(header::LOCATION, location);
         }
-        head.push_str("\r\n");
-        let mut stream = reader.into_inner();
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(body.as_bytes()).await?;
-        stream.shutdown().await?;
-        Ok(())
+        response
     }
 
     async fn route(&self, r: &Request) -> Result<Page> {

@@ -3,15 +3,19 @@
 //! a waiting execution, its page shows the status and the step graph, and approving it by typing a
 //! payload and clicking the button runs it to its end, which the page shows as it happens.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use fantoccini::elements::Element;
+use fantoccini::error::CmdError;
+use fantoccini::Locator;
+use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{json, Value};
 use stepline::domain::{Status, StepError};
 use stepline::envelope::RequestHeader;
@@ -20,8 +24,6 @@ use stepline_local::{fresh_stage, functions, LocalStack};
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
-/// The key of a W3C WebDriver element reference.
-const ELEMENT_KEY: &str = "element-6066-11e4-a52e-4f735466cecf";
 /// How long a command on an element is retried while the live update replaces the element.
 const ELEMENT_DEADLINE: Duration = Duration::from_secs(10);
 const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A];
@@ -234,121 +236,56 @@ fn start_chromedriver(processes: &mut Processes) -> Result<String> {
     }
 }
 
-/// An HTTP response: its status code and (de-chunked) body.
+/// An HTTP response: its status code and body.
 struct Response {
     status: u16,
     body: Vec<u8>,
 }
 
-/// One HTTP/1.1 request to `addr` (`host:port`) on a connection of its own.
+/// The largest body read from chromedriver (its status).
+const WEBDRIVER_BODY_LIMIT: u64 = 1 << 20;
+
+/// The test's HTTP client: every status comes back as a response (a WebDriver error and the console's
+/// refusals are answers to check), and no redirect is followed (the console's 303 is one to check).
+fn agent() -> &'static ureq::Agent {
+    static AGENT: OnceLock<ureq::Agent> = OnceLock::new();
+    AGENT.get_or_init(|| {
+        ureq::Agent::new_with_config(
+            ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .max_redirects(0)
+                .timeout_per_read(Some(Duration::from_secs(90)))
+                .timeout_per_write(Some(Duration::from_secs(30)))
+                .build(),
+        )
+    })
+}
+
+/// One HTTP request to `addr` (`host:port`): `body`, if any, goes as JSON.
 fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> Result<Response> {
-    let payload = body.map(|b| b.to_string()).unwrap_or_default();
-    let mut stream = TcpStream::connect(addr)
-        .with_context(|| format!("{method} {path}: connecting to {addr}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(90)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(30)))?;
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\n\
-         Host: {addr}\r\n\
-         Connection: close\r\n\
-         Accept: application/json\r\n\
-         Content-Type: application/json; charset=utf-8\r\n\
-         Content-Length: {}\r\n\
-         \r\n\
-         {payload}",
-        payload.len()
-    );
-    stream
-        .write_all(request.as_bytes())
-        .with_context(|| format!("{method} {path}: sending the request"))?;
-    stream.flush()?;
-
-    let mut raw = Vec::new();
-    let mut buffer = [0u8; 16 * 1024];
-    loop {
-        let read = stream
-            .read(&mut buffer)
-            .with_context(|| format!("{method} {path}: reading the response"))?;
-        let eof = read == 0;
-        raw.extend_from_slice(&buffer[..read]);
-        match parse_response(&raw, eof) {
-            Ok(response) => return Ok(response),
-            Err(error) if eof => {
-                return Err(error.context(format!("{method} {path}: bad response from {addr}")))
-            }
-            Err(_) => continue,
-        }
-    }
-}
-
-/// Parses a whole response; an error while it is incomplete (or malformed).
-fn parse_response(raw: &[u8], eof: bool) -> Result<Response> {
-    let split = find(raw, b"\r\n\r\n").context("the response has no end of headers")?;
-    let head = std::str::from_utf8(&raw[..split]).context("the headers are not UTF-8")?;
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let status = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse::<u16>().ok())
-        .with_context(|| format!("bad status line {status_line:?}"))?;
-    let mut chunked = false;
-    let mut length: Option<usize> = None;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        let (name, value) = (name.trim(), value.trim());
-        if name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = value.to_ascii_lowercase().contains("chunked");
-        } else if name.eq_ignore_ascii_case("content-length") {
-            length = Some(
-                value
-                    .parse::<usize>()
-                    .with_context(|| format!("bad Content-Length {value:?}"))?,
-            );
-        }
-    }
-    let rest = &raw[split + 4..];
-    let body = if chunked {
-        dechunk(rest)?
-    } else if let Some(length) = length {
-        ensure!(
-            rest.len() >= length,
-            "the body is cut short ({} of {length} bytes)",
-            rest.len()
-        );
-        rest[..length].to_vec()
-    } else {
-        ensure!(eof, "the body goes on until the connection closes");
-        rest.to_vec()
+    let request = ureq::http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("Accept", "application/json");
+    let response = match body {
+        Some(body) => agent().run(
+            request
+                .header("Content-Type", "application/json; charset=utf-8")
+                .body(body.to_string())?,
+        ),
+        None => agent().run(request.body(())?),
     };
-    Ok(Response { status, body })
-}
-
-/// The body of a `Transfer-Encoding: chunked` message; an error until the last chunk is there.
-fn dechunk(mut data: &[u8]) -> Result<Vec<u8>> {
-    let mut body = Vec::new();
-    loop {
-        let end = find(data, b"\r\n").context("a chunk size line is cut short")?;
-        let size_line = std::str::from_utf8(&data[..end]).context("a chunk size is not UTF-8")?;
-        let size_hex = size_line.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_hex, 16)
-            .with_context(|| format!("bad chunk size {size_line:?}"))?;
-        data = &data[end + 2..];
-        if size == 0 {
-            return Ok(body);
-        }
-        ensure!(data.len() >= size + 2, "a chunk is cut short");
-        body.extend_from_slice(&data[..size]);
-        data = &data[size + 2..];
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window == needle)
+    let mut response = response.with_context(|| format!("{method} {path}: requesting {addr}"))?;
+    let body = response
+        .body_mut()
+        .with_config()
+        .limit(WEBDRIVER_BODY_LIMIT)
+        .read_to_vec()
+        .with_context(|| format!("{method} {path}: reading the response from {addr}"))?;
+    Ok(Response {
+        status: response.status().as_u16(),
+        body,
+    })
 }
 
 /// One WebDriver command; the reply's `value`, or an error naming the command.
@@ -382,243 +319,188 @@ fn webdriver(addr: &str, method: &str, path: &str, body: Option<&Value>) -> Resu
 
 /// Retries `attempt` while it fails because the element it uses was replaced (the live update
 /// replaces the page's elements every second), until a deadline.
-fn retrying<T>(what: &str, mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+async fn retrying<T>(
+    what: &str,
+    mut attempt: impl AsyncFnMut() -> Result<T, CmdError>,
+) -> Result<T> {
     let deadline = Instant::now() + ELEMENT_DEADLINE;
     loop {
-        match attempt() {
+        match attempt().await {
             Ok(value) => return Ok(value),
             Err(error) => {
-                let message = format!("{error:#}");
-                let replaced = message.contains("stale element reference")
-                    || message.contains("no such element");
+                let replaced = error.is_stale_element_reference() || error.is_no_such_element();
                 if !replaced || Instant::now() >= deadline {
-                    return Err(error.context(what.to_string()));
+                    return Err(anyhow::Error::new(error).context(what.to_string()));
                 }
             }
         }
-        std::thread::sleep(Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-/// Decodes standard (or URL-safe) base64.
-fn base64_decode(text: &str) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    let mut buffer: u32 = 0;
-    let mut bits: u32 = 0;
-    for byte in text.bytes() {
-        let sextet: u8 = match byte {
-            b'A'..=b'Z' => byte - b'A',
-            b'a'..=b'z' => byte - b'a' + 26,
-            b'0'..=b'9' => byte - b'0' + 52,
-            b'+' | b'-' => 62,
-            b'/' | b'_' => 63,
-            b'=' => break,
-            b'\r' | b'\n' | b' ' | b'\t' => continue,
-            other => bail!("not base64: byte {other:#04x}"),
-        };
-        buffer = (buffer << 6) | u32::from(sextet);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((buffer >> bits) as u8);
-            buffer &= (1u32 << bits) - 1;
-        }
-    }
-    Ok(out)
-}
-
-/// A browser session: `base` is chromedriver's address (`127.0.0.1:<port>`). Deleted (the browser
-/// closed) when dropped, if `quit` did not do it.
+/// A browser session on chromedriver (the session ends, the browser closed, when `quit` is called or
+/// the driver is dropped).
 struct Driver {
-    base: String,
-    session: String,
+    client: fantoccini::Client,
 }
 
 impl Driver {
-    /// A new headless Chromium session whose profile lives in `profile`.
-    fn start(base: &str, profile: &Path) -> Result<Driver> {
-        let capabilities = json!({
-            "capabilities": {
-                "alwaysMatch": {
-                    "browserName": "chrome",
-                    "goog:chromeOptions": {
-                        "binary": CHROMIUM,
-                        "args": [
-                            "--headless=new",
-                            "--no-sandbox",
-                            "--disable-gpu",
-                            "--disable-background-networking",
-                            "--disable-component-update",
-                            "--disable-sync",
-                            "--no-first-run",
-                            "--disable-dev-shm-usage",
-                            "--window-size=1280,900",
-                            format!("--user-data-dir={}", profile.display()),
-                        ],
-                    },
-                },
-            },
-        });
-        let created = webdriver(base, "POST", "/session", Some(&capabilities))
+    /// A new headless Chromium session on chromedriver at `base` (`127.0.0.1:<port>`) whose profile
+    /// lives in `profile`.
+    async fn start(base: &str, profile: &Path) -> Result<Driver> {
+        let mut capabilities = fantoccini::wd::Capabilities::new();
+        capabilities.insert("browserName".into(), json!("chrome"));
+        capabilities.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": CHROMIUM,
+                "args": [
+                    "--headless=new",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--no-first-run",
+                    "--disable-dev-shm-usage",
+                    "--window-size=1280,900",
+                    format!("--user-data-dir={}", profile.display()),
+                ],
+            }),
+        );
+        let client = fantoccini::ClientBuilder::new(HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&format!("http://{base}"))
+            .await
             .context("starting a headless Chromium session")?;
-        let session = created["sessionId"]
-            .as_str()
-            .with_context(|| format!("a new session without an id: {created}"))?
-            .to_string();
-        Ok(Driver {
-            base: base.to_string(),
-            session,
-        })
+        Ok(Driver { client })
     }
 
-    /// A command on this session (`path` goes after `/session/<id>`).
-    fn command(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value> {
-        let path = format!("/session/{}{path}", self.session);
-        webdriver(&self.base, method, &path, body.as_ref())
+    async fn open(&self, url: &str) -> Result<()> {
+        self.client
+            .goto(url)
+            .await
+            .with_context(|| format!("opening {url}"))
     }
 
-    fn open(&self, url: &str) -> Result<()> {
-        self.command("POST", "/url", Some(json!({ "url": url })))
-            .with_context(|| format!("opening {url}"))?;
-        Ok(())
+    async fn source(&self) -> Result<String> {
+        Ok(self.client.source().await?)
     }
 
-    fn source(&self) -> Result<String> {
-        let source = self.command("GET", "/source", None)?;
-        Ok(source.as_str().unwrap_or_default().to_string())
-    }
-
-    /// The id of the element `css` selects now (use it at once: the live update replaces it).
-    fn element(&self, css: &str) -> Result<String> {
-        let found = self.command(
-            "POST",
-            "/element",
-            Some(json!({"using": "css selector", "value": css})),
-        )?;
-        Ok(found[ELEMENT_KEY]
-            .as_str()
-            .with_context(|| format!("finding {css}: no element reference in {found}"))?
-            .to_string())
+    /// The element `css` selects now (use it at once: the live update replaces it).
+    async fn element(&self, css: &str) -> Result<Element, CmdError> {
+        self.client.find(Locator::Css(css)).await
     }
 
     /// The rendered text of the element `css` selects, trimmed.
-    fn text(&self, css: &str) -> Result<String> {
-        retrying(&format!("reading the text of {css}"), || {
-            let element = self.element(css)?;
-            let text = self.command("GET", &format!("/element/{element}/text"), None)?;
-            Ok(text.as_str().unwrap_or_default().trim().to_string())
+    async fn text(&self, css: &str) -> Result<String> {
+        retrying(&format!("reading the text of {css}"), async || {
+            let text = self.element(css).await?.text().await?;
+            Ok(text.trim().to_string())
         })
+        .await
     }
 
     /// An attribute of the element `css` selects (`None` if it has none).
-    fn attribute(&self, css: &str, name: &str) -> Result<Option<String>> {
-        retrying(&format!("reading {name} of {css}"), || {
-            let element = self.element(css)?;
-            let value =
-                self.command("GET", &format!("/element/{element}/attribute/{name}"), None)?;
-            Ok(value.as_str().map(str::to_string))
+    async fn attribute(&self, css: &str, name: &str) -> Result<Option<String>> {
+        retrying(&format!("reading {name} of {css}"), async || {
+            self.element(css).await?.attr(name).await
         })
+        .await
     }
 
     /// Replaces the text of the field `field` by `text` and clicks `button`, as one step: should the
     /// live update replace the form on the way, it is all done again on the fresh form.
-    fn fill_and_click(&self, field: &str, text: &str, button: &str) -> Result<()> {
+    async fn fill_and_click(&self, field: &str, text: &str, button: &str) -> Result<()> {
         retrying(
             &format!("typing into {field} and clicking {button}"),
-            || {
-                let input = self.element(field)?;
-                self.command("POST", &format!("/element/{input}/clear"), Some(json!({})))?;
-                self.command(
-                    "POST",
-                    &format!("/element/{input}/value"),
-                    Some(json!({ "text": text })),
-                )?;
-                let clicked = self.element(button)?;
-                self.command(
-                    "POST",
-                    &format!("/element/{clicked}/click"),
-                    Some(json!({})),
-                )?;
-                Ok(())
+            async || {
+                let input = self.element(field).await?;
+                input.clear().await?;
+                input.send_keys(text).await?;
+                self.element(button).await?.click().await
             },
         )
+        .await
     }
 
     /// Saves a screenshot of the page to `path`; the PNG bytes.
-    fn screenshot(&self, path: &Path) -> Result<Vec<u8>> {
-        let shot = self.command("GET", "/screenshot", None)?;
-        let png = base64_decode(
-            shot.as_str()
-                .context("the screenshot is not a base64 string")?,
-        )?;
+    async fn screenshot(&self, path: &Path) -> Result<Vec<u8>> {
+        let png = self
+            .client
+            .screenshot()
+            .await
+            .context("taking a screenshot")?;
         std::fs::write(path, &png).with_context(|| format!("writing {}", path.display()))?;
         Ok(png)
     }
 
     /// Ends the session (closes the browser).
-    fn quit(mut self) -> Result<()> {
-        let session = std::mem::take(&mut self.session);
-        webdriver(&self.base, "DELETE", &format!("/session/{session}"), None)?;
-        Ok(())
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        if !self.session.is_empty() {
-            let path = format!("/session/{}", self.session);
-            let _ = webdriver(&self.base, "DELETE", &path, None);
-        }
+    async fn quit(self) -> Result<()> {
+        self.client.close().await.context("ending the session")
     }
 }
 
 /// Opens the console in the browser, checks the list and the waiting execution `id`, approves it by
 /// typing a payload and clicking, and follows the page until it shows the execution SUCCEEDED.
-fn approve_in_the_browser(stage: &str, id: &str) -> Result<()> {
+async fn approve_in_the_browser(stage: &str, id: &str) -> Result<()> {
     let shots = screenshots_dir()?;
     // Declared first, dropped last: the browser, chromedriver and the console are gone by then.
     let profile = Scratch::new("stepline-console-chromium")?;
     let mut processes = Processes::default();
 
+    // The console and chromedriver are started with blocking calls inside `block_in_place`: the
+    // runtime's worker threads keep running the workers meanwhile.
     let port = free_port()?;
-    start_console(stage, port, &mut processes)?;
+    tokio::task::block_in_place(|| start_console(stage, port, &mut processes))?;
     let console = format!("http://127.0.0.1:{port}");
-    let chromedriver = start_chromedriver(&mut processes)?;
-    let driver = Driver::start(&chromedriver, &profile.0)?;
+    let chromedriver = tokio::task::block_in_place(|| start_chromedriver(&mut processes))?;
+    let driver = Driver::start(&chromedriver, &profile.0).await?;
+    // The session ends before chromedriver does, however the steps end.
+    let outcome = approve(&driver, &console, id, &shots).await;
+    let quit = driver.quit().await;
+    outcome.and(quit)
+}
 
+/// The browser's part of `approve_in_the_browser`.
+async fn approve(driver: &Driver, console: &str, id: &str, shots: &Path) -> Result<()> {
     // The executions list links to the execution.
     let list = format!("{console}/?pipeline={}", restaurant_approval::PIPELINE_ID);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        driver.open(&list)?;
-        if driver.source()?.contains(id) {
+        driver.open(&list).await?;
+        if driver.source().await?.contains(id) {
             break;
         }
         ensure!(
             Instant::now() < deadline,
             "the executions list at {list} never showed execution {id}"
         );
-        std::thread::sleep(Duration::from_millis(300));
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    driver.screenshot(&shots.join("executions.png"))?;
+    driver.screenshot(&shots.join("executions.png")).await?;
 
     // The execution page: waiting on the manager's approval.
-    driver.open(&format!("{console}/executions/{id}"))?;
-    let status = driver.text("#status")?;
+    driver.open(&format!("{console}/executions/{id}")).await?;
+    let status = driver.text("#status").await?;
     ensure!(
         status == "WAITING_EXTERNAL",
         "the page shows status {status:?}, expected WAITING_EXTERNAL"
     );
     let approve = r#"g[data-step="approve"]"#;
-    let state = driver.attribute(approve, "data-state")?;
+    let state = driver.attribute(approve, "data-state").await?;
     ensure!(
         state.as_deref() == Some("WAITING"),
         "the graph shows the approve step as {state:?}, expected WAITING"
     );
-    driver.screenshot(&shots.join("execution-waiting.png"))?;
+    driver
+        .screenshot(&shots.join("execution-waiting.png"))
+        .await?;
 
     // Approve, as the manager would.
-    driver.fill_and_click("#payload-manager", r#"{"by":"ana"}"#, "#approve-manager")?;
+    driver
+        .fill_and_click("#payload-manager", r#"{"by":"ana"}"#, "#approve-manager")
+        .await?;
 
     // The page follows the execution to its end.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -634,20 +516,20 @@ fn approve_in_the_browser(stage: &str, id: &str) -> Result<()> {
             "the page did not show SUCCEEDED within 60 s of the approval (last shown: {shown:?}, \
              last error: {last_error:?})"
         );
-        std::thread::sleep(Duration::from_millis(300));
-        match driver.text("#status") {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        match driver.text("#status").await {
             Ok(text) => shown = text,
             Err(error) => last_error = Some(format!("{error:#}")),
         }
     }
-    let state = driver.attribute(approve, "data-state")?;
+    let state = driver.attribute(approve, "data-state").await?;
     ensure!(
         state.as_deref() == Some("SUCCEEDED"),
         "the graph shows the approve step as {state:?} once the execution SUCCEEDED"
     );
 
     let path = shots.join("execution-succeeded.png");
-    driver.screenshot(&path)?;
+    driver.screenshot(&path).await?;
     let png = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
     ensure!(
         png.starts_with(&PNG_SIGNATURE),
@@ -661,7 +543,6 @@ fn approve_in_the_browser(stage: &str, id: &str) -> Result<()> {
         png.len()
     );
 
-    driver.quit()?;
     Ok(())
 }
 
@@ -692,14 +573,7 @@ async fn the_console_shows_an_execution_and_approves_it_by_a_click_in_a_real_bro
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // The browser, chromedriver and the console are driven off the runtime's threads, which keep
-    // running the workers meanwhile.
-    tokio::task::spawn_blocking({
-        let stage = stage.clone();
-        let id = id.clone();
-        move || approve_in_the_browser(&stage, &id)
-    })
-    .await??;
+    approve_in_the_browser(&stage, &id).await?;
 
     let record = api.get(execution).await?;
     ensure!(
@@ -741,68 +615,43 @@ fn console_request(
     origin: bool,
 ) -> Result<ConsoleResponse> {
     let addr = format!("127.0.0.1:{port}");
-    let mut stream = TcpStream::connect(&addr)
-        .with_context(|| format!("{method} {path}: connecting to the console at {addr}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(90)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(30)))?;
-    let payload = form.unwrap_or("");
-    let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: text/html\r\n"
-    );
-    if origin {
-        request.push_str(&format!("Origin: http://{addr}\r\n"));
-    }
-    if form.is_some() {
-        request.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
-    }
-    request.push_str(&format!(
-        "Content-Length: {}\r\n\r\n{payload}",
-        payload.len()
-    ));
-    stream
-        .write_all(request.as_bytes())
-        .with_context(|| format!("{method} {path}: sending the request"))?;
-    stream.flush()?;
-
-    let mut raw = Vec::new();
-    stream
-        .read_to_end(&mut raw)
-        .with_context(|| format!("{method} {path}: reading the response"))?;
-    let split = find(&raw, b"\r\n\r\n").with_context(|| {
-        format!(
-            "{method} {path}: the response has no end of headers: {:?}",
-            String::from_utf8_lossy(&raw)
-        )
-    })?;
-    let head = std::str::from_utf8(&raw[..split])
-        .with_context(|| format!("{method} {path}: the headers are not UTF-8"))?;
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let status = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse::<u16>().ok())
-        .with_context(|| format!("{method} {path}: bad status line {status_line:?}"))?;
-    let headers: std::collections::HashMap<String, String> = lines
-        .filter_map(|line| line.split_once(':'))
-        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_string()))
+    let request = ureq::http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("Accept", "text/html");
+    let request = if origin {
+        request.header("Origin", format!("http://{addr}"))
+    } else {
+        request
+    };
+    let response = match form {
+        Some(form) => agent().run(
+            request
+                .header("Content-Type", "application/x-www-form-urlencoded")
+                .body(form.to_string())?,
+        ),
+        None => agent().run(request.body(())?),
+    };
+    let mut response =
+        response.with_context(|| format!("{method} {path}: requesting the console at {addr}"))?;
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_ascii_lowercase(),
+                String::from_utf8_lossy(value.as_bytes()).trim().to_string(),
+            )
+        })
         .collect();
-    let mut body = &raw[split + 4..];
-    if let Some(length) = headers
-        .get("content-length")
-        .and_then(|length| length.parse::<usize>().ok())
-    {
-        ensure!(
-            body.len() >= length,
-            "{method} {path}: the body is cut short ({} of {length} bytes)",
-            body.len()
-        );
-        body = &body[..length];
-    }
+    let body = response
+        .body_mut()
+        .read_to_string()
+        .with_context(|| format!("{method} {path}: reading the response"))?;
     Ok(ConsoleResponse {
-        status,
+        status: response.status().as_u16(),
         headers,
-        body: String::from_utf8_lossy(body).into_owned(),
+        body,
     })
 }
 

@@ -9,8 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
 /// What the fake Runtime API holds for one binary.
@@ -27,86 +32,76 @@ pub struct Runtime {
 async fn serve(runtime: Arc<Mutex<Runtime>>) -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let port = listener.local_addr()?.port();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let runtime = runtime.clone();
-            tokio::spawn(async move {
-                let (read, mut write) = stream.into_split();
-                let mut reader = BufReader::new(read);
-                loop {
-                    let mut request_line = String::new();
-                    if reader.read_line(&mut request_line).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let mut length = 0usize;
-                    loop {
-                        let mut header = String::new();
-                        if reader.read_line(&mut header).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let header = header.trim_end();
-                        if header.is_empty() {
-                            break;
-                        }
-                        if let Some((name, value)) = header.split_once(':') {
-                            if name.eq_ignore_ascii_case("content-length") {
-                                length = value.trim().parse().unwrap_or(0);
-                            }
-                        }
-                    }
-                    let mut body = vec![0u8; length];
-                    if reader.read_exact(&mut body).await.is_err() {
-                        return;
-                    }
-                    let body = String::from_utf8_lossy(&body).into_owned();
-                    let path = request_line
-                        .split_whitespace()
-                        .nth(1)
-                        .unwrap_or("")
-                        .to_string();
-                    let response = if path.ends_with("/runtime/invocation/next") {
-                        // Long-poll: hand out the next event, or wait for one.
-                        loop {
-                            let next = {
-                                let mut rt = runtime.lock().unwrap();
-                                rt.first_next.get_or_insert_with(Instant::now);
-                                rt.events.pop_front()
-                            };
-                            if let Some((id, event)) = next {
-                                break format!(
-                                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nlambda-runtime-aws-request-id: {id}\r\nlambda-runtime-deadline-ms: {}\r\nlambda-runtime-invoked-function-arn: arn:aws:lambda:us-east-1:123456789012:function:test\r\nlambda-runtime-trace-id: Root=1-5bef4de7-ad49b0e87f6ef6c87fc2e700;Parent=9a9197af755a6419;Sampled=1\r\ncontent-length: {}\r\n\r\n{event}",
-                                    now_ms() + 60_000,
-                                    event.len()
-                                );
-                            }
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                    } else if let Some(rest) = path.strip_prefix("/2018-06-01/runtime/invocation/")
-                    {
-                        let (id, kind) = rest.split_once('/').unwrap_or((rest, ""));
-                        runtime
-                            .lock()
-                            .unwrap()
-                            .answers
-                            .insert(id.to_string(), (kind == "response", body));
-                        "HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n".to_string()
-                    } else if path.ends_with("/runtime/init/error") {
-                        runtime.lock().unwrap().init_error = Some(body);
-                        "HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n".to_string()
-                    } else {
-                        "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_string()
-                    };
-                    if write.write_all(response.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
+    let app = Router::new()
+        .route("/2018-06-01/runtime/invocation/next", get(next))
+        .route(
+            "/2018-06-01/runtime/invocation/{id}/response",
+            post(response),
+        )
+        .route("/2018-06-01/runtime/invocation/{id}/error", post(error))
+        .route("/2018-06-01/runtime/init/error", post(init_error))
+        // The binaries send what they send: no limit on an answer's size.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(runtime);
+    tokio::spawn(async move { axum::serve(listener, app).await });
     Ok(port)
+}
+
+type Shared = State<Arc<Mutex<Runtime>>>;
+
+/// Long-poll: hands out the next event, or waits for one.
+async fn next(State(runtime): Shared) -> Response {
+    let (id, event) = loop {
+        let next = {
+            let mut rt = runtime.lock().unwrap();
+            rt.first_next.get_or_insert_with(Instant::now);
+            rt.events.pop_front()
+        };
+        if let Some(next) = next {
+            break next;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let deadline = (now_ms() + 60_000).to_string();
+    (
+        [
+            ("content-type", "application/json"),
+            ("lambda-runtime-aws-request-id", id.as_str()),
+            ("lambda-runtime-deadline-ms", deadline.as_str()),
+            (
+                "lambda-runtime-invoked-function-arn",
+                "arn:aws:lambda:us-east-1:123456789012:function:test",
+            ),
+            (
+                "lambda-runtime-trace-id",
+                "Root=1-5bef4de7-ad49b0e87f6ef6c87fc2e700;Parent=9a9197af755a6419;Sampled=1",
+            ),
+        ],
+        event,
+    )
+        .into_response()
+}
+
+/// The binary's answer to invocation `id`.
+async fn response(State(runtime): Shared, UrlPath(id): UrlPath<String>, body: Bytes) -> StatusCode {
+    answer(&runtime, id, true, &body)
+}
+
+/// The binary's report that invocation `id` failed.
+async fn error(State(runtime): Shared, UrlPath(id): UrlPath<String>, body: Bytes) -> StatusCode {
+    answer(&runtime, id, false, &body)
+}
+
+fn answer(runtime: &Mutex<Runtime>, id: String, ok: bool, body: &[u8]) -> StatusCode {
+    let body = String::from_utf8_lossy(body).into_owned();
+    runtime.lock().unwrap().answers.insert(id, (ok, body));
+    StatusCode::ACCEPTED
+}
+
+/// The binary's report that it failed to initialise.
+async fn init_error(State(runtime): Shared, body: Bytes) -> StatusCode {
+    runtime.lock().unwrap().init_error = Some(String::from_utf8_lossy(&body).into_owned());
+    StatusCode::ACCEPTED
 }
 
 fn now_ms() -> i64 {

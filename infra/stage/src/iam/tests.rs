@@ -1064,20 +1064,7 @@ fn each_function_writes_only_its_own_part_of_the_release_table_and_reads_the_key
         }
         // Nor does a principal whose own policies allow everything (an administrator, an
         // operator's credentials): the secret's resource policy denies all but those functions.
-        let mut administrator = Principal::new(
-            "Administrator",
-            &format!("arn:aws:iam::{ACCOUNT}:role/administrator"),
-            ACCOUNT,
-            vec![Document {
-                name: "AdministratorAccess".into(),
-                document: json!({"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}),
-            }],
-            Vec::new(),
-        )
-        .unwrap();
-        administrator.resource_policies =
-            iam.principals["AdminApiFunction"].resource_policies.clone();
-        let checker = Checker::new(Arc::new(administrator), iam.catalog.clone(), Arc::default());
+        let checker = administrator(&iam);
         let denied = checker.check(&read).unwrap_err();
         assert!(
             denied.reason.contains("OnlyTheCoordinatorReadsTheKey"),
@@ -1138,7 +1125,15 @@ fn each_function_writes_only_its_own_part_of_the_release_table_and_reads_the_key
     )
     .is_err());
     // Whatever a principal's own policies allow, the queue's policy refuses it.
-    let administrator = Principal::new(
+    let denied = administrator(&iam).check(&outside).unwrap_err();
+    assert!(denied.reason.contains("NobodyElseSends"), "{denied}");
+}
+
+/// The checker of a principal of the stage's account whose own policies allow everything (an
+/// administrator, an operator's credentials), under the stage's resource policies and its worker
+/// stacks' queue policies.
+fn administrator(iam: &StageIam) -> Checker {
+    let mut administrator = Principal::new(
         "Administrator",
         &format!("arn:aws:iam::{ACCOUNT}:role/administrator"),
         ACCOUNT,
@@ -1149,10 +1144,11 @@ fn each_function_writes_only_its_own_part_of_the_release_table_and_reads_the_key
         Vec::new(),
     )
     .unwrap();
-    let checker = Checker::new(Arc::new(administrator), iam.catalog.clone(), Arc::default())
-        .with_worker_queues(iam.worker_queues.clone());
-    let denied = checker.check(&outside).unwrap_err();
-    assert!(denied.reason.contains("NobodyElseSends"), "{denied}");
+    // The stage's resource policies as they cover any principal of the account (their statements
+    // for everyone).
+    administrator.resource_policies = iam.principals["AdminApiFunction"].resource_policies.clone();
+    Checker::new(Arc::new(administrator), iam.catalog.clone(), Arc::default())
+        .with_worker_queues(iam.worker_queues.clone())
 }
 
 #[test]
