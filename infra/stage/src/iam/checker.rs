@@ -572,6 +572,7 @@ impl StageIam {
             ("CoordinatorStack".to_string(), coordinator),
             ("ReleaseVersion".to_string(), release.to_string()),
             ("RequestQueueName".to_string(), name.clone()),
+            ("OperatorRoleArn".to_string(), "none".to_string()),
         ]);
         let stack = Stack {
             stage: self.stack.stage.clone(),

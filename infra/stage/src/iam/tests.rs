@@ -1127,6 +1127,14 @@ fn each_function_writes_only_its_own_part_of_the_release_table_and_reads_the_key
     // Whatever a principal's own policies allow, the queue's policy refuses it.
     let denied = administrator(&iam).check(&outside).unwrap_err();
     assert!(denied.reason.contains("NobodyElseSends"), "{denied}");
+    // And only the worker reads it (a request carries the token that answers it).
+    let receive = signed(
+        "sqs",
+        Some("AmazonSQS.ReceiveMessage"),
+        json!({"QueueUrl": format!("http://127.0.0.1:5055/{ACCOUNT}/someones-requests")}),
+    );
+    let denied = administrator(&iam).check(&receive).unwrap_err();
+    assert!(denied.reason.contains("OnlyTheWorkerReads"), "{denied}");
 }
 
 /// The checker of a principal of the stage's account whose own policies allow everything (an

@@ -190,10 +190,13 @@ impl Coordinator {
         true
     }
 
-    /// Whether the parent's record proves `link` for a child of `request`'s pipeline and tenant:
-    /// the link's token is the one only the coordinator derives from the parent's secret for that
-    /// step and item, the tenant is the parent's, and the parent's step is a fan-out over this
-    /// pipeline. One read of the parent, only for a link no key in use verifies.
+    /// Whether the parent's record proves `link` for a child of `request`'s pipeline and tenant: the
+    /// parent waits on that very fan-out attempt (its unresolved await unit is the link's `unit`,
+    /// at the link's step, and the item is one of its items), the link's token is the one only the
+    /// coordinator derives from the parent's secret for that step and item, the tenant is the
+    /// parent's, and the step fans out over this pipeline. So a link proven this way does no more
+    /// than the parent's own start of that child would; it needs one read of the parent, made only
+    /// for a link no key in use verifies.
     async fn proven_by_parent(
         &self,
         link: &ParentLink,
@@ -202,9 +205,21 @@ impl Coordinator {
         let Some(parent) = self.store.get(link.execution_id).await? else {
             return Ok(false);
         };
+        let waits_on_it = parent.status == domain::Status::WaitingExternal
+            && parent.step == link.step
+            && parent.await_unit.as_ref().is_some_and(|unit| {
+                !unit.resolved
+                    && unit.step == link.step
+                    && link.unit == Some(unit.id)
+                    && unit.fan_out.as_ref().is_some_and(|fan_out| {
+                        domain::fan_out::item_number(&link.interaction)
+                            .is_some_and(|item| item < fan_out.items)
+                    })
+            });
         let token =
             domain::ids::fan_out_token(&parent.secret, parent.id, link.step, &link.interaction);
-        if parent.secret.is_empty()
+        if !waits_on_it
+            || parent.secret.is_empty()
             || parent.tenant != request.tenant
             || !domain::crypto::same(token.as_bytes(), link.token.as_bytes())
         {
@@ -236,21 +251,17 @@ mod tests {
         }
     }
 
-    /// A coordinator over `store` and `keys` with two pipelines active: `batch` (a task, then a
-    /// fan-out over `shop`) and `shop` (one task). A fresh process: it loads its keys at its first
-    /// use.
+    /// A coordinator over `store` and `keys` with two pipelines active: `fan` (a fan-out over its
+    /// input's `items`, each a child of `shop`) and `shop` (one task). A fresh process: it loads its
+    /// keys at its first use.
     async fn coordinator(
         store: Arc<InMemoryExecutionStore>,
         keys: Arc<MemoryKeys>,
         sender: Arc<RecordingSender>,
     ) -> Coordinator {
         let registry = Arc::new(InMemoryReleaseRegistry::default());
-        let batch = [
-            StepDef::task("parse", "requests"),
-            StepDef::fan_out("each", "shop"),
-        ];
         for def in [
-            PipelineDef::new("batch", "1", batch),
+            PipelineDef::new("fan", "1", [StepDef::fan_out("each", "shop")]),
             PipelineDef::new("shop", "1", [StepDef::task("a", "requests")]),
         ] {
             let release = Release::new(def, Vec::new());
@@ -312,42 +323,47 @@ mod tests {
         }
     }
 
-    /// The link the coordinator gives the child of item 0 of `parent`'s step 1, signed under the
-    /// keys' current key.
-    async fn child_link(parent: &Execution, keys: &MemoryKeys) -> ParentLink {
-        let name = crate::domain::fan_out::item_name(0);
-        let key = keys.keys().await.unwrap().current().clone();
-        ParentLink {
-            execution_id: parent.id,
-            token: crate::domain::ids::fan_out_token(&parent.secret, parent.id, 1, &name),
-            interaction: name,
-            complete_to: "replies".into(),
-            unit: None,
-            step: 1,
-            signature: None,
-        }
-        .signed(&key, "t", "shop")
+    /// The child starts a fan-out parent sent to the start queue since the last look, as
+    /// submissions (what the launch function makes of them).
+    fn child_starts(sender: &RecordingSender) -> Vec<SubmitRequest> {
+        sender
+            .drain()
+            .into_iter()
+            .filter(|(queue, _)| queue == "start")
+            .map(|(_, message)| {
+                let event: crate::envelope::StartEvent =
+                    serde_json::from_str(&message.body).unwrap();
+                SubmitRequest {
+                    pipeline_id: event.detail.pipeline_id,
+                    tenant: event.detail.tenant,
+                    input: event.detail.input,
+                    parent: event.detail.parent,
+                    ..Default::default()
+                }
+            })
+            .collect()
     }
 
     #[tokio::test]
     async fn a_childs_link_signed_under_a_retired_key_is_kept_when_its_parents_record_proves_it() {
-        let (store, keys) = (
-            Arc::new(InMemoryExecutionStore::default()),
-            Arc::new(MemoryKeys::default()),
-        );
+        let store = Arc::new(InMemoryExecutionStore::default());
+        let keys = Arc::new(MemoryKeys::default());
         let sender = Arc::new(RecordingSender::default());
         let first = coordinator(store.clone(), keys.clone(), sender.clone()).await;
-        let parent = first.submit(submission("batch", None)).await.unwrap();
-        let parent = parent.execution;
-        let parent = first.get(parent).await.unwrap();
-        let link = child_link(&parent, &keys).await;
-        // Two rotations while the child's start waits in its queue: its key is neither current nor
-        // previous any more.
+        let parent = SubmitRequest {
+            input: serde_json::json!({"items": [{"n": 1}, {"n": 2}]}),
+            ..submission("fan", None)
+        };
+        first.submit(parent).await.unwrap();
+        let starts = child_starts(&sender);
+        assert_eq!(starts.len(), 2, "the parent fanned out");
+        // Two rotations while the children's starts wait in their queue: the key that signed their
+        // links is neither current nor previous any more.
         keys.rotate();
         keys.rotate();
-        let later = coordinator(store.clone(), keys.clone(), sender).await;
-        let child = later.submit(submission("shop", Some(link.clone())));
-        let child = child.await.unwrap();
+        let later = coordinator(store.clone(), keys.clone(), sender.clone()).await;
+        let link = starts[0].parent.clone().expect("a link");
+        let child = later.submit(starts[0].clone()).await.unwrap();
         let child = later.get(child.execution).await.unwrap();
         assert_eq!(
             child.parent,
@@ -355,21 +371,28 @@ mod tests {
             "the child still answers its parent"
         );
 
-        // A link whose token the parent's record does not give is stripped as before; so is a
-        // genuine token offered for a child of another pipeline than the parent's step starts.
-        let mut forged = child_link(&parent, &keys).await;
-        forged.interaction = crate::domain::fan_out::item_name(1);
-        forged.token = "0".repeat(32);
-        forged.signature = None;
-        let mut elsewhere = child_link(&parent, &keys).await;
-        elsewhere.signature = None;
-        for (pipeline, link) in [("shop", forged), ("batch", elsewhere)] {
-            let stranger = later
-                .submit(submission(pipeline, Some(link)))
-                .await
-                .unwrap();
+        // What the parent's record does not prove is stripped as before: a wrong token, another
+        // attempt's unit, an item beyond the fan-out, a child of another pipeline.
+        let start = &starts[1];
+        let tampered = |change: &dyn Fn(&mut ParentLink)| {
+            let mut request = start.clone();
+            change(request.parent.as_mut().unwrap());
+            request
+        };
+        let cases = [
+            tampered(&|l| l.token = "0".repeat(32)),
+            tampered(&|l| l.unit = Some(Uuid::from_u128(7))),
+            tampered(&|l| l.unit = None),
+            tampered(&|l| l.interaction = crate::domain::fan_out::item_name(2)),
+            SubmitRequest {
+                pipeline_id: "fan".into(),
+                ..start.clone()
+            },
+        ];
+        for (n, request) in cases.into_iter().enumerate() {
+            let stranger = later.submit(request).await.unwrap();
             let stranger = later.get(stranger.execution).await.unwrap();
-            assert_eq!(stranger.parent, None, "{pipeline}");
+            assert_eq!(stranger.parent, None, "case {n}");
         }
     }
 }
