@@ -3,12 +3,14 @@
 //! a waiting execution, its page shows the status and the step graph, and approving it by typing a
 //! payload and clicking the button runs it to its end, which the page shows as it happens.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -17,10 +19,8 @@ use fantoccini::error::CmdError;
 use fantoccini::Locator;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{json, Value};
-use stepline::domain::{Status, StepError};
-use stepline::envelope::RequestHeader;
-use stepline::worker::StepFunction;
-use stepline_local::{fresh_stage, functions, LocalStack};
+use stepline::domain::Status;
+use support::{running_stack, stdout};
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -35,50 +35,6 @@ fn stepline(stage: &str, args: &[&str]) -> Result<Output> {
         .args(args)
         .output()
         .with_context(|| format!("running `stepline {}`", args.join(" ")))
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The order steps, each taking a moment.
-struct Paced;
-
-#[async_trait::async_trait]
-impl StepFunction for Paced {
-    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        if request.step_id == "notify"
-            || request.step_id == "validate" && input.get("table").is_some()
-        {
-            return restaurant_approval::RestaurantSteps
-                .run(request, input)
-                .await;
-        }
-        order_worker::OrderSteps.run(request, input).await
-    }
-}
-
-async fn running_stack(prefix: &str) -> Result<(LocalStack, stepline_local::Runner)> {
-    let local = LocalStack::up(&fresh_stage(prefix)).await?;
-    let (orders, _) = local.stack.queue("OrderRequestQueue")?;
-    local
-        .release_example(orders, order_worker::RELEASE_VERSION, 60)
-        .await?;
-    local.release_restaurant().await?;
-    let runner = local.run_workers(vec![
-        (
-            functions::ORDER_WORKER,
-            order_worker::contract(),
-            Arc::new(Paced),
-        ),
-        (
-            "RestaurantWorkerFunction",
-            restaurant_approval::contract(),
-            Arc::new(Paced),
-        ),
-    ])?;
-    Ok((local, runner))
 }
 
 /// Submits an execution with the CLI; its id.
