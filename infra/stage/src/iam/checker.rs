@@ -63,9 +63,9 @@ pub struct Checker {
 /// queue nobody opened to the coordinator (a mistyped queue, another account's).
 ///
 /// A process that cannot be told which queues were adopted (`stepline-local run` serving workers
-/// that other processes attach) may take every queue of the stage's account outside the template
-/// for a worker stack's ([`StageIam::take_outside_queues_as_worker_stacks`]): each then gets that
-/// stack's queue policy, resolved for it. Another account's queue never does.
+/// that other processes attach) may take every queue outside the template, of the account the
+/// stage's queues live in, for a worker stack's ([`StageIam::take_outside_queues_as_worker_stacks`]):
+/// each then gets that stack's queue policy, resolved for it. Another account's queue never does.
 #[derive(Debug, Default)]
 pub struct WorkerQueues {
     adopted: Mutex<BTreeMap<String, WorkerQueue>>,
@@ -100,7 +100,8 @@ impl WorkerQueues {
             .unwrap_or_else(|e| e.into_inner()) = Some(stack);
     }
 
-    /// The worker stack of the queue at `arn`: adopted, or taken for one as any in `account`.
+    /// The worker stack of the queue at `arn`: adopted, or taken for one as any of the account the
+    /// stage's queues live in.
     fn stack_of(&self, arn: &str, catalog: &Catalog) -> Option<WorkerQueue> {
         let adopted = self.adopted.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(queue) = adopted.get(arn) {
@@ -115,7 +116,7 @@ impl WorkerQueues {
             .unwrap_or_else(|e| e.into_inner());
         let parts = arn_parts(arn)?;
         let (account, name) = (parts[4], parts[5]);
-        if account != catalog.accounts.default.account {
+        if account != catalog.accounts.home("sqs").account {
             return None;
         }
         let mut queue = any.clone()?;
@@ -526,7 +527,7 @@ impl StageIam {
     /// Takes every queue of the stage's account outside the template for a worker stack's request
     /// queue (see [`WorkerQueues`]): for a process that serves workers it is not told of.
     pub fn take_outside_queues_as_worker_stacks(&self) -> Result<()> {
-        let account = &self.catalog.accounts.default.account;
+        let account = &self.catalog.accounts.home("sqs").account;
         let placeholder = |name: &str| Physical::Queue {
             url: format!("https://sqs.local/{account}/{name}"),
             arn: format!("arn:aws:sqs:local:{account}:{name}"),

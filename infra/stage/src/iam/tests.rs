@@ -1238,3 +1238,39 @@ fn a_report_counts_each_distinct_denial() {
          arn:aws:dynamodb:us-east-1:1:table/r [dynamodb:leadingkeys=pipeline#a]"
     ));
 }
+
+/// A stage whose queues live in another emulator's account than its tables (LocalStack's SQS
+/// beside moto's DynamoDB) takes the outside queues of its queues' account for worker stacks'.
+#[test]
+fn outside_queues_are_taken_in_the_account_the_stage_s_queues_live_in() {
+    const QUEUES: &str = "000000000000";
+    let (template, mut stack) = project();
+    for physical in stack.resources.values_mut() {
+        if let Physical::Queue { url, arn, .. } = physical {
+            *url = url.replace(ACCOUNT, QUEUES);
+            *arn = arn.replace(ACCOUNT, QUEUES);
+        }
+    }
+    let iam = StageIam::new(&template, &stack).unwrap();
+    iam.take_outside_queues_as_worker_stacks().unwrap();
+    let check = |function: &str, call: HttpCall| iam.checker(function).unwrap().check(&call);
+    let send_to = |account: &str| {
+        signed(
+            "sqs",
+            Some("AmazonSQS.SendMessage"),
+            json!({"QueueUrl": format!("http://127.0.0.1:5055/{account}/shop-requests"),
+                "MessageBody": "{}"}),
+        )
+    };
+    let url_of = signed(
+        "sqs",
+        Some("AmazonSQS.GetQueueUrl"),
+        json!({"QueueName": "shop-requests"}),
+    );
+    assert_eq!(check("CompletionFunction", url_of.clone()), Ok(None));
+    assert_eq!(check("CompletionFunction", send_to(QUEUES)), Ok(None));
+    assert!(check("ClaimFunction", url_of).is_err());
+    assert!(check("ClaimFunction", send_to(QUEUES)).is_err());
+    // The tables' account holds no queue of the stage: its queues are not taken.
+    assert!(check("CompletionFunction", send_to(ACCOUNT)).is_err());
+}
