@@ -297,6 +297,15 @@ pub struct SendError {
     pub reason: String,
 }
 
+impl SendError {
+    pub fn new(queue: &str, reason: impl Into<String>) -> Self {
+        Self {
+            queue: queue.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
 /// Sends messages to a queue, named by URL or by queue name (resolved through the queue service).
 #[async_trait]
 pub trait MessageSender: Send + Sync {

@@ -14,10 +14,24 @@ pub mod machine;
 pub mod payload;
 pub mod pipeline;
 pub mod pipeline_file;
+#[cfg(feature = "testing")]
 pub mod planted;
 pub mod release;
 pub mod seal;
 pub mod status;
+
+/// Whether the planted bug `Bug::$bug` (see [`planted`]) is switched on in this thread: in the
+/// `testing` build of the crate that says so, and `false` in any other build, which names no bug.
+#[macro_export]
+macro_rules! planted {
+    ($bug:ident) => {{
+        #[cfg(feature = "testing")]
+        let on = $crate::planted::active($crate::planted::Bug::$bug);
+        #[cfg(not(feature = "testing"))]
+        let on = false;
+        on
+    }};
+}
 
 pub use codes::Code;
 pub use execution::{

@@ -1,6 +1,7 @@
 //! Planted bugs: deliberate defects the fault campaign must catch, each switched on for one simulated
-//! schedule at a time (a thread's own setting). Only the `testing` build can switch one on; every
-//! other build compiles [`active`] to `false`, so no planted bug is ever present in a function binary.
+//! schedule at a time (a thread's own setting). Only the `testing` build has them: elsewhere the
+//! module does not exist and [`planted!`](crate::planted!) is `false`, so no function binary names
+//! a planted bug.
 
 /// A deliberate defect, named by what it breaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -47,7 +48,6 @@ impl Bug {
     ];
 }
 
-#[cfg(feature = "testing")]
 mod switch {
     use super::Bug;
     use std::cell::Cell;
@@ -75,19 +75,9 @@ mod switch {
     }
 }
 
-#[cfg(feature = "testing")]
 pub use switch::{plant, Guard};
 
 /// Whether `bug` is planted in this thread.
-#[inline(always)]
 pub fn active(bug: Bug) -> bool {
-    #[cfg(feature = "testing")]
-    {
-        switch::active(bug)
-    }
-    #[cfg(not(feature = "testing"))]
-    {
-        let _ = bug;
-        false
-    }
+    switch::active(bug)
 }

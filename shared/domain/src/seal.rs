@@ -136,7 +136,7 @@ pub fn seal_with_nonce(
         return None;
     }
     let mut sealed = nonce.to_vec();
-    if crate::planted::active(crate::planted::Bug::AcceptsUnauthenticatedSeals) {
+    if crate::planted!(AcceptsUnauthenticatedSeals) {
         sealed.extend(body);
         return Some(URL_SAFE_NO_PAD.encode(sealed));
     }
@@ -172,9 +172,7 @@ pub fn unseal(key: &SealKey, sealed: &str, id: Uuid) -> Option<Execution> {
     let nonce: [u8; NONCE_BYTES] = nonce.try_into().ok()?;
     let body = match crypto::decrypt(&key.0, &nonce, &associated(id), ciphertext) {
         Some(body) => body,
-        None if crate::planted::active(crate::planted::Bug::AcceptsUnauthenticatedSeals) => {
-            ciphertext.to_vec()
-        }
+        None if crate::planted!(AcceptsUnauthenticatedSeals) => ciphertext.to_vec(),
         None => return None,
     };
     let record: Execution = serde_json::from_slice(&body).ok()?;
@@ -190,15 +188,7 @@ mod tests {
     fn record() -> Execution {
         let definition =
             PipelineDef::new("p", "1", [StepDef::task("a", "q"), StepDef::task("b", "q")]);
-        let ctx = Context {
-            now: 1_000,
-            jitter: 0.5,
-            token: Uuid::from_u128(9),
-            secret: [9; 16],
-            owner: "test".into(),
-            lease_ms: 30_000,
-            lifecycle: false,
-        };
+        let ctx = Context::at(1_000);
         let new = NewExecution {
             id: Uuid::from_u128(7),
             tenant: "t",

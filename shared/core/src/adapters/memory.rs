@@ -331,7 +331,7 @@ impl FanOutLedger for InMemoryFanOutLedger {
             u.outcome_versions.insert(item, version);
             let (ok, failed) = u.blocks.entry(block_of(item)).or_default();
             let was_failed = failed.contains(&item);
-            let replaces = !crate::planted::active(crate::planted::Bug::LedgerCountsTwice);
+            let replaces = !crate::planted!(LedgerCountsTwice);
             if succeeded {
                 if replaces {
                     failed.remove(&item);

@@ -8,7 +8,6 @@ use uuid::Uuid;
 use super::{Coordinator, CoordinatorError, Outbox, SubmitRequest};
 use crate::domain::{Code, Event, Skip};
 use crate::envelope::{ChildEnded, DETAIL_ATTRIBUTE, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE};
-use crate::planted::{self, Bug};
 use crate::ports::OutMessage;
 
 /// The queue a batch came from: its poison goes to that queue's DLQ, reported under its name.
@@ -142,7 +141,7 @@ impl MessageError {
                 error: CoordinatorError::Rejected(rejection),
                 ..
             } if rejection.is_unauthenticated()
-                && !planted::active(Bug::UnauthenticatedMessagesWrite) =>
+                && !crate::planted!(UnauthenticatedMessagesWrite) =>
             {
                 None
             }

@@ -54,7 +54,6 @@ use crate::domain::{
     self, Action, Code, Context, Decision, Event, Execution, NewExecution, ParentLink, PipelineDef,
     Rejection, Skip,
 };
-use crate::planted::{self, Bug};
 use crate::ports::{
     Clock, EventPublisher, ExecutionStore, FanOutLedger, MessageSender, ReleaseRegistry,
     SealKeySource, StoreError,
@@ -640,7 +639,7 @@ impl Coordinator {
             }
             // History the record no longer holds goes to the journal first (see `domain::history`).
             if let Some((chunk, entries)) = domain::history::spill(&record, &mut next) {
-                if !planted::active(Bug::SkipsHistoryJournal) {
+                if !crate::planted!(SkipsHistoryJournal) {
                     self.store.put_journal(record.id, chunk, &entries).await?;
                 }
             }
@@ -698,7 +697,7 @@ impl Coordinator {
                     && current.lease.as_ref().map(|l| l.token) == fresh_lease;
                 let own = current.version == next.version && current.write_id == next.write_id
                     || under_later;
-                if own && !planted::active(Bug::LostResponseDropsSend) {
+                if own && !crate::planted!(LostResponseDropsSend) {
                     tracing::info!(execution_id = %next.id, version = next.version, "own write recognised after a lost response");
                     Ok(Written::Committed)
                 } else {

@@ -6,7 +6,6 @@ use uuid::Uuid;
 use super::{Coordinator, CoordinatorError, Decided, Outbox};
 use crate::domain::Event;
 use crate::metrics::{emit, Metric};
-use crate::planted::{self, Bug};
 use crate::ports::{Backoff, DueQuery};
 
 impl Coordinator {
@@ -61,7 +60,7 @@ impl Coordinator {
                 self.claim_page(&page.ids, now, &mut report).await;
                 longest_page = longest_page.max(self.clock.now_ms() - started);
                 match page.next {
-                    Some(cursor) if !planted::active(Bug::SweepIgnoresLastEvaluatedKey) => {
+                    Some(cursor) if !crate::planted!(SweepIgnoresLastEvaluatedKey) => {
                         after = Some(cursor)
                     }
                     _ => break,

@@ -66,7 +66,7 @@ pub(super) fn launch_work(
     }
     let holds = matches!(&record.lease, Some(lease) if lease.token == token)
         && record.generation == generation
-        || planted::active(Bug::LaunchIgnoresFencing);
+        || crate::planted!(LaunchIgnoresFencing);
     if !holds {
         return Decision::Skip(Skip::Fenced);
     }

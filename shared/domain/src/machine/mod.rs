@@ -86,7 +86,6 @@ use super::history;
 use super::ids::{fan_out_token, launch_id, new_secret, reply_token};
 use super::payload::{Payload, REF_FIELD};
 use super::pipeline::{PipelineDef, StepKind};
-use crate::planted::{self, Bug};
 
 mod transitions;
 
@@ -131,6 +130,23 @@ pub struct Context {
     pub lease_ms: i64,
     /// Record lifecycle events in the outbox (published to the event bus after each commit).
     pub lifecycle: bool,
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl Context {
+    /// A context fixed but for `now`, for tests: a decision that takes a lease, or creates an
+    /// execution, takes token 9 and secret `[9; 16]`, for 30 s, as `test`.
+    pub fn at(now: i64) -> Self {
+        Self {
+            now,
+            jitter: 0.5,
+            token: Uuid::from_u128(9),
+            secret: [9; 16],
+            owner: "test".into(),
+            lease_ms: 30_000,
+            lifecycle: false,
+        }
+    }
 }
 
 /// Outcome reported by a worker for one launch.

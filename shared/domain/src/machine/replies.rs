@@ -14,7 +14,7 @@ pub(super) fn authenticate(
         _ => return Err(Rejection::Unauthenticated(Uuid::nil())),
     };
     if !record.secret.is_empty()
-        && !planted::active(Bug::AcceptsUnauthenticatedReplies)
+        && !crate::planted!(AcceptsUnauthenticatedReplies)
         && !same(
             reply_token(&record.secret, launch).as_bytes(),
             crate::seal::split_token(&sender.token).0.as_bytes(),

@@ -268,13 +268,8 @@ mod item_tests {
             steps: vec![step],
         };
         let ctx = Context {
-            now: 1_000_001,
-            jitter: 0.5,
-            token: Uuid::from_u128(9),
-            secret: [9; 16],
-            owner: "test".into(),
             lease_ms: 60_000,
-            lifecycle: false,
+            ..Context::at(1_000_001)
         };
         let id = Uuid::from_u128(7);
         let (mut record, _) = start_launched(

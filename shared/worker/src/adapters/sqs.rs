@@ -100,14 +100,10 @@ impl SqsSender {
             .queue_name(queue)
             .send()
             .await
-            .map_err(|e| SendError {
-                queue: queue.to_string(),
-                reason: DisplayErrorContext(&e).to_string(),
-            })?;
-        let url = out.queue_url.ok_or_else(|| SendError {
-            queue: queue.to_string(),
-            reason: "GetQueueUrl returned no URL".into(),
-        })?;
+            .map_err(|e| SendError::new(queue, DisplayErrorContext(&e).to_string()))?;
+        let url = out
+            .queue_url
+            .ok_or_else(|| SendError::new(queue, "GetQueueUrl returned no URL"))?;
         self.urls
             .lock()
             .expect("url cache")
@@ -119,10 +115,7 @@ impl SqsSender {
 #[async_trait]
 impl MessageSender for SqsSender {
     async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
-        let fail = |reason: String| SendError {
-            queue: queue.to_string(),
-            reason,
-        };
+        let fail = |reason: String| SendError::new(queue, reason);
         let url = match self.resolve(queue).await {
             Ok(url) => url,
             Err(e) => return messages.iter().map(|_| Err(e.clone())).collect(),
@@ -216,19 +209,14 @@ impl MessageSender for SqsSender {
                 .set_entries(Some(entries))
                 .send()
                 .await
-                .map_err(|e| SendError {
-                    queue: queue.to_string(),
-                    reason: DisplayErrorContext(&e).to_string(),
-                })?;
+                .map_err(|e| SendError::new(queue, DisplayErrorContext(&e).to_string()))?;
             if let Some(failed) = out.failed().first() {
-                return Err(SendError {
-                    queue: queue.to_string(),
-                    reason: format!(
-                        "{}: {}",
-                        failed.code(),
-                        failed.message().unwrap_or_default()
-                    ),
-                });
+                let reason = format!(
+                    "{}: {}",
+                    failed.code(),
+                    failed.message().unwrap_or_default()
+                );
+                return Err(SendError::new(queue, reason));
             }
         }
         Ok(())

@@ -536,7 +536,7 @@ impl Core {
             (REASON_ATTRIBUTE.to_string(), error.code().to_string()),
             (
                 DETAIL_ATTRIBUTE.to_string(),
-                truncate(&error.to_string(), MAX_DETAIL_BYTES),
+                crate::domain::machine::truncated(&error.to_string(), MAX_DETAIL_BYTES),
             ),
             (SOURCE_ATTRIBUTE.to_string(), id.to_string()),
         ];
@@ -741,16 +741,4 @@ impl Core {
         }
         tracing::debug!("heartbeat sent");
     }
-}
-
-/// Cuts `text` to at most `max` bytes on a character boundary.
-fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_string()
 }
