@@ -5,7 +5,7 @@
 
 use uuid::Uuid;
 
-use super::{Coordinator, CoordinatorError, Outbox, SubmitRequest};
+use super::{Coordinator, CoordinatorError, Outbox, Read, SubmitRequest};
 use crate::domain::{Code, Event, Skip};
 use crate::envelope::{ChildEnded, DETAIL_ATTRIBUTE, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE};
 use crate::ports::OutMessage;
@@ -173,7 +173,9 @@ impl Coordinator {
     /// is acknowledged only once what it asked for is committed, or it is parked.
     pub async fn apply_batch(&self, inbox: Inbox, messages: Vec<Inbound>) -> BatchReport {
         let mut report = BatchReport::default();
-        self.seal_keys().await;
+        // The keys the batch seals and signs with, read (or refreshed) once.
+        let keys = self.seal_keys().await;
+        let keys = &keys;
         // Each message stages into its own outbox (concurrently), merged in message order before the
         // one send. Two messages of one execution race like two invocations would: through the
         // conditional write.
@@ -183,7 +185,7 @@ impl Coordinator {
             .collect();
         let results = futures_util::future::join_all(messages.into_iter().enumerate().map(
             |(index, message)| async move {
-                let mut outbox = Outbox::default();
+                let mut outbox = Outbox::sealing_with(keys.clone());
                 let redelivered = message.redelivered();
                 let result = match message.command {
                     Ok(command) => self.handle(&mut outbox, index, command, redelivered).await,
@@ -193,7 +195,7 @@ impl Coordinator {
             },
         ))
         .await;
-        let mut outbox = Outbox::default();
+        let mut outbox = Outbox::sealing_with(keys.clone());
         let mut poison = Vec::new();
         let mut ids = Vec::with_capacity(results.len());
         for (message_id, body, result, staged) in results {
@@ -382,7 +384,7 @@ impl Coordinator {
                     };
                     // Best effort: an execution that no longer exists has nothing to note.
                     let _ = self
-                        .commit_event(execution, &incident, "incident", false)
+                        .commit_event(execution, &incident, "incident", Read::Fresh)
                         .await;
                 }
                 (Ok(()), None) => {}

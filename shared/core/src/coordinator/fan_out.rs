@@ -9,10 +9,11 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::items::{ItemReader, ItemSource, ItemsError};
-use super::{Coordinator, CoordinatorError, Outbox};
+use super::{Coordinator, CoordinatorError, Outbox, Read};
 use crate::claims::ClaimError;
 use crate::claims::PAYLOAD_PREFIX;
 use crate::domain::fan_out::{block_len, block_of, BLOCK};
+use crate::domain::seal::SealKeys;
 use crate::domain::{
     self, ChildEnd, Counted, Decision, Event, Execution, FanOutUnit, Skip, Status, StepDef,
     UnitProgress,
@@ -114,7 +115,9 @@ impl Coordinator {
         } else if let Some(next) = fan_out.next_after(notice.end.item) {
             // Within a window, this child's end starts the next (again on a redelivered notice:
             // the start is idempotent).
-            self.start_next(&parent, notice.unit, next).await?;
+            let keys = outbox.keys.clone();
+            self.start_next(keys.as_deref(), &parent, notice.unit, next)
+                .await?;
         }
         Ok(None)
     }
@@ -163,6 +166,7 @@ impl Coordinator {
     /// after a crash (by the sweeper: the starts are not marked sent), it starts no child twice.
     pub(super) async fn start_from_object(
         &self,
+        keys: Option<Arc<SealKeys>>,
         record: &Execution,
         step: &StepDef,
     ) -> Result<(), CoordinatorError> {
@@ -200,7 +204,7 @@ impl Coordinator {
                     unit: unit_id,
                     items,
                 };
-                let mut outbox = Outbox::default();
+                let mut outbox = Outbox::sealing_with(keys.clone());
                 let applied = self
                     .decide_into(&mut outbox, 0, record.id, &sized, "fan-out", (false, false))
                     .await?;
@@ -243,7 +247,14 @@ impl Coordinator {
                     block.push(b'\n');
                 }
                 if item < wave {
-                    messages.push(self.child_start(&current, step, unit_id, item, input)?);
+                    messages.push(self.child_start(
+                        keys.as_deref(),
+                        &current,
+                        step,
+                        unit_id,
+                        item,
+                        input,
+                    )?);
                 }
                 item += 1;
                 if fan_out.window.is_some() && (item.is_multiple_of(BLOCK) || item == items) {
@@ -266,7 +277,7 @@ impl Coordinator {
             record.id,
             &Event::AwaitNoticeSent { unit: unit_id },
             "outbox",
-            false,
+            Read::Fresh,
         )
         .await?;
         Ok(())
@@ -276,6 +287,7 @@ impl Coordinator {
     /// the parent's input, or from the block object the unit's start wrote.
     async fn start_next(
         &self,
+        keys: Option<&SealKeys>,
         parent: &Execution,
         unit: Uuid,
         next: u32,
@@ -312,7 +324,7 @@ impl Coordinator {
                     .map_err(|e| CoordinatorError::Invalid(format!("item {next} in {key}: {e}")))?
             }
         };
-        let message = self.child_start(parent, step, unit, next, item)?;
+        let message = self.child_start(keys, parent, step, unit, next, item)?;
         self.send_starts(&start_queue, &[message]).await
     }
 

@@ -228,6 +228,14 @@ enum Decided {
     },
 }
 
+/// Where a decision reads its record: from the store, or hot (see `Coordinator::commit_event`):
+/// from this process's last commit, or from the record sealed in the worker's token, opened with
+/// the cycle's keys (none: not opened).
+enum Read {
+    Fresh,
+    Hot(Option<Arc<SealKeys>>),
+}
+
 /// One round of deciding and writing.
 enum Attempt {
     Done(Box<Decided>),
@@ -407,15 +415,6 @@ impl Coordinator {
         }
     }
 
-    /// The sealing keys as last loaded (see [`Coordinator::seal_keys`]).
-    pub fn loaded_keys(&self) -> Option<Arc<SealKeys>> {
-        self.keys
-            .read()
-            .expect("keys")
-            .as_ref()
-            .map(|(_, keys)| keys.clone())
-    }
-
     /// A pinned release's definition.
     pub async fn definition(
         &self,
@@ -474,8 +473,7 @@ impl Coordinator {
         event: &Event,
         role: &str,
     ) -> Result<Applied, CoordinatorError> {
-        self.seal_keys().await;
-        let mut outbox = Outbox::default();
+        let mut outbox = Outbox::sealing_with(self.seal_keys().await);
         let applied = self
             .decide_into(&mut outbox, 0, id, event, role, (false, false))
             .await?;
@@ -497,7 +495,11 @@ impl Coordinator {
         role: &str,
         (hot, redelivered): (bool, bool),
     ) -> Result<Applied, CoordinatorError> {
-        match self.commit_event(id, event, role, hot).await? {
+        let read = match hot {
+            true => Read::Hot(outbox.keys.clone()),
+            false => Read::Fresh,
+        };
+        match self.commit_event(id, event, role, read).await? {
             Decided::Committed {
                 record,
                 actions,
@@ -545,13 +547,14 @@ impl Coordinator {
         id: Uuid,
         event: &Event,
         role: &str,
-        hot: bool,
+        read: Read,
     ) -> Result<Decided, CoordinatorError> {
         let mut fresh = None;
         let mut checked = Checked::default();
-        if hot {
+        if let Read::Hot(keys) = read {
             let cached = self.recent.lock().expect("recent").get(&id).cloned();
-            if let Some(record) = cached.or_else(|| self.unsealed(id, event)) {
+            let unsealed = || keys.and_then(|keys| self.unsealed(&keys, id, event));
+            if let Some(record) = cached.or_else(unsealed) {
                 match self
                     .decide_and_write(record, event, &mut checked, role)
                     .await?
@@ -582,12 +585,12 @@ impl Coordinator {
     }
 
     /// The record a worker's message carries sealed in its token, if the seal holds.
-    fn unsealed(&self, id: Uuid, event: &Event) -> Option<Execution> {
+    fn unsealed(&self, keys: &SealKeys, id: Uuid, event: &Event) -> Option<Execution> {
         let Event::FromWorker { sender, .. } = event else {
             return None;
         };
         let sealed = seal::split_token(&sender.token).1?;
-        let record = self.loaded_keys()?.unseal(sealed, id);
+        let record = keys.unseal(sealed, id);
         if record.is_none() {
             tracing::warn!(execution_id = %id, "a reply's sealed record does not hold: read instead");
         }

@@ -3,14 +3,15 @@
 //! them batched per queue and records what went out on the execution (acknowledgements).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{Coordinator, CoordinatorError};
+use super::{Coordinator, CoordinatorError, Read};
 use crate::domain::fan_out::item_name;
 use crate::domain::ids::fan_out_token;
-use crate::domain::seal;
+use crate::domain::seal::{self, SealKeys};
 use crate::domain::{
     self, Action, AwaitUnit, ChildEnd, Event, Execution, ParentLink, PipelineDef, StepDef, StepKind,
 };
@@ -75,8 +76,9 @@ impl Coordinator {
                         *deadline,
                     );
                     // The record travels sealed in the token, for the reply's completion.
-                    let sealed = self
-                        .loaded_keys()
+                    let sealed = outbox
+                        .keys
+                        .as_deref()
                         .and_then(|keys| seal::seal(keys.current(), record));
                     if let (false, Some(sealed)) = (header.reply_token.is_empty(), sealed) {
                         header.reply_token = seal::sealed_token(&header.reply_token, &sealed);
@@ -279,7 +281,15 @@ impl Coordinator {
             .map_or(items.len(), |f| f.first_wave() as usize)
             .min(items.len());
         for (i, item) in items.into_iter().take(count).enumerate() {
-            let start = match self.child_start(record, step_def, await_unit.id, i as u32, item) {
+            let keys = outbox.keys.as_deref();
+            let start = match self.child_start(
+                keys,
+                record,
+                step_def,
+                await_unit.id,
+                i as u32,
+                item,
+            ) {
                 Ok(start) => start,
                 // Not marked sent: the sweeper starts the children again.
                 Err(e) => {
@@ -304,6 +314,7 @@ impl Coordinator {
     /// under the coordinator's key (without the key, nothing is started: the caller tries again).
     pub(super) fn child_start(
         &self,
+        keys: Option<&SealKeys>,
         record: &Execution,
         step_def: &StepDef,
         unit: Uuid,
@@ -316,7 +327,7 @@ impl Coordinator {
                 step_def.id
             )));
         };
-        let Some(keys) = self.loaded_keys() else {
+        let Some(keys) = keys else {
             return Err(StoreError::Unavailable(
                 "the coordinator's key, to sign a child's link".into(),
             )
@@ -470,13 +481,14 @@ impl Coordinator {
             follow_ups.retain(|(_, event)| !matches!(event, Event::AwaitNoticeSent { .. }));
         }
         for (id, event) in follow_ups {
-            if let Err(e) = self.commit_event(id, &event, "outbox", false).await {
+            if let Err(e) = self.commit_event(id, &event, "outbox", Read::Fresh).await {
                 tracing::warn!(execution_id = %id, code = %e.code(), error = %e, "follow-up not recorded; the sweeper will repeat it");
             }
         }
         for job in outbox.fan_outs {
             let id = job.record.id;
-            if let Err(e) = self.start_from_object(&job.record, &job.step).await {
+            let keys = outbox.keys.clone();
+            if let Err(e) = self.start_from_object(keys, &job.record, &job.step).await {
                 tracing::warn!(execution_id = %id, code = %e.code(), error = %e, "fan-out not started; the sweeper will start it again");
                 failures.push((
                     job.source,
@@ -499,6 +511,9 @@ fn json(body: &impl serde::Serialize) -> OutMessage {
 /// Messages staged during a batch, grouped by destination queue so each queue gets `SendMessageBatch`es.
 #[derive(Debug, Default)]
 pub(super) struct Outbox {
+    /// The sealing keys the cycle seals requests and signs children's links with, taken once at
+    /// its start (none: requests go unsealed and children cannot start).
+    pub(super) keys: Option<Arc<SealKeys>>,
     by_queue: BTreeMap<String, Vec<Staged>>,
     /// Lifecycle events to publish: (execution, last sequence, events).
     events: Vec<(Uuid, u64, Vec<BusEvent>)>,
@@ -524,6 +539,14 @@ struct Staged {
 }
 
 impl Outbox {
+    /// An empty outbox sealing with `keys`.
+    pub(super) fn sealing_with(keys: Option<Arc<SealKeys>>) -> Self {
+        Self {
+            keys,
+            ..Self::default()
+        }
+    }
+
     /// Appends what another outbox staged (a batch merges its messages' outboxes in message order).
     pub(super) fn extend(&mut self, other: Outbox) {
         for (queue, entries) in other.by_queue {

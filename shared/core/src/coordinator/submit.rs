@@ -27,8 +27,7 @@ pub struct Submitted {
 impl Coordinator {
     /// Starts a new execution pinned to the requested (or active) release and enqueues its first launch.
     pub async fn submit(&self, request: SubmitRequest) -> Result<Submitted, CoordinatorError> {
-        self.seal_keys().await;
-        let mut outbox = Outbox::default();
+        let mut outbox = Outbox::sealing_with(self.seal_keys().await);
         let submitted = self.submit_into(&mut outbox, 0, request).await?;
         self.flush(outbox).await;
         Ok(submitted)

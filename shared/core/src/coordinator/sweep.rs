@@ -3,7 +3,7 @@
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{Coordinator, CoordinatorError, Decided, Outbox};
+use super::{Coordinator, CoordinatorError, Decided, Outbox, Read};
 use crate::domain::Event;
 use crate::metrics::{emit, Metric};
 use crate::ports::{Backoff, DueQuery};
@@ -81,12 +81,14 @@ impl Coordinator {
                 .map(|id| async move {
                     (
                         id,
-                        self.commit_event(id, &Event::Claim, "claim", false).await,
+                        self.commit_event(id, &Event::Claim, "claim", Read::Fresh)
+                            .await,
                     )
                 })
                 .buffer_unordered(CLAIM_CONCURRENCY)
                 .collect()
                 .await;
+        // No keys: a claim seals and signs nothing (see `claim_due`).
         let mut outbox = Outbox::default();
         for (id, result) in results {
             match result {
