@@ -19,7 +19,7 @@ use stepline::http::lambda_http::{Body, Request};
 use stepline::http::{Audience, Audiences};
 use stepline::release::{Artifact, Release};
 use stepline::worker::StepFunction;
-use stepline_suite::TestStack;
+use stepline_suite::{on_emulator, TestStack};
 use uuid::Uuid;
 
 /// Writes per execution of the three-step pipeline without retries: the create (which launches the
@@ -131,10 +131,19 @@ async fn post(stack: &TestStack, path: &str, body: Value) -> Answer {
 }
 
 /// Posts each (path, body) in order and asserts that each is refused with its status and code.
-async fn refused_posts(stack: &TestStack, refusals: Vec<(&str, Value, u16, &str)>) {
+async fn refused_posts(stack: &TestStack, refusals: &[(&str, Value, u16, &str)]) {
     for (path, body, status, code) in refusals {
-        post(stack, path, body).await.refused(status, code);
+        post(stack, path, body.clone()).await.refused(*status, code);
     }
+}
+
+/// The string `field` of every element of the JSON array `list`.
+fn each<'a>(list: &'a Value, field: &str) -> Vec<&'a str> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e[field].as_str().unwrap())
+        .collect()
 }
 
 fn submission(stack: &TestStack, n: usize, key: Option<&str>) -> Value {
@@ -145,6 +154,18 @@ fn submission(stack: &TestStack, n: usize, key: Option<&str>) -> Value {
     });
     if let Some(key) = key {
         body["idempotencyKey"] = json!(key);
+    }
+    body
+}
+
+/// A submission of sample order 1 with `field` left out (`None`) or set to `value`.
+fn submission_with(stack: &TestStack, field: &str, value: Option<Value>) -> Value {
+    let mut body = submission(stack, 1, None);
+    match value {
+        Some(value) => body[field] = value,
+        None => {
+            body.as_object_mut().unwrap().remove(field);
+        }
     }
     body
 }
@@ -179,8 +200,7 @@ impl StepFunction for Gated {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_is_idempotent_and_status_and_result_follow_the_execution() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("api-submit", |_| {}).await?;
+    let mut stack = on_emulator!(TestStack::new("api-submit", |_| {}).await?);
     let body = submission(&stack, 1, Some("order-1"));
 
     let first = post(&stack, "/executions", body.clone()).await;
@@ -274,99 +294,70 @@ async fn submit_is_idempotent_and_status_and_result_follow_the_execution() -> an
     assert_ne!(other.body["executionId"], id.as_str());
 
     // A finished execution can be neither cancelled nor re-driven.
-    post(
+    let cancel = format!("/executions/{id}/cancel");
+    let redrive = format!("/executions/{id}/redrive");
+    let redrive_again = json!({"expectedVersion": HAPPY_PATH_VERSION, "reason": "again"});
+    let too_late = json!({"reason": "too late"});
+    refused_posts(
         &stack,
-        &format!("/executions/{id}/cancel"),
-        json!({"reason": "too late"}),
+        &[
+            (&cancel, too_late, 409, "ALREADY_TERMINAL"),
+            (&redrive, redrive_again, 409, "NOT_REDRIVABLE"),
+        ],
     )
-    .await
-    .refused(409, "ALREADY_TERMINAL");
-    post(
-        &stack,
-        &format!("/executions/{id}/redrive"),
-        json!({"expectedVersion": HAPPY_PATH_VERSION, "reason": "again"}),
-    )
-    .await
-    .refused(409, "NOT_REDRIVABLE");
+    .await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_unknown_requests_are_refused_with_stable_codes() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let stack = TestStack::new("api-bad", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("api-bad", |_| {}).await?);
     let unknown = Uuid::new_v4();
 
     // Bodies.
-    let bad_json = call_raw(&stack, "POST", "/executions", "{\"pipelineId\": ").await;
-    bad_json.refused(400, "INVALID_BODY");
-    call_raw(&stack, "POST", "/executions", "")
-        .await
-        .refused(400, "INVALID_BODY");
-    let mut missing = submission(&stack, 1, None);
-    missing.as_object_mut().unwrap().remove("tenant");
-    let missing = post(&stack, "/executions", missing).await;
-    missing.refused(400, "INVALID_BODY");
-    assert!(
-        missing.message().contains("tenant"),
-        "the serde message names the field: {}",
-        missing.message()
-    );
-    let mut no_input = submission(&stack, 1, None);
-    no_input.as_object_mut().unwrap().remove("input");
-    post(&stack, "/executions", no_input)
-        .await
-        .refused(400, "INVALID_BODY");
-    let mut typo = submission(&stack, 1, None);
-    typo["idempotencykey"] = json!("k");
-    let typo = post(&stack, "/executions", typo).await;
-    typo.refused(400, "INVALID_BODY");
-    assert!(
-        typo.message().contains("unknown field"),
-        "{}",
-        typo.message()
-    );
-    let mut wrong_type = submission(&stack, 1, None);
-    wrong_type["tenant"] = json!(7);
-    post(&stack, "/executions", wrong_type)
-        .await
-        .refused(400, "INVALID_BODY");
-    let mut empty_tenant = submission(&stack, 1, None);
-    empty_tenant["tenant"] = json!("");
-    post(&stack, "/executions", empty_tenant)
-        .await
-        .refused(400, "INVALID_REQUEST");
+    for raw in ["{\"pipelineId\": ", ""] {
+        let refusal = call_raw(&stack, "POST", "/executions", raw).await;
+        refusal.refused(400, "INVALID_BODY");
+    }
+    // Submissions with a field left out (`None`) or set, each refused with its status and code and,
+    // where given, a message naming what is wrong (the serde message names the field).
+    for (field, value, status, code, named) in [
+        ("tenant", None, 400, "INVALID_BODY", Some("tenant")),
+        ("input", None, 400, "INVALID_BODY", None),
+        (
+            "idempotencykey",
+            Some(json!("k")),
+            400,
+            "INVALID_BODY",
+            Some("unknown field"),
+        ),
+        ("tenant", Some(json!(7)), 400, "INVALID_BODY", None),
+        ("tenant", Some(json!("")), 400, "INVALID_REQUEST", None),
+    ] {
+        let refusal = post(&stack, "/executions", submission_with(&stack, field, value)).await;
+        refusal.refused(status, code);
+        if let Some(named) = named {
+            let message = refusal.message();
+            assert!(message.contains(named), "{field}: {message}");
+        }
+    }
     let redrive = format!("/executions/{unknown}/redrive");
-    refused_posts(
-        &stack,
-        vec![
-            (
-                &redrive,
-                json!({"reason": "no version"}),
-                400,
-                "INVALID_BODY",
-            ),
-            (
-                &redrive,
-                json!({"expectedVersion": -1, "reason": "negative"}),
-                400,
-                "INVALID_BODY",
-            ),
-        ],
-    )
-    .await;
+    // Without a version, or with a negative one.
+    let negative = json!({"expectedVersion": -1, "reason": "negative"});
+    for body in [json!({"reason": "no version"}), negative] {
+        post(&stack, &redrive, body)
+            .await
+            .refused(400, "INVALID_BODY");
+    }
 
     // Releases and pipelines that do not exist.
-    let mut unknown_release = submission(&stack, 1, None);
-    unknown_release["releaseVersion"] = json!("9");
-    post(&stack, "/executions", unknown_release)
-        .await
-        .refused(404, "UNKNOWN_RELEASE");
-    let mut unknown_pipeline = submission(&stack, 1, None);
-    unknown_pipeline["pipelineId"] = json!("no-such-pipeline");
-    post(&stack, "/executions", unknown_pipeline)
-        .await
-        .refused(404, "NO_ACTIVE_RELEASE");
+    for (field, value, code) in [
+        ("releaseVersion", "9", "UNKNOWN_RELEASE"),
+        ("pipelineId", "no-such-pipeline", "NO_ACTIVE_RELEASE"),
+    ] {
+        let body = submission_with(&stack, field, Some(json!(value)));
+        post(&stack, "/executions", body).await.refused(404, code);
+    }
 
     // Ids.
     for path in [
@@ -377,13 +368,10 @@ async fn malformed_and_unknown_requests_are_refused_with_stable_codes() -> anyho
     ] {
         get(&stack, path).await.refused(400, "INVALID_ID");
     }
-    post(
-        &stack,
-        "/executions/123/cancel",
-        json!({"reason": "malformed id"}),
-    )
-    .await
-    .refused(400, "INVALID_ID");
+    let malformed = json!({"reason": "malformed id"});
+    post(&stack, "/executions/123/cancel", malformed)
+        .await
+        .refused(400, "INVALID_ID");
 
     // Executions that do not exist.
     for path in [
@@ -425,15 +413,14 @@ async fn malformed_and_unknown_requests_are_refused_with_stable_codes() -> anyho
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_execution_is_cancelled_once() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
     // No runner: the execution stays queued.
-    let stack = TestStack::new("api-cancel", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("api-cancel", |_| {}).await?);
     let id = submit(&stack, 2).await;
     let cancel = format!("/executions/{id}/cancel");
 
     refused_posts(
         &stack,
-        vec![
+        &[
             (&cancel, json!({"reason": " "}), 400, "INVALID_REQUEST"),
             (&cancel, json!({}), 400, "INVALID_BODY"),
         ],
@@ -454,16 +441,12 @@ async fn a_queued_execution_is_cancelled_once() -> anyhow::Result<()> {
         .await
         .refused(409, "NOT_SUCCEEDED");
     let redrive = format!("/executions/{id}/redrive");
+    let not_failed = json!({"expectedVersion": 2, "reason": "cancelled is not failed"});
     refused_posts(
         &stack,
-        vec![
+        &[
             (&cancel, json!({"reason": "twice"}), 409, "ALREADY_TERMINAL"),
-            (
-                &redrive,
-                json!({"expectedVersion": 2, "reason": "cancelled is not failed"}),
-                409,
-                "NOT_REDRIVABLE",
-            ),
+            (&redrive, not_failed, 409, "NOT_REDRIVABLE"),
         ],
     )
     .await;
@@ -472,8 +455,8 @@ async fn a_queued_execution_is_cancelled_once() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let (stack, steps) = TestStack::with_failing_pricing("api-redrive", false, |_| {}).await?;
+    let (stack, steps) =
+        on_emulator!(TestStack::with_failing_pricing("api-redrive", false, |_| {}).await?);
     let id = submit(&stack, 4).await;
     // Settled: failed, and its dead-letter envelope sent (which is one more write).
     stack.wait_dead_lettered(id).await?;
@@ -491,21 +474,18 @@ async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
         .refused(409, "NOT_SUCCEEDED");
 
     let path = format!("/executions/{id}/redrive");
+    let redrive =
+        |version: u64, reason: &str| json!({"expectedVersion": version, "reason": reason});
     refused_posts(
         &stack,
-        vec![
+        &[
             (
                 &path,
-                json!({"expectedVersion": version - 1, "reason": "stale view"}),
+                redrive(version - 1, "stale view"),
                 409,
                 "VERSION_CONFLICT",
             ),
-            (
-                &path,
-                json!({"expectedVersion": version, "reason": ""}),
-                400,
-                "INVALID_REQUEST",
-            ),
+            (&path, redrive(version, ""), 400, "INVALID_REQUEST"),
         ],
     )
     .await;
@@ -516,23 +496,14 @@ async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
     );
 
     steps.failing.store(false, Ordering::SeqCst);
-    let redriven = post(
-        &stack,
-        &path,
-        json!({"expectedVersion": version, "reason": "pricing restored"}),
-    )
-    .await;
+    let redriven = post(&stack, &path, redrive(version, "pricing restored")).await;
     assert_eq!(redriven.status, 200, "{}", redriven.body);
     assert_eq!(redriven.body["status"], "QUEUED");
     assert_eq!(redriven.body["version"], version + 1);
     // The same re-drive again is stale now.
-    post(
-        &stack,
-        &path,
-        json!({"expectedVersion": version, "reason": "pricing restored"}),
-    )
-    .await
-    .refused(409, "NOT_REDRIVABLE");
+    post(&stack, &path, redrive(version, "pricing restored"))
+        .await
+        .refused(409, "NOT_REDRIVABLE");
 
     let record = stack.wait_terminal(id).await?;
     assert_eq!(record.status, Status::Succeeded, "{record:#?}");
@@ -540,20 +511,16 @@ async fn a_redrive_needs_the_current_version() -> anyhow::Result<()> {
     let result = get(&stack, &format!("/executions/{id}/result")).await;
     assert_eq!(result.status, 200);
     assert_eq!(result.body["result"]["totalCents"], 500 + 320);
-    post(
-        &stack,
-        &format!("/executions/{id}/cancel"),
-        json!({"reason": "done already"}),
-    )
-    .await
-    .refused(409, "ALREADY_TERMINAL");
+    let cancel = format!("/executions/{id}/cancel");
+    post(&stack, &cancel, json!({"reason": "done already"}))
+        .await
+        .refused(409, "ALREADY_TERMINAL");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_are_registered_once_and_activated_by_version() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let stack = TestStack::new("api-releases", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("api-releases", |_| {}).await?);
     let pipeline = stack.pipeline.pipeline_id.clone();
     let mut def = stack.pipeline.clone();
     def.release_version = "2".into();
@@ -610,32 +577,31 @@ async fn releases_are_registered_once_and_activated_by_version() -> anyhow::Resu
 
     // Activations.
     let activations = format!("/pipelines/{pipeline}/activations");
-    post(
+    let activate =
+        |version: &str, reason: &str| json!({"releaseVersion": version, "reason": reason});
+    refused_posts(
         &stack,
-        &activations,
-        json!({"releaseVersion": "9", "reason": "no such release"}),
+        &[
+            (
+                &activations,
+                activate("9", "no such release"),
+                404,
+                "UNKNOWN_RELEASE",
+            ),
+            (&activations, activate("2", ""), 400, "INVALID_REQUEST"),
+            (
+                &activations,
+                json!({"releaseVersion": "2"}),
+                400,
+                "INVALID_BODY",
+            ),
+        ],
     )
-    .await
-    .refused(404, "UNKNOWN_RELEASE");
-    post(
-        &stack,
-        &activations,
-        json!({"releaseVersion": "2", "reason": ""}),
-    )
-    .await
-    .refused(400, "INVALID_REQUEST");
-    post(&stack, &activations, json!({"releaseVersion": "2"}))
-        .await
-        .refused(400, "INVALID_BODY");
+    .await;
     let before = get(&stack, &format!("/pipelines/{pipeline}/active")).await;
     assert_eq!(before.status, 200, "{}", before.body);
     assert_eq!(before.body["releaseVersion"], "1");
-    let activated = post(
-        &stack,
-        &activations,
-        json!({"releaseVersion": "2", "reason": "roll out"}),
-    )
-    .await;
+    let activated = post(&stack, &activations, activate("2", "roll out")).await;
     assert_eq!(activated.status, 201, "{}", activated.body);
     assert_eq!(activated.body["releaseVersion"], "2");
     assert_eq!(activated.body["reason"], "roll out");
@@ -649,13 +615,7 @@ async fn releases_are_registered_once_and_activated_by_version() -> anyhow::Resu
 
     let list = get(&stack, &format!("/pipelines/{pipeline}/releases")).await;
     assert_eq!(list.status, 200, "{}", list.body);
-    let mut versions: Vec<&str> = list
-        .body
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["releaseVersion"].as_str().unwrap())
-        .collect();
+    let mut versions = each(&list.body, "releaseVersion");
     versions.sort_unstable();
     assert_eq!(versions, ["1", "2"]);
     let listed: Vec<Release> = serde_json::from_value(list.body.clone())?;
@@ -679,7 +639,7 @@ async fn releases_are_registered_once_and_activated_by_version() -> anyhow::Resu
     post(
         &stack,
         "/pipelines/no-such-pipeline/activations",
-        json!({"releaseVersion": "1", "reason": "x"}),
+        activate("1", "x"),
     )
     .await
     .refused(404, "UNKNOWN_RELEASE");
@@ -688,9 +648,8 @@ async fn releases_are_registered_once_and_activated_by_version() -> anyhow::Resu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interactions_are_listed_and_completed_once() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
     // The approval notice goes to a queue nobody reads: the test finds the token through the API.
-    let (stack, _) = TestStack::with_approval("api-await", 600).await?;
+    let (stack, _) = on_emulator!(TestStack::with_approval("api-await", 600).await?);
     let id = submit(&stack, 1).await;
     let interactions = format!("/executions/{id}/interactions");
     let none = get(&stack, &interactions).await;
@@ -715,30 +674,29 @@ async fn interactions_are_listed_and_completed_once() -> anyhow::Result<()> {
     assert_eq!(status.body["stepId"], "approve");
 
     let manager = format!("{interactions}/manager");
-    post(
+    let somebody = format!("{interactions}/somebody");
+    let answer = |token: &str, verdict: &str| json!({"token": token, "verdict": verdict});
+    let made_up = Uuid::new_v4().simple().to_string();
+    refused_posts(
         &stack,
-        &manager,
-        json!({"token": Uuid::new_v4().simple().to_string(), "verdict": "APPROVED"}),
+        &[
+            (&manager, answer(&made_up, "APPROVED"), 403, "INVALID_TOKEN"),
+            (
+                &somebody,
+                answer(&token, "APPROVED"),
+                404,
+                "UNKNOWN_INTERACTION",
+            ),
+            (&manager, answer(&token, "MAYBE"), 400, "INVALID_BODY"),
+            (
+                &manager,
+                json!({"verdict": "APPROVED"}),
+                400,
+                "INVALID_BODY",
+            ),
+        ],
     )
-    .await
-    .refused(403, "INVALID_TOKEN");
-    post(
-        &stack,
-        &format!("{interactions}/somebody"),
-        json!({"token": token, "verdict": "APPROVED"}),
-    )
-    .await
-    .refused(404, "UNKNOWN_INTERACTION");
-    post(
-        &stack,
-        &manager,
-        json!({"token": token, "verdict": "MAYBE"}),
-    )
-    .await
-    .refused(400, "INVALID_BODY");
-    post(&stack, &manager, json!({"verdict": "APPROVED"}))
-        .await
-        .refused(400, "INVALID_BODY");
+    .await;
 
     let approval = json!({"token": token, "verdict": "APPROVED", "payload": {"by": "maria"}});
     let approved = post(&stack, &manager, approval.clone()).await;
@@ -747,16 +705,14 @@ async fn interactions_are_listed_and_completed_once() -> anyhow::Result<()> {
     assert_eq!(approved.body["interactionId"], "manager");
     assert_eq!(approved.body["executionId"], id.to_string());
     // A double click: the same answer again changes nothing.
-    let again = post(&stack, &manager, approval).await;
+    let again = post(&stack, &manager, approval.clone()).await;
     assert_eq!(again.status, 200, "{}", again.body);
     assert_eq!(again.body["duplicate"], true);
-    post(
-        &stack,
-        &manager,
-        json!({"token": token, "verdict": "REJECTED", "payload": {"reason": "changed my mind"}}),
-    )
-    .await
-    .refused(409, "INTERACTION_CONFLICT");
+    let changed_mind =
+        json!({"token": token, "verdict": "REJECTED", "payload": {"reason": "changed my mind"}});
+    post(&stack, &manager, changed_mind)
+        .await
+        .refused(409, "INTERACTION_CONFLICT");
 
     // The API dispatches the resumed step itself (well before the 60 s lease would let the sweeper).
     let record = stack
@@ -769,12 +725,7 @@ async fn interactions_are_listed_and_completed_once() -> anyhow::Result<()> {
     let after = get(&stack, &interactions).await;
     assert_eq!((after.status, after.body.clone()), (200, json!([])));
     // Once resolved, the same answer is still acknowledged; a new one is refused.
-    let late = post(
-        &stack,
-        &manager,
-        json!({"token": token, "verdict": "APPROVED", "payload": {"by": "maria"}}),
-    )
-    .await;
+    let late = post(&stack, &manager, approval).await;
     assert_eq!((late.status, &late.body["duplicate"]), (200, &json!(true)));
     assert_eq!(late.body["status"], "SUCCEEDED");
     Ok(())
@@ -782,8 +733,7 @@ async fn interactions_are_listed_and_completed_once() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executions_are_listed_and_their_history_read_over_http() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("api-list", |_| {}).await?;
+    let mut stack = on_emulator!(TestStack::new("api-list", |_| {}).await?);
     let pipeline = stack.pipeline.pipeline_id.clone();
     let first = submit(&stack, 1).await;
     let second = submit(&stack, 2).await;
@@ -793,12 +743,7 @@ async fn executions_are_listed_and_their_history_read_over_http() -> anyhow::Res
 
     let listed = get(&stack, &format!("/executions?pipeline={pipeline}")).await;
     assert_eq!(listed.status, 200, "{}", listed.body);
-    let ids: Vec<&str> = listed.body["executions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["executionId"].as_str().unwrap())
-        .collect();
+    let ids = each(&listed.body["executions"], "executionId");
     assert_eq!(ids, [second.to_string(), first.to_string()], "newest first");
     assert_eq!(listed.body["executions"][0]["status"], "SUCCEEDED");
     let page = get(&stack, &format!("/executions?pipeline={pipeline}&limit=1")).await;
@@ -827,26 +772,12 @@ async fn executions_are_listed_and_their_history_read_over_http() -> anyhow::Res
 
     let history = get(&stack, &format!("/executions/{first}/history")).await;
     assert_eq!(history.status, 200, "{}", history.body);
-    let attempts = history.body["attempts"].as_array().unwrap();
-    let outcomes: Vec<&str> = attempts
-        .iter()
-        .map(|a| a["outcome"].as_str().unwrap())
-        .collect();
+    let outcomes = each(&history.body["attempts"], "outcome");
     assert_eq!(outcomes, ["SUCCEEDED"; 3]);
-    let kinds: Vec<&str> = history.body["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap())
-        .collect();
+    let kinds = each(&history.body["entries"], "kind");
     assert_eq!(kinds.first(), Some(&"STARTED"));
     assert_eq!(kinds.last(), Some(&"ENDED"));
-    let states: Vec<&str> = history.body["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["state"].as_str().unwrap())
-        .collect();
+    let states = each(&history.body["steps"], "state");
     assert_eq!(states, ["SUCCEEDED"; 3]);
     get(&stack, &format!("/executions/{}/history", Uuid::new_v4()))
         .await
@@ -857,8 +788,7 @@ async fn executions_are_listed_and_their_history_read_over_http() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_endpoint_serves_its_audience_and_refuses_the_others_before_anything_is_written(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let stack = TestStack::new("api-audiences", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("api-audiences", |_| {}).await?);
     let id = submit(&stack, 1).await;
     let pipeline = stack.pipeline.pipeline_id.clone();
     let release = Release::new(
@@ -893,51 +823,64 @@ async fn each_endpoint_serves_its_audience_and_refuses_the_others_before_anythin
     let cancel = json!({"reason": "audience test"});
     let activation = json!({"releaseVersion": "9", "reason": "audience test"});
 
-    // A submit-only integration can neither touch releases nor act on executions.
-    for (method, path, body) in [
+    let registration = serde_json::to_value(&release)?;
+    let key_k = submission(&stack, 2, Some("k"));
+
+    // A submit-only integration can neither touch releases nor act on executions; an operator submits
+    // nothing and registers nothing; an administrator acts on no execution.
+    for (caller, method, path, body) in [
         (
+            &submitter,
             "POST",
             "/releases".to_string(),
-            serde_json::to_value(&release)?,
+            registration.clone(),
         ),
         (
+            &submitter,
             "POST",
             format!("/pipelines/{pipeline}/activations"),
             activation.clone(),
         ),
-        ("POST", format!("/executions/{id}/cancel"), cancel.clone()),
         (
+            &submitter,
+            "POST",
+            format!("/executions/{id}/cancel"),
+            cancel.clone(),
+        ),
+        (
+            &submitter,
             "POST",
             format!("/executions/{id}/redrive"),
             json!({"reason": "x"}),
         ),
-        ("GET", format!("/executions/{id}/interactions"), Value::Null),
+        (
+            &submitter,
+            "GET",
+            format!("/executions/{id}/interactions"),
+            Value::Null,
+        ),
+        (&operator, "POST", "/executions".to_string(), key_k.clone()),
+        (
+            &operator,
+            "POST",
+            "/releases".to_string(),
+            registration.clone(),
+        ),
+        (
+            &administrator,
+            "POST",
+            "/executions".to_string(),
+            key_k.clone(),
+        ),
+        (
+            &administrator,
+            "POST",
+            format!("/executions/{id}/cancel"),
+            cancel.clone(),
+        ),
     ] {
-        submitter(method, path, body)
-            .await
-            .refused(403, "NOT_SERVED");
+        caller(method, path, body).await.refused(403, "NOT_SERVED");
     }
-    // An operator submits nothing and registers nothing; an administrator acts on no execution.
-    operator(
-        "POST",
-        "/executions".into(),
-        submission(&stack, 2, Some("k")),
-    )
-    .await
-    .refused(403, "NOT_SERVED");
-    operator("POST", "/releases".into(), serde_json::to_value(&release)?)
-        .await
-        .refused(403, "NOT_SERVED");
-    administrator(
-        "POST",
-        "/executions".into(),
-        submission(&stack, 2, Some("k")),
-    )
-    .await
-    .refused(403, "NOT_SERVED");
-    administrator("POST", format!("/executions/{id}/cancel"), cancel.clone())
-        .await
-        .refused(403, "NOT_SERVED");
 
     // Nothing refused was written: the release is not registered, the execution is not cancelled,
     // and the idempotency key is still free.

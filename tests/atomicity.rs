@@ -11,7 +11,7 @@ use serde_json::json;
 use stepline::domain::{Incident, PipelineDef, Status, Verdict};
 use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
 use stepline::handlers;
-use stepline_suite::{await_step, TestStack};
+use stepline_suite::{await_step, on_emulator, TestStack};
 
 /// A value of many small nested fields, as a parent with many interactions holds: the emulator spends
 /// real time on each such write, which is what opens the window between its condition check and its
@@ -24,8 +24,7 @@ fn bulky(tag: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_conditional_writes_on_one_execution_let_exactly_one_win() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let stack = TestStack::new("atomic-put", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("atomic-put", |_| {}).await?);
     let id = stack.submit(json!({"orderId": "o-1", "items": []})).await?;
     let store = stack.api.store().clone();
     const ROUNDS: usize = 80;

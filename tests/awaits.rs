@@ -9,7 +9,7 @@ use stepline::domain::{Status, Verdict};
 use stepline::envelope::{AwaitNotice, InteractionMessage, AWAIT_NOTICE_KIND, INTERACTION_KIND};
 use stepline::handlers;
 use stepline::CoordinatorError;
-use stepline_suite::TestStack;
+use stepline_suite::{on_emulator, TestStack};
 use uuid::Uuid;
 
 async fn notice(stack: &TestStack, url: &str) -> anyhow::Result<AwaitNotice> {
@@ -44,6 +44,19 @@ async fn refused_approval(stack: &TestStack, id: Uuid, token: &str) -> Coordinat
         .unwrap_err()
 }
 
+/// A stack waiting on a manager's approval (`TestStack::with_approval`) with sample order `n`
+/// submitted: the stack, the notice queue, the execution and the approval's notice.
+async fn awaiting_approval(
+    prefix: &str,
+    wait_secs: u32,
+    n: usize,
+) -> anyhow::Result<(TestStack, String, Uuid, AwaitNotice)> {
+    let (stack, notices) = TestStack::with_approval(prefix, wait_secs).await?;
+    let id = stack.submit(order_worker::sample_order(n)).await?;
+    let notice = notice(&stack, &notices).await?;
+    Ok((stack, notices, id, notice))
+}
+
 async fn answer(
     stack: &TestStack,
     notice: &AwaitNotice,
@@ -53,11 +66,7 @@ async fn answer(
 ) -> anyhow::Result<()> {
     let message = manager_answer(notice.execution_id, token, approve, payload);
     stack
-        .sqs()
-        .send_message()
-        .queue_url(&notice.complete_to)
-        .message_body(serde_json::to_string(&message)?)
-        .send()
+        .send_message(&notice.complete_to, serde_json::to_string(&message)?)
         .await?;
     Ok(())
 }
@@ -65,11 +74,7 @@ async fn answer(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_resumes_the_execution_and_a_second_one_changes_nothing() -> anyhow::Result<()>
 {
-    stepline_local::needs_emulator!();
-    let (stack, notices) = TestStack::with_approval("e2e-approve", 600).await?;
-    let id = stack.submit(order_worker::sample_order(1)).await?;
-
-    let notice = notice(&stack, &notices).await?;
+    let (stack, _, id, notice) = on_emulator!(awaiting_approval("e2e-approve", 600, 1).await?);
     assert_eq!(notice.execution_id, id);
     assert_eq!(notice.step_id, "approve");
     assert_eq!(
@@ -102,20 +107,15 @@ async fn an_approval_resumes_the_execution_and_a_second_one_changes_nothing() ->
         settled.version, record.version,
         "the second approval resumed nothing"
     );
-    assert_eq!(
-        stack.queue_depth("ReplyDeadLetterQueue").await?,
-        0,
-        "the duplicate was absorbed"
-    );
+    stack
+        .assert_empty("ReplyDeadLetterQueue", "the duplicate was absorbed")
+        .await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejection_fails_the_execution_with_its_reason() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let (stack, notices) = TestStack::with_approval("e2e-reject", 600).await?;
-    let id = stack.submit(order_worker::sample_order(2)).await?;
-    let notice = notice(&stack, &notices).await?;
+    let (stack, _, id, notice) = on_emulator!(awaiting_approval("e2e-reject", 600, 2).await?);
     let token = notice.interactions[0].token.clone();
     answer(
         &stack,
@@ -141,10 +141,7 @@ async fn a_rejection_fails_the_execution_with_its_reason() -> anyhow::Result<()>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unanswered_approval_fails_with_await_timeout_at_its_deadline() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let (stack, notices) = TestStack::with_approval("e2e-timeout", 2).await?;
-    let id = stack.submit(order_worker::sample_order(3)).await?;
-    let notice = notice(&stack, &notices).await?;
+    let (stack, _, id, notice) = on_emulator!(awaiting_approval("e2e-timeout", 2, 3).await?);
 
     let record = stack.wait_terminal(id).await?;
     assert_eq!(record.status, Status::Failed);
@@ -162,10 +159,7 @@ async fn an_unanswered_approval_fails_with_await_timeout_at_its_deadline() -> an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_or_wrong_resume_token_is_refused() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let (stack, notices) = TestStack::with_approval("e2e-forge", 600).await?;
-    let id = stack.submit(order_worker::sample_order(4)).await?;
-    let notice = notice(&stack, &notices).await?;
+    let (stack, notices, id, notice) = on_emulator!(awaiting_approval("e2e-forge", 600, 4).await?);
     let other = stack.submit(order_worker::sample_order(5)).await?;
     let other_notice = self::notice(&stack, &notices).await?;
     assert_eq!(other_notice.execution_id, other);
@@ -187,11 +181,7 @@ async fn a_forged_or_wrong_resume_token_is_refused() -> anyhow::Result<()> {
     let mut owner = manager_answer(id, "not-the-token", true, json!({}));
     owner.interaction = "owner".into();
     stack
-        .sqs()
-        .send_message()
-        .queue_url(&notice.complete_to)
-        .message_body(serde_json::to_string(&owner)?)
-        .send()
+        .send_message(&notice.complete_to, serde_json::to_string(&owner)?)
         .await?;
     assert_eq!(
         stack.dead_letter_reasons(2).await?,

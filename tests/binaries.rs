@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use serde_json::Value;
 use stepline::domain::Status;
 use stepline_local::runtime_api::{fixture, sqs_event};
-use stepline_suite::{binaries, TestStack};
+use stepline_suite::{binaries, on_emulator, TestStack};
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -19,8 +19,7 @@ fn now_ms() -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Result<()> {
-    stepline_local::needs_emulator!();
-    let stack = TestStack::new("e2e-bin", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("e2e-bin", |_| {}).await?);
     let env = |function: &str| stack.function_env(function);
     let arn_of = |logical: &str| -> Result<String> {
         match stack.local.stack.resources.get(logical) {

@@ -22,7 +22,7 @@ use stepline::ports::{MessageSender, OutMessage, SendError};
 use stepline::worker::{StepFunction, Worker};
 use stepline::SubmitRequest;
 use stepline_local::functions;
-use stepline_suite::{wait_until, TestStack};
+use stepline_suite::{on_emulator, wait_until, TestStack};
 use uuid::Uuid;
 
 /// Writes per execution of the three-step pipeline without retries: the create (which launches the
@@ -32,9 +32,7 @@ const HAPPY_PATH_VERSION: u64 = 4;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn example_pipeline_succeeds_with_the_result_recorded_and_consumed_outputs_dropped(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("e2e-ok", |_| {}).await?;
-    stack.start(Arc::new(OrderSteps))?;
+    let stack = on_emulator!(TestStack::running("e2e-ok").await?);
     let input = order_worker::sample_order(1);
     let id = stack.submit(input).await?;
 
@@ -69,9 +67,7 @@ async fn example_pipeline_succeeds_with_the_result_recorded_and_consumed_outputs
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn characters_sqs_refuses_in_a_message_travel_escaped_and_arrive_intact() -> anyhow::Result<()>
 {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("e2e-chars", |_| {}).await?;
-    stack.start(Arc::new(OrderSteps))?;
+    let stack = on_emulator!(TestStack::running("e2e-chars").await?);
     let order_id = "order-\u{1}\u{1f}\u{fffe}\u{ffff}-\u{10ffff}-1";
     let mut input = order_worker::sample_order(1);
     input["orderId"] = json!(order_id);
@@ -109,8 +105,7 @@ impl MessageSender for DuplicatingSender {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicated_replies_do_not_advance_an_execution_twice() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("e2e-dup", |_| {}).await?;
+    let mut stack = on_emulator!(TestStack::new("e2e-dup", |_| {}).await?);
     let sender = Arc::new(DuplicatingSender {
         inner: SqsSender::new(stack.sqs()),
         sent: Mutex::new(Vec::new()),
@@ -150,37 +145,29 @@ async fn duplicated_replies_do_not_advance_an_execution_twice() -> anyhow::Resul
         .find(|(_, body)| body.contains(&launch_id(id, 0, 1).to_string()))
         .map(|(_, body)| body.clone())
         .expect("the worker replied to step 0");
-    stack
-        .sqs()
-        .send_message()
-        .queue_url(reply_url)
-        .message_body(first_reply)
-        .send()
-        .await?;
+    stack.send_message(reply_url, first_reply).await?;
     stack
         .wait_drained("ReplyQueue", Duration::from_secs(30))
         .await?;
     let last = stack.api.get(id).await?;
     assert_eq!(last, after, "an injected duplicate changed the record");
-    assert_eq!(
-        stack.queue_depth("ReplyDeadLetterQueue").await?,
-        0,
-        "a byte-identical duplicate is absorbed, not dead-lettered"
-    );
+    let why = "a byte-identical duplicate is absorbed, not dead-lettered";
+    stack.assert_empty("ReplyDeadLetterQueue", why).await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let (stack, steps) = TestStack::with_failing_pricing("e2e-retry", true, |def| {
-        for step in &mut def.steps {
-            step.retry.max_attempts = 3;
-            step.retry.initial_delay_ms = 200;
-            step.retry.max_delay_ms = 400;
-        }
-    })
-    .await?;
+    let (stack, steps) = on_emulator!(
+        TestStack::with_failing_pricing("e2e-retry", true, |def| {
+            for step in &mut def.steps {
+                step.retry.max_attempts = 3;
+                step.retry.initial_delay_ms = 200;
+                step.retry.max_delay_ms = 400;
+            }
+        })
+        .await?
+    );
     let id = stack.submit(order_worker::sample_order(3)).await?;
 
     let record = stack.wait_dead_lettered(id).await?;
@@ -213,8 +200,8 @@ async fn failing_step_is_retried_up_to_its_budget_then_failed() -> anyhow::Resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redrive_runs_a_failed_execution_to_success_once_the_fault_is_gone() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let (stack, steps) = TestStack::with_failing_pricing("e2e-redrive", false, |_| {}).await?;
+    let (stack, steps) =
+        on_emulator!(TestStack::with_failing_pricing("e2e-redrive", false, |_| {}).await?);
     let id = stack.submit(order_worker::sample_order(4)).await?;
     // Settled: failed, and its dead-letter envelope sent (which is one more write).
     let failed = stack.wait_dead_lettered(id).await?;
@@ -263,9 +250,8 @@ async fn redrive_runs_a_failed_execution_to_success_once_the_fault_is_gone() -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_claims_take_exactly_one_lease_per_execution() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
     // No runner, and the first requests are lost: only the sweeper can move these executions.
-    let stack = TestStack::new("e2e-claim", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("e2e-claim", |_| {}).await?);
     let mut ids = Vec::new();
     for n in 0..8 {
         ids.push(stack.submit(order_worker::sample_order(n)).await?);
@@ -312,8 +298,7 @@ async fn racing_claims_take_exactly_one_lease_per_execution() -> anyhow::Result<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_replies_go_to_the_dlq_with_their_reason_and_leave_records_alone(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let stack = TestStack::new("e2e-poison", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("e2e-poison", |_| {}).await?);
     let id = stack.submit(order_worker::sample_order(5)).await?;
     let before = stack.api.get(id).await?;
     let completion = stack.local.coordinator(functions::COMPLETION)?;
@@ -384,8 +369,7 @@ impl StepFunction for SlowPricing {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_execution_launches_nothing_more_and_ignores_a_late_reply() -> anyhow::Result<()>
 {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("e2e-cancel", |_| {}).await?;
+    let mut stack = on_emulator!(TestStack::new("e2e-cancel", |_| {}).await?);
     stack.start(Arc::new(SlowPricing::new(Duration::from_secs(2))))?;
     let id = stack.submit(order_worker::sample_order(6)).await?;
     stack
@@ -441,8 +425,8 @@ async fn a_cancelled_execution_launches_nothing_more_and_ignores_a_late_reply() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bulk_replay_filters_dry_runs_and_redrives_from_the_execution_dlq() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let (stack, steps) = TestStack::with_failing_pricing("e2e-replay", false, |_| {}).await?;
+    let (stack, steps) =
+        on_emulator!(TestStack::with_failing_pricing("e2e-replay", false, |_| {}).await?);
     let mut ids = Vec::new();
     for (n, tenant) in ["acme", "acme", "globex"].into_iter().enumerate() {
         let submitted = stack
@@ -533,11 +517,7 @@ async fn bulk_replay_filters_dry_runs_and_redrives_from_the_execution_dlq() -> a
         version: 3,
     };
     stack
-        .sqs()
-        .send_message()
-        .queue_url(dlq_url)
-        .message_body(serde_json::to_string(&copy)?)
-        .send()
+        .send_message(dlq_url, serde_json::to_string(&copy)?)
         .await?;
     let again = report(handlers::operator(&stack.api, &dlq, replay(false)).await?);
     assert_eq!(
@@ -556,8 +536,7 @@ async fn bulk_replay_filters_dry_runs_and_redrives_from_the_execution_dlq() -> a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicated_requests_stale_launch_work_and_garbage_in_every_queue_change_nothing(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("e2e-garbage", |_| {}).await?;
+    let mut stack = on_emulator!(TestStack::new("e2e-garbage", |_| {}).await?);
     let mut ids = Vec::new();
     for n in 0..4 {
         ids.push(stack.submit(order_worker::sample_order(n)).await?);
@@ -651,8 +630,7 @@ impl MessageSender for DivertingSender {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("e2e-move", |_| {}).await?;
+    let mut stack = on_emulator!(TestStack::new("e2e-move", |_| {}).await?);
     let (_, reply_dlq) = stack.local.stack.queue("ReplyDeadLetterQueue")?;
     let sender = Arc::new(DivertingSender {
         inner: SqsSender::new(stack.sqs()),
@@ -714,15 +692,16 @@ async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_keep_a_step_that_outlives_its_timeout_on_its_first_attempt(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
     // A 4 s timeout and a 9 s price step: without heartbeats the sweeper would re-send the request at
     // 4 s and give up on the attempt at 8 s. (Heartbeats come every ~1.3 s: wide margins on a busy box.)
-    let mut stack = TestStack::new("e2e-beat", |def| {
-        for step in &mut def.steps {
-            step.timeout_secs = 4;
-        }
-    })
-    .await?;
+    let mut stack = on_emulator!(
+        TestStack::new("e2e-beat", |def| {
+            for step in &mut def.steps {
+                step.timeout_secs = 4;
+            }
+        })
+        .await?
+    );
     let steps = Arc::new(SlowPricing::new(Duration::from_secs(9)));
     stack.start(steps.clone())?;
     let id = stack.submit(order_worker::sample_order(8)).await?;

@@ -79,18 +79,21 @@ impl StepFunction for CountedPayments {
     }
 }
 
+/// What a batch runs on: the stack, its workers' runner, the operator's coordinator, and the batch.
+type Batch = (
+    LocalStack,
+    stepline_local::Runner,
+    stepline::Coordinator,
+    Uuid,
+);
+
 /// A stack of the csv example with `steps` as both workers, the fan-out's children given
 /// `fan_out_secs`; the batch of four rows (lines 2 to 5) submitted.
 async fn batch_of_four(
     prefix: &str,
     steps: &Arc<CountedPayments>,
     fan_out_secs: u32,
-) -> anyhow::Result<(
-    LocalStack,
-    stepline_local::Runner,
-    stepline::Coordinator,
-    Uuid,
-)> {
+) -> anyhow::Result<Batch> {
     let csv = "payee,iban,amount_cents\n\
         Ada Lovelace,GB33BUKB20201555555555,12500\n\
         Alan Turing,GB94BARC10201530093459,990\n\
@@ -121,12 +124,7 @@ async fn batch_of(
     steps: &Arc<CountedPayments>,
     configure: impl FnOnce(&mut stepline::domain::StepDef, &mut stepline::domain::StepDef),
     csv: &str,
-) -> anyhow::Result<(
-    LocalStack,
-    stepline_local::Runner,
-    stepline::Coordinator,
-    Uuid,
-)> {
+) -> anyhow::Result<Batch> {
     let local = LocalStack::up(&fresh_stage(prefix)).await?;
     let (batch_queue, _) = local.stack.queue("CsvRequestQueue")?;
     let (payment_queue, _) = local.stack.queue("PaymentRequestQueue")?;

@@ -13,7 +13,8 @@ use serde_json::Value;
 use stepline::domain::{Status, StepError};
 use stepline::envelope::RequestHeader;
 use stepline::worker::StepFunction;
-use stepline_suite::TestStack;
+use stepline_suite::{on_emulator, TestStack};
+use uuid::Uuid;
 
 /// Creates a queue and a rule on the stack's bus that sends every lifecycle event to it.
 async fn subscribe(stack: &TestStack) -> anyhow::Result<String> {
@@ -86,27 +87,54 @@ fn kinds(events: &BTreeMap<String, Value>) -> Vec<(String, Option<u64>)> {
         .collect()
 }
 
+/// The transitions a run publishes when its step attempts end as `attempts` say (step, succeeded):
+/// `ExecutionStarted`, then `StepSucceeded` or `StepFailed` per attempt, then `ExecutionSucceeded` or
+/// `ExecutionFailed` as the last attempt ended, at its step.
+fn transitions(attempts: &[(u64, bool)]) -> Vec<(String, Option<u64>)> {
+    let outcome = |succeeded: bool| if succeeded { "Succeeded" } else { "Failed" };
+    let mut kinds = vec![("ExecutionStarted".to_string(), None)];
+    for &(step, succeeded) in attempts {
+        kinds.push((format!("Step{}", outcome(succeeded)), Some(step)));
+    }
+    let &(step, succeeded) = attempts.last().expect("at least one attempt");
+    kinds.push((format!("Execution{}", outcome(succeeded)), Some(step)));
+    kinds
+}
+
+/// Subscribes to the stack's lifecycle events, runs sample order `n` with `steps` to its end, and
+/// asserts it ends `status` having published the transitions of `attempts` (in order). Returns the
+/// execution and its events.
+async fn run_published(
+    stack: &mut TestStack,
+    steps: Arc<dyn StepFunction>,
+    n: usize,
+    status: Status,
+    attempts: &[(u64, bool)],
+) -> anyhow::Result<(Uuid, BTreeMap<String, Value>)> {
+    let url = subscribe(stack).await?;
+    stack.start(steps)?;
+    let id = stack.submit(order_worker::sample_order(n)).await?;
+    let record = stack.wait_terminal(id).await?;
+    assert_eq!(record.status, status);
+
+    let expected = transitions(attempts);
+    let events = collect(stack, &url, |seen| seen.len() >= expected.len()).await?;
+    assert_eq!(kinds(&events), expected);
+    Ok((id, events))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_run_publishes_one_lifecycle_event_per_transition() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::with_lifecycle_events("e2e-life", |_| {}).await?;
-    let url = subscribe(&stack).await?;
-    stack.start(Arc::new(OrderSteps))?;
-    let id = stack.submit(order_worker::sample_order(1)).await?;
-    let record = stack.wait_terminal(id).await?;
-    assert_eq!(record.status, Status::Succeeded);
-
-    let events = collect(&stack, &url, |seen| seen.len() >= 5).await?;
-    assert_eq!(
-        kinds(&events),
-        vec![
-            ("ExecutionStarted".to_string(), None),
-            ("StepSucceeded".to_string(), Some(0)),
-            ("StepSucceeded".to_string(), Some(1)),
-            ("StepSucceeded".to_string(), Some(2)),
-            ("ExecutionSucceeded".to_string(), Some(2)),
-        ]
-    );
+    let mut stack = on_emulator!(TestStack::with_lifecycle_events("e2e-life", |_| {}).await?);
+    let every_step_once = [(0, true), (1, true), (2, true)];
+    let (id, events) = run_published(
+        &mut stack,
+        Arc::new(OrderSteps),
+        1,
+        Status::Succeeded,
+        &every_step_once,
+    )
+    .await?;
     for event in events.values() {
         assert_eq!(event["source"], "stepline");
         assert_eq!(event["detail"]["executionId"], id.to_string());
@@ -136,32 +164,20 @@ impl StepFunction for FailingPrice {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_attempts_and_the_failure_are_published() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::with_lifecycle_events("e2e-lifefail", |def| {
-        for step in &mut def.steps {
-            step.retry.max_attempts = 2;
-            step.retry.initial_delay_ms = 100;
-        }
-    })
-    .await?;
-    let url = subscribe(&stack).await?;
-    stack.start(Arc::new(FailingPrice(AtomicUsize::new(0))))?;
-    let id = stack.submit(order_worker::sample_order(2)).await?;
-    let record = stack.wait_terminal(id).await?;
-    assert_eq!(record.status, Status::Failed);
-
-    let events = collect(&stack, &url, |seen| seen.len() >= 5).await?;
-    let kinds = kinds(&events);
-    assert_eq!(
-        kinds,
-        vec![
-            ("ExecutionStarted".to_string(), None),
-            ("StepSucceeded".to_string(), Some(0)),
-            ("StepFailed".to_string(), Some(1)),
-            ("StepFailed".to_string(), Some(1)),
-            ("ExecutionFailed".to_string(), Some(1)),
-        ]
+    let mut stack = on_emulator!(
+        TestStack::with_lifecycle_events("e2e-lifefail", |def| {
+            for step in &mut def.steps {
+                step.retry.max_attempts = 2;
+                step.retry.initial_delay_ms = 100;
+            }
+        })
+        .await?
     );
+    // Pricing (step 1) fails both its attempts.
+    let price_fails_twice = [(0, true), (1, false), (1, false)];
+    let steps = Arc::new(FailingPrice(AtomicUsize::new(0)));
+    let (_, events) =
+        run_published(&mut stack, steps, 2, Status::Failed, &price_fails_twice).await?;
     let failed = events
         .values()
         .find(|e| e["detail-type"] == "ExecutionFailed")

@@ -20,7 +20,7 @@ use stepline::domain::{Code, Status, StepError};
 use stepline::envelope::{DeadLetterEnvelope, RequestHeader};
 use stepline::ports::{MessageSender, OutMessage};
 use stepline::worker::StepFunction;
-use stepline_suite::TestStack;
+use stepline_suite::{on_emulator, TestStack};
 
 /// Fails the first step with an error message of the given length.
 struct HugeError(usize);
@@ -35,8 +35,7 @@ impl StepFunction for HugeError {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_300_kb_worker_error_is_stored_once_and_fails_the_execution_with_its_code(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("limits-error", |_| {}).await?;
+    let mut stack = on_emulator!(TestStack::new("limits-error", |_| {}).await?);
     stack.start(Arc::new(HugeError(300_000)))?;
     let id = stack.submit(order_worker::sample_order(1)).await?;
     let record = stack.wait_dead_lettered(id).await?;
@@ -70,11 +69,11 @@ async fn a_300_kb_worker_error_is_stored_once_and_fails_the_execution_with_its_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_too_large_for_the_item_fails_the_execution_with_item_too_large(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
     // Claim checks set as high as they go (200 KiB): these payloads stay inline.
-    let mut stack =
+    let mut stack = on_emulator!(
         TestStack::with_parameters("limits", &[("PayloadThresholdBytes", "204800")], |_| {})
-            .await?;
+            .await?
+    );
     // An input and an error of 200 KiB each (as much as travels inline), with the rest of the record:
     // just over DynamoDB's 400 KB.
     stack.start(Arc::new(HugeError(204_800)))?;
@@ -116,10 +115,9 @@ async fn an_outcome_too_large_for_the_item_fails_the_execution_with_item_too_lar
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_messages_sent_together_are_split_into_batches_that_fit() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
     // Ten replies of 120 KB: 1.2 MB in one SendMessageBatch is refused as a whole (over the batch
     // limit), and a sender that groups by count alone fails all ten, every time it retries.
-    let stack = TestStack::new("limits-batch", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("limits-batch", |_| {}).await?);
     let (_, url) = stack.local.stack.queue("ReplyQueue")?;
     let messages: Vec<OutMessage> = (0..10)
         .map(|i| OutMessage::new(format!("{i}{}", "r".repeat(120_000))))
@@ -155,8 +153,7 @@ impl StepFunction for Padded {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_30_kb_outputs_replied_in_one_batch_all_succeed() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("limits-30kb", |_| {}).await?;
+    let mut stack = on_emulator!(TestStack::new("limits-30kb", |_| {}).await?);
     let ids = stack.submit_orders(10).await?;
     // The ten first requests, handled as one worker batch: ten replies of about 30 KB each (under the
     // claim-check threshold, so inline), 300 KB together: more than one SendMessageBatch takes.
@@ -257,15 +254,16 @@ impl StepFunction for Count {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_step_pipeline_succeeds_with_an_item_that_does_not_grow() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
     const STEPS: usize = 1_000;
-    let mut stack = TestStack::new("limits-long", |def| {
-        let first = def.steps[0].clone();
-        def.steps = (0..STEPS)
-            .map(|k| first.clone().renamed(format!("s{k}")))
-            .collect();
-    })
-    .await?;
+    let mut stack = on_emulator!(
+        TestStack::new("limits-long", |def| {
+            let first = def.steps[0].clone();
+            def.steps = (0..STEPS)
+                .map(|k| first.clone().renamed(format!("s{k}")))
+                .collect();
+        })
+        .await?
+    );
     stack.start(Arc::new(Count))?;
     let id = stack.submit(json!({"n": 0})).await?;
     // Item sizes along the way, as stored.
@@ -351,8 +349,7 @@ impl StepFunction for Measure {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_input_is_claim_checked_at_submission_and_resolved_for_its_step(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("limits-input", |_| {}).await?;
+    let mut stack = on_emulator!(TestStack::new("limits-input", |_| {}).await?);
     let input = json!({"note": "n".repeat(100_000)});
     let id = stack.submit(input.clone()).await?;
     let record = stack.api.get(id).await?;
@@ -371,8 +368,7 @@ async fn a_large_input_is_claim_checked_at_submission_and_resolved_for_its_step(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_checked_payload_cannot_be_overwritten_by_whoever_saw_its_reference(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let stack = TestStack::new("limits-immutable", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("limits-immutable", |_| {}).await?);
     let claims = stack.claims()?;
     let execution = uuid::Uuid::new_v4();
     let genuine = serde_json::to_vec(&json!({"rows": "x".repeat(claims.threshold() + 1)}))?;

@@ -7,7 +7,7 @@
 use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use serde_json::json;
 use stepline::envelope::{RawRequest, ReplyEnvelope, ReplyOutcome};
-use stepline_suite::{binaries, TestStack};
+use stepline_suite::{binaries, on_emulator, TestStack};
 
 const EXECUTIONS: usize = 1_100;
 const OUTPUT_BYTES: usize = 100 * 1024;
@@ -18,14 +18,15 @@ const FUNCTION_MEMORY_KIB: u64 = 128 * 1024;
 async fn the_completion_function_stays_within_its_memory_under_large_outputs() -> anyhow::Result<()>
 {
     stepline_local::full_tier_only!("the peak memory of 1,100 outputs of 100 KB");
-    stepline_local::needs_emulator!();
     // Outputs kept inline (the threshold at its largest), as a worker without claim checks sends them.
-    let stack = TestStack::with_parameters(
-        "mem-completion",
-        &[("PayloadThresholdBytes", "204800")],
-        |_| {},
-    )
-    .await?;
+    let stack = on_emulator!(
+        TestStack::with_parameters(
+            "mem-completion",
+            &[("PayloadThresholdBytes", "204800")],
+            |_| {},
+        )
+        .await?
+    );
     stack.submit_orders(EXECUTIONS).await?;
     let requests = stack.take_all("OrderRequestQueue").await?;
     assert_eq!(requests.len(), EXECUTIONS);

@@ -19,7 +19,7 @@ use stepline::{CoordinatorError, SubmitRequest};
 use stepline_local::runner::Binding;
 use stepline_local::stack::SqsSource;
 use stepline_local::{functions, worker_handler};
-use stepline_suite::{ExtraQueue, TestStack};
+use stepline_suite::{on_emulator, ExtraQueue, TestStack};
 use uuid::Uuid;
 
 /// The example steps, slowed down, recording which executions this worker ran.
@@ -92,6 +92,25 @@ fn v2_worker(
     })
 }
 
+/// Runs the coordinator functions, `workers`, and release 2's workers (`v2` on `queue`, parking on
+/// `dlq`) running `v2_steps`.
+fn start_beside_release_two(
+    stack: &mut TestStack,
+    workers: Vec<Binding>,
+    (v2, queue, dlq): (&PipelineDef, &ExtraQueue, &ExtraQueue),
+    v2_steps: Arc<Recording>,
+) -> anyhow::Result<()> {
+    let mut bindings = stack.local.coordinator_bindings()?;
+    bindings.extend(workers);
+    bindings.push(v2_worker(stack, v2, queue, dlq, v2_steps)?);
+    stack.start_bindings(bindings)
+}
+
+/// The release versions of `items` (activations, releases), in their order.
+fn versions<T>(items: Vec<T>, version: impl Fn(T) -> String) -> Vec<String> {
+    items.into_iter().map(version).collect()
+}
+
 /// Release 2's request queue and its DLQ, beside the stage.
 async fn v2_queues(stack: &TestStack) -> anyhow::Result<(ExtraQueue, ExtraQueue)> {
     let stage = &stack.local.stack.stage;
@@ -106,8 +125,7 @@ async fn v2_queues(stack: &TestStack) -> anyhow::Result<(ExtraQueue, ExtraQueue)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executions_stay_on_their_release_across_activation_and_rollback() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("e2e-rel", |_| {}).await?;
+    let mut stack = on_emulator!(TestStack::new("e2e-rel", |_| {}).await?);
     let (v2_queue, v2_dlq) = v2_queues(&stack).await?;
     let v1 = stack.pipeline.clone();
     let v2 = release_two(&v1, &v2_queue.name);
@@ -125,20 +143,17 @@ async fn executions_stay_on_their_release_across_activation_and_rollback() -> an
 
     let v1_steps = Recording::new(300);
     let v2_steps = Recording::new(0);
-    let mut bindings = stack.local.coordinator_bindings()?;
-    bindings.push(stack.local.worker_binding(
+    let v1_worker = stack.local.worker_binding(
         functions::ORDER_WORKER,
         &Contract::of(&v1),
         v1_steps.clone(),
-    )?);
-    bindings.push(v2_worker(
-        &stack,
-        &v2,
-        &v2_queue,
-        &v2_dlq,
+    )?;
+    start_beside_release_two(
+        &mut stack,
+        vec![v1_worker],
+        (&v2, &v2_queue, &v2_dlq),
         v2_steps.clone(),
-    )?);
-    stack.start_bindings(bindings)?;
+    )?;
 
     // Release 1 is active: these executions pin it.
     let mut first = Vec::new();
@@ -204,23 +219,13 @@ async fn executions_stay_on_their_release_across_activation_and_rollback() -> an
     assert!(v1_steps.ran().contains(&back));
     assert!(!v2_steps.ran().contains(&back));
 
-    let history: Vec<String> = registry
-        .history("orders")
-        .await?
-        .into_iter()
-        .map(|a| a.release_version)
-        .collect();
+    let history = versions(registry.history("orders").await?, |a| a.release_version);
     assert_eq!(history, ["1", "2", "1"], "activations are append-only");
     assert_eq!(
         registry.active("orders").await?.unwrap().release_version,
         "1"
     );
-    let listed: Vec<String> = registry
-        .list("orders")
-        .await?
-        .into_iter()
-        .map(|r| r.release_version)
-        .collect();
+    let listed = versions(registry.list("orders").await?, |r| r.release_version);
     assert_eq!(listed, ["1", "2"]);
     Ok(())
 }
@@ -228,8 +233,7 @@ async fn executions_stay_on_their_release_across_activation_and_rollback() -> an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_for_another_release_is_dead_lettered_unread_and_fails_its_execution_at_once(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("e2e-ident", |_| {}).await?;
+    let mut stack = on_emulator!(TestStack::new("e2e-ident", |_| {}).await?);
     let (v2_queue, v2_dlq) = v2_queues(&stack).await?;
     let v2 = release_two(&stack.pipeline, &v2_queue.name);
     // Misrouted release 3: release 1's contract, but its commands go to release 2's queue.
@@ -244,15 +248,12 @@ async fn a_command_for_another_release_is_dead_lettered_unread_and_fails_its_exe
         .register(&Release::new(v3, Vec::new()))
         .await?;
     let v2_steps = Recording::new(0);
-    let mut bindings = stack.local.coordinator_bindings()?;
-    bindings.push(v2_worker(
-        &stack,
-        &v2,
-        &v2_queue,
-        &v2_dlq,
+    start_beside_release_two(
+        &mut stack,
+        Vec::new(),
+        (&v2, &v2_queue, &v2_dlq),
         v2_steps.clone(),
-    )?);
-    stack.start_bindings(bindings)?;
+    )?;
 
     let submitted = stack
         .api
@@ -312,8 +313,7 @@ async fn a_command_for_another_release_is_dead_lettered_unread_and_fails_its_exe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_descriptors_are_immutable() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let stack = TestStack::new("e2e-immut", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("e2e-immut", |_| {}).await?);
     let registry = stack.api.registry().clone();
     let v2 = release_two(&stack.pipeline, "some-queue");
     let release = Release::new(v2.clone(), Vec::new());

@@ -15,7 +15,7 @@ use stepline::ports::{Clock, SystemClock};
 use stepline::{ClaimReport, Coordinator, SubmitRequest};
 use stepline_local::functions;
 use stepline_local::runner::scheduled_event;
-use stepline_suite::TestStack;
+use stepline_suite::{on_emulator, TestStack};
 use uuid::Uuid;
 
 /// Ten minutes ahead of the wall clock (every step deadline has passed), moving `step_ms` per reading.
@@ -77,10 +77,9 @@ async fn leased(stack: &TestStack, ids: &[Uuid]) -> anyhow::Result<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_is_recovered_page_by_page_each_sweep_stopping_before_its_deadline(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
     const BACKLOG: usize = 240;
     // The workers are down: every first step timed out.
-    let stack = TestStack::new("sweep-backlog", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("sweep-backlog", |_| {}).await?);
     let ids = stack.submit_orders(BACKLOG).await?;
     assert_eq!(stack.take_all("OrderRequestQueue").await?.len(), BACKLOG);
 
@@ -117,9 +116,8 @@ async fn a_backlog_is_recovered_page_by_page_each_sweep_stopping_before_its_dead
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_items_are_pushed_back_and_the_rest_of_their_shard_is_still_claimed(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
     const POISON: usize = 100;
-    let stack = TestStack::new("sweep-poison", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("sweep-poison", |_| {}).await?);
     let clock = TickingClock::new(1);
     let claim = claim_coordinator(&stack, clock.clone(), |c| c.claim_limit = 25)?;
     let shards = claim.store().shards();
@@ -162,8 +160,7 @@ async fn poison_items_are_pushed_back_and_the_rest_of_their_shard_is_still_claim
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_in_shards_beyond_a_lowered_count_are_still_claimed() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let stack = TestStack::new("sweep-shards", |_| {}).await?;
+    let stack = on_emulator!(TestStack::new("sweep-shards", |_| {}).await?);
     // Submitted while the index had 16 shards.
     let mut wide = CoordinatorConfig::from_lookup(stack.local.stack.env_of(functions::REDRIVE)?)?;
     wide.due_shards = 16;

@@ -1,14 +1,15 @@
 //! EventBridge triggers on the local emulator: a StartExecution event on the project's bus starts an
 //! execution through the bus's rule; the same event delivered again starts nothing new.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use order_worker::OrderSteps;
 use serde_json::json;
 use stepline::domain::Status;
 use stepline::SubmitRequest;
-use stepline_suite::{wait_until, TestStack};
+use stepline_suite::{on_emulator, wait_until, TestStack};
+
+/// What an empty launch DLQ shows.
+const NO_LAUNCH_DEAD_LETTERS: &str = "nothing was dead-lettered on its way to a worker";
 
 async fn executions_in_table(stack: &TestStack) -> anyhow::Result<usize> {
     // A test-only Scan: the product never scans.
@@ -31,9 +32,7 @@ async fn executions_in_table(stack: &TestStack) -> anyhow::Result<usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_event_starts_one_execution_however_often_it_is_delivered() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("e2e-trigger", |_| {}).await?;
-    stack.start(Arc::new(OrderSteps))?;
+    let stack = on_emulator!(TestStack::running("e2e-trigger").await?);
     let detail = json!({
         "pipelineId": "orders",
         "tenant": "bistro",
@@ -84,11 +83,7 @@ async fn a_start_event_starts_one_execution_however_often_it_is_delivered() -> a
     let (_, start_queue) = stack.local.stack.queue("StartQueue")?;
     for _ in 0..2 {
         stack
-            .sqs()
-            .send_message()
-            .queue_url(start_queue)
-            .message_body(redelivered.to_string())
-            .send()
+            .send_message(start_queue, redelivered.to_string())
             .await?;
     }
     stack
@@ -104,16 +99,16 @@ async fn a_start_event_starts_one_execution_however_often_it_is_delivered() -> a
         record,
         "and left the first alone"
     );
-    assert_eq!(stack.queue_depth("LaunchDeadLetterQueue").await?, 0);
+    stack
+        .assert_empty("LaunchDeadLetterQueue", NO_LAUNCH_DEAD_LETTERS)
+        .await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_queue_poison_goes_to_the_start_dlq_and_moves_back_to_the_start_queue(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("e2e-start-poison", |_| {}).await?;
-    stack.start(Arc::new(OrderSteps))?;
+    let stack = on_emulator!(TestStack::running("e2e-start-poison").await?);
     let (_, start_queue) = stack.local.stack.queue("StartQueue")?;
     let unknown_pipeline = stepline_local::start_event(
         "evt-unknown",
@@ -131,19 +126,15 @@ async fn start_queue_poison_goes_to_the_start_dlq_and_moves_back_to_the_start_qu
         wrong_type.to_string(),
     ];
     for body in &poison {
-        stack
-            .sqs()
-            .send_message()
-            .queue_url(start_queue)
-            .message_body(body)
-            .send()
-            .await?;
+        stack.send_message(start_queue, body).await?;
     }
     wait_until(Duration::from_secs(30), || async {
         Ok(stack.queue_depth("StartDeadLetterQueue").await? == poison.len() as u64)
     })
     .await?;
-    assert_eq!(stack.queue_depth("LaunchDeadLetterQueue").await?, 0);
+    stack
+        .assert_empty("LaunchDeadLetterQueue", NO_LAUNCH_DEAD_LETTERS)
+        .await?;
     let dlqs = stack.dead_letter_queues()?;
     let held = dlqs.refs().start.expect("a start DLQ").receive(10).await?;
     assert_eq!(held.len(), poison.len());
@@ -189,16 +180,16 @@ async fn start_queue_poison_goes_to_the_start_dlq_and_moves_back_to_the_start_qu
         )
     })
     .await?;
-    assert_eq!(stack.queue_depth("LaunchDeadLetterQueue").await?, 0);
+    stack
+        .assert_empty("LaunchDeadLetterQueue", NO_LAUNCH_DEAD_LETTERS)
+        .await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_event_cannot_make_itself_a_fan_out_child_or_take_a_childs_id() -> anyhow::Result<()>
 {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("e2e-parent-link", |_| {}).await?;
-    stack.start(Arc::new(OrderSteps))?;
+    let stack = on_emulator!(TestStack::running("e2e-parent-link").await?);
     let (_, start_queue) = stack.local.stack.queue("StartQueue")?;
     let parent = uuid::Uuid::new_v4();
     // Anyone who may send to the start queue writes a parent link of their own, naming where the
@@ -221,13 +212,7 @@ async fn a_start_event_cannot_make_itself_a_fan_out_child_or_take_a_childs_id() 
             },
         }),
     );
-    stack
-        .sqs()
-        .send_message()
-        .queue_url(start_queue)
-        .message_body(forged.to_string())
-        .send()
-        .await?;
+    stack.send_message(start_queue, forged.to_string()).await?;
     wait_until(Duration::from_secs(30), || async {
         Ok(executions_in_table(&stack).await? == 1)
     })

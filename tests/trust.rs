@@ -16,25 +16,31 @@ use stepline::envelope::{
     Identity, RawRequest, ReplyEnvelope, ReplyOutcome, RequestHeader, REPLY_KIND,
 };
 use stepline::worker::StepFunction;
-use stepline_suite::TestStack;
+use stepline_suite::{on_emulator, TestStack};
 
 async fn send_reply(stack: &TestStack, reply: &Value) -> anyhow::Result<()> {
-    let (_, url) = stack.local.stack.queue("ReplyQueue")?;
-    stack
-        .sqs()
-        .send_message()
-        .queue_url(url)
-        .message_body(reply.to_string())
-        .send()
-        .await?;
-    Ok(())
+    stack.send_to("ReplyQueue", reply.to_string()).await
+}
+
+/// Submits `order` (no worker running yet) and takes its request off the request queue, as a worker
+/// would receive it: the execution and the request's text.
+async fn intercepted(stack: &TestStack, order: Value) -> anyhow::Result<(uuid::Uuid, String)> {
+    let id = stack.submit(order).await?;
+    let mut requests = stack.take_all("OrderRequestQueue").await?;
+    assert_eq!(requests.len(), 1);
+    Ok((id, requests.remove(0)))
+}
+
+/// Puts `request` back on the request queue and starts the real worker, which answers it.
+async fn pass_on(stack: &mut TestStack, request: impl Into<String>) -> anyhow::Result<()> {
+    stack.send_to("OrderRequestQueue", request).await?;
+    stack.start(Arc::new(OrderSteps))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_forged_from_the_public_derivation_is_refused_and_the_genuine_reply_applied(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("trust-forge", |_| {}).await?;
+    let mut stack = on_emulator!(TestStack::new("trust-forge", |_| {}).await?);
     let gate = Arc::new(AtomicBool::new(false));
     stack.start(Arc::new(Gated(gate.clone())))?;
     let id = stack.submit(order_worker::sample_order(1)).await?;
@@ -114,14 +120,11 @@ impl StepFunction for Gated {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_of_an_unknown_kind_or_another_release_are_refused() -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("trust-kind", |_| {}).await?;
-    let id = stack.submit(order_worker::sample_order(2)).await?;
+    let mut stack = on_emulator!(TestStack::new("trust-kind", |_| {}).await?);
     // A worker that saw the request knows its token: still, the reply must be a reply, for the
     // release the execution is pinned to.
-    let requests = stack.take_all("OrderRequestQueue").await?;
-    assert_eq!(requests.len(), 1);
-    let request: RawRequest = serde_json::from_str(&requests[0])?;
+    let (id, sent) = intercepted(&stack, order_worker::sample_order(2)).await?;
+    let request: RawRequest = serde_json::from_str(&sent)?;
     let (token, sealed) = split_token(&request.header.reply_token);
     assert_eq!(token.len(), 32);
     assert!(sealed.is_some(), "the request carries its record sealed");
@@ -142,15 +145,7 @@ async fn replies_of_an_unknown_kind_or_another_release_are_refused() -> anyhow::
         send_reply(&stack, reply).await?;
     }
     // The real worker then answers the same request.
-    let (_, url) = stack.local.stack.queue("OrderRequestQueue")?;
-    stack
-        .sqs()
-        .send_message()
-        .queue_url(url)
-        .message_body(&requests[0])
-        .send()
-        .await?;
-    stack.start(Arc::new(OrderSteps))?;
+    pass_on(&mut stack, sent).await?;
     assert_eq!(
         stack.dead_letter_reasons(2).await?,
         vec!["IDENTITY_MISMATCH", "UNKNOWN_KIND"]
@@ -166,12 +161,9 @@ async fn replies_of_an_unknown_kind_or_another_release_are_refused() -> anyhow::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_reads_nothing_in_the_seal_and_a_record_sealed_without_the_key_is_not_trusted(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("trust-seal", |_| {}).await?;
-    let id = stack.submit(order_worker::sample_order(3)).await?;
-    let requests = stack.take_all("OrderRequestQueue").await?;
-    assert_eq!(requests.len(), 1);
-    let mut request: Value = serde_json::from_str(&requests[0])?;
+    let mut stack = on_emulator!(TestStack::new("trust-seal", |_| {}).await?);
+    let (id, sent) = intercepted(&stack, order_worker::sample_order(3)).await?;
+    let mut request: Value = serde_json::from_str(&sent)?;
     let token = request["header"]["replyToken"].as_str().unwrap_or_default();
     let (own, sealed) = split_token(token);
     // What the worker sees of the record in its token: nothing, neither its secret nor its tenant.
@@ -194,15 +186,7 @@ async fn a_worker_reads_nothing_in_the_seal_and_a_record_sealed_without_the_key_
     chosen.secret = "00".repeat(16);
     let forged = seal(&SealKey::generate(), &chosen).expect("sealed");
     request["header"]["replyToken"] = json!(sealed_token(own, &forged));
-    let (_, url) = stack.local.stack.queue("OrderRequestQueue")?;
-    stack
-        .sqs()
-        .send_message()
-        .queue_url(url)
-        .message_body(request.to_string())
-        .send()
-        .await?;
-    stack.start(Arc::new(OrderSteps))?;
+    pass_on(&mut stack, request.to_string()).await?;
     // The reply is genuine (its launch's own token): it is applied, on the record as read.
     let ended = stack.wait_terminal(id).await?;
     assert_eq!(ended.status, Status::Succeeded);
@@ -222,9 +206,7 @@ async fn a_drain_announced_by_anyone_lasts_only_until_the_worker_is_heard_again(
 ) -> anyhow::Result<()> {
     use stepline::envelope::WorkerAnnouncement;
     use stepline::release::{WorkerHealth, WorkerState};
-    stepline_local::needs_emulator!();
-    let mut stack = TestStack::new("trust-drain", |_| {}).await?;
-    stack.start(Arc::new(OrderSteps))?;
+    let stack = on_emulator!(TestStack::running("trust-drain").await?);
     let first = stack.submit(order_worker::sample_order(1)).await?;
     stack.wait_terminal(first).await?;
     let pipeline = stack.identity().pipeline_id;
@@ -374,17 +356,15 @@ fn keys_made_of(material: &[u8]) -> Vec<SealKey> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_of_both_tables_and_the_bucket_holds_no_key_that_opens_or_makes_a_seal(
 ) -> anyhow::Result<()> {
-    stepline_local::needs_emulator!();
     // A payload large enough to be claim-checked, so that the bucket holds something to read.
-    let stack =
+    let stack = on_emulator!(
         TestStack::with_parameters("trust-reader", &[("PayloadThresholdBytes", "1024")], |_| {})
-            .await?;
+            .await?
+    );
     let mut order = order_worker::sample_order(4);
     order["note"] = json!("x".repeat(4096));
-    let id = stack.submit(order).await?;
-    let requests = stack.take_all("OrderRequestQueue").await?;
-    assert_eq!(requests.len(), 1);
-    let request: Value = serde_json::from_str(&requests[0])?;
+    let (id, sent) = intercepted(&stack, order).await?;
+    let request: Value = serde_json::from_str(&sent)?;
     let token = request["header"]["replyToken"].as_str().unwrap_or_default();
     let sealed = split_token(token).1.expect("the request is sealed");
     // Nor do the operators' tools hold one.

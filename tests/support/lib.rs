@@ -25,6 +25,17 @@ use uuid::Uuid;
 
 pub use stepline_local;
 
+/// Evaluates `$provision` (what a test runs on, e.g. `TestStack::running("e2e-x").await?`) once
+/// `stepline_local::needs_emulator!` has let the test go on: without the emulator the test returns
+/// there, its skip recorded, before anything is provisioned.
+#[macro_export]
+macro_rules! on_emulator {
+    ($provision:expr) => {{
+        $crate::stepline_local::needs_emulator!();
+        $provision
+    }};
+}
+
 /// The workspace's function binaries, run under the test-served Lambda Runtime API.
 pub mod binaries {
     use std::collections::BTreeMap;
@@ -91,6 +102,13 @@ impl TestStack {
             pipeline,
             runner: None,
         })
+    }
+
+    /// A stack of the example pipeline as registered, running the order steps.
+    pub async fn running(prefix: &str) -> Result<Self> {
+        let mut stack = Self::new(prefix, |_| {}).await?;
+        stack.start(Arc::new(order_worker::OrderSteps))?;
+        Ok(stack)
     }
 
     /// validate -> approve (await, `wait_secs`, interaction `manager`) -> price, with the approval notice
@@ -367,9 +385,33 @@ impl TestStack {
         aws_sdk_sqs::Client::new(&self.local.sdk)
     }
 
+    /// Sends `body` to a queue (by URL), as anyone allowed to send to it may.
+    pub async fn send_message(&self, url: &str, body: impl Into<String>) -> Result<()> {
+        self.sqs()
+            .send_message()
+            .queue_url(url)
+            .message_body(body)
+            .send()
+            .await?;
+        Ok(())
+    }
+
+    /// Sends `body` to a queue of the stack, as anyone allowed to send to it may.
+    pub async fn send_to(&self, logical: &str, body: impl Into<String>) -> Result<()> {
+        let (_, url) = self.local.stack.queue(logical)?;
+        self.send_message(url, body).await
+    }
+
     /// Visible plus in-flight messages of a queue of the stack.
     pub async fn queue_depth(&self, logical: &str) -> Result<u64> {
         self.local.queue_depth(logical).await
+    }
+
+    /// Asserts that a queue of the stack holds no message, visible or in flight (`why`: what that
+    /// shows).
+    pub async fn assert_empty(&self, logical: &str, why: &str) -> Result<()> {
+        assert_eq!(self.queue_depth(logical).await?, 0, "{why}");
+        Ok(())
     }
 
     /// Polls until a queue of the stack is empty (everything received and deleted).
