@@ -10,12 +10,13 @@ use async_trait::async_trait;
 use order_worker::OrderSteps;
 use serde_json::{json, Value};
 use stepline::adapters::SqsSender;
+use stepline::coordinator::Inbox;
 use stepline::domain::{launch_id, Status, StepError, StepStatus};
 use stepline::envelope::{
     DeadLetterEnvelope, LaunchWork, RequestHeader, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE,
 };
 use stepline::handlers::{
-    self, CancelRequest, MoveRequest, MoveSource, OperatorRequest, OperatorResponse, RedriveRequest,
+    self, CancelRequest, MoveRequest, OperatorRequest, OperatorResponse, RedriveRequest,
 };
 use stepline::handlers::{ReplayFilter, ReplayRequest};
 use stepline::ports::{MessageSender, OutMessage, SendError};
@@ -444,8 +445,7 @@ async fn bulk_replay_filters_dry_runs_and_redrives_from_the_execution_dlq() -> a
         let record = stack.wait_dead_lettered(*id).await?;
         assert_eq!(record.status, Status::Failed);
     }
-    let queues = stack.dead_letter_queues()?;
-    let dlq = queues.refs();
+    let dlq = stack.dead_letter_queues()?;
     let replay = |dry_run: bool| {
         OperatorRequest::Replay(ReplayRequest {
             filter: ReplayFilter {
@@ -650,7 +650,7 @@ async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Re
     let queues = stack.dead_letter_queues()?;
     let request = |dry_run: bool| {
         OperatorRequest::Move(MoveRequest {
-            queue: MoveSource::Reply,
+            queue: Inbox::Reply,
             replay: ReplayRequest {
                 filter: ReplayFilter {
                     pipeline_id: Some(stack.pipeline.pipeline_id.clone()),
@@ -665,7 +665,7 @@ async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Re
         })
     };
     let OperatorResponse::Replay(dry) =
-        handlers::operator(&stack.api, &queues.refs(), request(true)).await?
+        handlers::operator(&stack.api, &queues, request(true)).await?
     else {
         panic!("a move answers with a report");
     };
@@ -674,7 +674,7 @@ async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Re
     assert_eq!(stack.api.get(id).await?.step, 0, "a dry run moves nothing");
 
     let OperatorResponse::Replay(moved) =
-        handlers::operator(&stack.api, &queues.refs(), request(false)).await?
+        handlers::operator(&stack.api, &queues, request(false)).await?
     else {
         panic!("a move answers with a report");
     };

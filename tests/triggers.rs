@@ -136,7 +136,8 @@ async fn start_queue_poison_goes_to_the_start_dlq_and_moves_back_to_the_start_qu
         .assert_empty("LaunchDeadLetterQueue", NO_LAUNCH_DEAD_LETTERS)
         .await?;
     let dlqs = stack.dead_letter_queues()?;
-    let held = dlqs.refs().start.expect("a start DLQ").receive(10).await?;
+    let start_dlq = dlqs.start.as_ref().expect("a start DLQ");
+    let held = start_dlq.receive(10).await?;
     assert_eq!(held.len(), poison.len());
     for message in &held {
         let source = message
@@ -150,15 +151,15 @@ async fn start_queue_poison_goes_to_the_start_dlq_and_moves_back_to_the_start_qu
             "kept as sent: {}",
             message.body
         );
-        dlqs.refs().start.unwrap().release(&message.handle).await?;
+        start_dlq.release(&message.handle).await?;
     }
 
     // An operator moves them back to the start queue (where they are dead-lettered again).
     let moved = stepline::handlers::operator(
         &stack.api,
-        &dlqs.refs(),
+        &dlqs,
         stepline::handlers::OperatorRequest::Move(stepline::handlers::MoveRequest {
-            queue: stepline::handlers::MoveSource::Start,
+            queue: stepline::coordinator::Inbox::Start,
             replay: stepline::handlers::ReplayRequest {
                 filter: Default::default(),
                 dry_run: false,

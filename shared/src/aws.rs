@@ -11,7 +11,7 @@ use crate::adapters::{
     SqsDeadLetterQueue, SqsSender,
 };
 use crate::claims::ClaimCheck;
-use crate::config::{CoordinatorConfig, PayloadConfig, WorkerConfig};
+use crate::config::{CoordinatorConfig, PayloadConfig, Queues, WorkerConfig};
 use crate::coordinator::{Coordinator, Settings};
 use crate::domain::contract::Contract;
 use crate::handlers::DeadLetterQueues;
@@ -119,30 +119,6 @@ pub fn worker_on(
 }
 
 /// The coordinator's dead-letter queues on SQS, as the operator function reads them.
-pub struct SqsDeadLetterQueues {
-    execution: SqsDeadLetterQueue,
-    launch: SqsDeadLetterQueue,
-    reply: SqsDeadLetterQueue,
-    start: Option<SqsDeadLetterQueue>,
-}
-
-impl SqsDeadLetterQueues {
-    pub fn new(sqs: &aws_sdk_sqs::Client, config: &CoordinatorConfig) -> Self {
-        let queue = |url: &str| SqsDeadLetterQueue::new(sqs.clone(), url);
-        Self {
-            execution: queue(&config.execution_dlq_url),
-            launch: queue(&config.launch_dlq_url),
-            reply: queue(&config.reply_dlq_url),
-            start: config.start_dlq_url.as_deref().map(queue),
-        }
-    }
-
-    pub fn refs(&self) -> DeadLetterQueues<'_> {
-        DeadLetterQueues {
-            execution: &self.execution,
-            launch: &self.launch,
-            reply: &self.reply,
-            start: self.start.as_ref().map(|q| q as _),
-        }
-    }
+pub fn dead_letter_queues(sqs: &aws_sdk_sqs::Client, queues: &Queues) -> DeadLetterQueues {
+    DeadLetterQueues::of(queues, |url| SqsDeadLetterQueue::new(sqs.clone(), url))
 }

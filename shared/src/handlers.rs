@@ -3,11 +3,14 @@
 //! a claim report); nothing else. The function crates wrap them with `lambda_runtime`, and the local
 //! runner and the tests call exactly the same functions.
 
+use std::sync::Arc;
+
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::config::Queues;
 use crate::coordinator::{
     interaction_event, Applied, BatchReport, ClaimReport, Command, Coordinator, CoordinatorError,
     Inbound, Inbox, MessageError, Settings, SubmitRequest,
@@ -169,7 +172,7 @@ fn decode<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, MessageError>
 /// Whether a batch came from the start queue (its source ARN names the queue the start URL names).
 fn from_start_queue(settings: &Settings, event: &SqsEvent) -> bool {
     let (Some(url), Some(arn)) = (
-        &settings.start_queue,
+        &settings.queues.start,
         event
             .records
             .first()
@@ -276,30 +279,50 @@ pub enum OperatorRequest {
     Move(MoveRequest),
 }
 
-/// Which coordinator queue's DLQ to move back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum MoveSource {
-    Launch,
-    Reply,
-    Start,
-}
-
+/// Moves a coordinator queue's dead letters back to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MoveRequest {
-    pub queue: MoveSource,
+    pub queue: Inbox,
     #[serde(flatten)]
     pub replay: ReplayRequest,
 }
 
-/// The DLQs the operator function reads.
-pub struct DeadLetterQueues<'a> {
-    pub execution: &'a dyn DeadLetterQueue,
-    pub launch: &'a dyn DeadLetterQueue,
-    pub reply: &'a dyn DeadLetterQueue,
+/// The coordinator's dead-letter queues, as the operator function and the operators' tools read
+/// them: of failed executions, and of its three inboxes.
+pub struct DeadLetterQueues {
+    pub execution: Arc<dyn DeadLetterQueue>,
+    pub launch: Arc<dyn DeadLetterQueue>,
+    pub reply: Arc<dyn DeadLetterQueue>,
     /// The start queue's DLQ (none where the stack has no start queue).
-    pub start: Option<&'a dyn DeadLetterQueue>,
+    pub start: Option<Arc<dyn DeadLetterQueue>>,
+}
+
+impl DeadLetterQueues {
+    /// The dead-letter queues `queues` names, each opened from its URL by `open`.
+    pub fn of<Q: DeadLetterQueue + 'static>(queues: &Queues, open: impl Fn(&str) -> Q) -> Self {
+        let open = |url: &str| Arc::new(open(url)) as Arc<dyn DeadLetterQueue>;
+        Self {
+            execution: open(&queues.execution_dlq),
+            launch: open(&queues.launch_dlq),
+            reply: open(&queues.reply_dlq),
+            start: queues.start_dlq.as_deref().map(open),
+        }
+    }
+
+    /// The names [`DeadLetterQueues::named`] knows.
+    pub const NAMES: [&'static str; 4] = ["execution", "launch", "reply", "start"];
+
+    /// A dead-letter queue by name (one of [`DeadLetterQueues::NAMES`]).
+    pub fn named(&self, name: &str) -> Option<&Arc<dyn DeadLetterQueue>> {
+        match name {
+            "execution" => Some(&self.execution),
+            "launch" => Some(&self.launch),
+            "reply" => Some(&self.reply),
+            "start" => self.start.as_ref(),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -313,32 +336,26 @@ pub enum OperatorResponse {
 /// dead letters back to it.
 pub async fn operator(
     coordinator: &Coordinator,
-    dlqs: &DeadLetterQueues<'_>,
+    dlqs: &DeadLetterQueues,
     request: OperatorRequest,
 ) -> Result<OperatorResponse, CoordinatorError> {
     Ok(match request {
         OperatorRequest::Redrive(r) => OperatorResponse::Execution(redrive(coordinator, r).await?),
         OperatorRequest::Cancel(c) => OperatorResponse::Execution(cancel(coordinator, c).await?),
         OperatorRequest::Replay(r) => {
-            OperatorResponse::Replay(coordinator.replay(dlqs.execution, &r).await?)
+            OperatorResponse::Replay(coordinator.replay(dlqs.execution.as_ref(), &r).await?)
         }
         OperatorRequest::Move(m) => {
-            let settings = coordinator.settings();
-            let (dlq, target) = match m.queue {
-                MoveSource::Launch => (dlqs.launch, settings.launch_queue.clone()),
-                MoveSource::Reply => (dlqs.reply, settings.reply_queue.clone()),
-                MoveSource::Start => match (dlqs.start, &settings.start_queue) {
-                    (Some(dlq), Some(queue)) => (dlq, queue.clone()),
-                    _ => {
-                        return Err(CoordinatorError::Invalid(
-                            "this stack has no start queue".into(),
-                        ))
-                    }
-                },
+            let queues = &coordinator.settings().queues;
+            let (Some(dlq), Some(target)) = (dlqs.named(m.queue.name()), queues.inbox(m.queue))
+            else {
+                return Err(CoordinatorError::Invalid(
+                    "this stack has no start queue".into(),
+                ));
             };
             OperatorResponse::Replay(
                 coordinator
-                    .move_dead_letters(dlq, &target, &m.replay)
+                    .move_dead_letters(dlq.as_ref(), target, &m.replay)
                     .await?,
             )
         }

@@ -13,15 +13,16 @@ use serde::Serialize;
 use serde_json::Value;
 pub use stepline_worker::lambda::{run_worker, serve_worker, Error};
 
-use crate::aws::{self, SqsDeadLetterQueues};
+use crate::aws;
 use crate::config::CoordinatorConfig;
 use crate::coordinator::{Coordinator, CoordinatorError};
+use crate::handlers::DeadLetterQueues;
 
 /// Everything a coordinator function needs, built once per container.
 pub struct Function {
     pub coordinator: Coordinator,
     /// The coordinator's dead-letter queues (read by the operator function).
-    pub dead_letters: SqsDeadLetterQueues,
+    pub dead_letters: DeadLetterQueues,
 }
 
 fn function() -> Result<Arc<Function>, Error> {
@@ -30,7 +31,7 @@ fn function() -> Result<Arc<Function>, Error> {
     let config = CoordinatorConfig::from_env()?;
     Ok(Arc::new(Function {
         coordinator: aws::coordinator(&sdk, &config),
-        dead_letters: SqsDeadLetterQueues::new(&aws_sdk_sqs::Client::new(&sdk), &config),
+        dead_letters: aws::dead_letter_queues(&aws_sdk_sqs::Client::new(&sdk), &config.queues),
     }))
 }
 

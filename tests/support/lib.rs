@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
-use stepline::adapters::SqsDeadLetterQueue;
 use stepline::config::CoordinatorConfig;
 use stepline::contract::Contract;
 use stepline::domain::{Execution, PipelineDef, StepDef, StepError};
@@ -480,34 +479,15 @@ impl TestStack {
     }
 }
 
-/// The DLQs the operator function reads, owned.
-pub struct OwnedDeadLetterQueues([SqsDeadLetterQueue; 4]);
-
-impl OwnedDeadLetterQueues {
-    pub fn refs(&self) -> DeadLetterQueues<'_> {
-        DeadLetterQueues {
-            execution: &self.0[0],
-            launch: &self.0[1],
-            reply: &self.0[2],
-            start: Some(&self.0[3]),
-        }
-    }
-}
-
 impl TestStack {
-    pub fn dead_letter_queues(&self) -> Result<OwnedDeadLetterQueues> {
-        let queue = |logical: &str| -> Result<SqsDeadLetterQueue> {
-            Ok(SqsDeadLetterQueue::new(
-                self.sqs(),
-                self.local.stack.queue(logical)?.1,
-            ))
-        };
-        Ok(OwnedDeadLetterQueues([
-            queue("ExecutionDeadLetterQueue")?,
-            queue("LaunchDeadLetterQueue")?,
-            queue("ReplyDeadLetterQueue")?,
-            queue("StartDeadLetterQueue")?,
-        ]))
+    /// The DLQs the operator function reads, as its configuration names them.
+    pub fn dead_letter_queues(&self) -> Result<DeadLetterQueues> {
+        let env = self.local.stack.env_of(functions::REDRIVE)?;
+        let config = stepline::config::CoordinatorConfig::from_lookup(env)?;
+        Ok(stepline::aws::dead_letter_queues(
+            &self.sqs(),
+            &config.queues,
+        ))
     }
 }
 

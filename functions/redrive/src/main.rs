@@ -7,12 +7,7 @@ use stepline::handlers::{operator, OperatorRequest};
 #[tokio::main]
 async fn main() -> Result<(), stepline::lambda::Error> {
     stepline::lambda::serve_invoke(|function, request: OperatorRequest| async move {
-        operator(
-            &function.coordinator,
-            &function.dead_letters.refs(),
-            request,
-        )
-        .await
+        operator(&function.coordinator, &function.dead_letters, request).await
     })
     .await
 }

@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use stepline::domain::history::{describe, utc};
 use stepline::domain::{Status, Verdict};
 use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
-use stepline::handlers::{self, CancelRequest, OperatorRequest, RedriveRequest};
+use stepline::handlers::{self, CancelRequest, DeadLetterQueues, OperatorRequest, RedriveRequest};
 use stepline::{Coordinator, HistoryView, ListRequest};
 use stepline_stage::Stage;
 use tokio::net::TcpListener;
@@ -334,13 +334,9 @@ impl Console {
     }
 
     async fn replay(&self, filter: FilterArgs) -> Result<Value> {
-        let queues = dead_letter_queues(&self.stage)?;
-        let response = handlers::operator(
-            &self.api,
-            &crate::dlqs_of(&queues),
-            OperatorRequest::Replay(filter.request()),
-        )
-        .await?;
+        let dlqs = dead_letter_queues(&self.stage)?;
+        let response =
+            handlers::operator(&self.api, &dlqs, OperatorRequest::Replay(filter.request())).await?;
         Ok(serde_json::to_value(response)?)
     }
 
@@ -362,7 +358,7 @@ impl Console {
             );
         }
         html.push_str("<p>Queues: ");
-        for q in ["execution", "launch", "reply", "start"] {
+        for q in DeadLetterQueues::NAMES {
             let _ = write!(html, "<a href=\"/dlq?queue={q}\">{q}</a> ");
         }
         let _ = write!(

@@ -2,48 +2,27 @@
 
 use super::*;
 
-/// The stage's four DLQs: execution, launch, reply, start.
-pub(crate) fn dead_letter_queues(stage: &Stage) -> Result<[SqsDeadLetterQueue; 4]> {
+/// The stage's four DLQs (execution, launch, reply, start), as its operator function reads them.
+pub(crate) fn dead_letter_queues(stage: &Stage) -> Result<DeadLetterQueues> {
+    let config = CoordinatorConfig::from_lookup(stage.stack.env_of(functions::REDRIVE)?)?;
     let sqs = aws_sdk_sqs::Client::new(&stage.sdk);
-    let queue = |logical: &str| -> Result<SqsDeadLetterQueue> {
-        Ok(SqsDeadLetterQueue::new(
-            sqs.clone(),
-            stage.stack.queue(logical)?.1,
-        ))
-    };
-    Ok([
-        queue("ExecutionDeadLetterQueue")?,
-        queue("LaunchDeadLetterQueue")?,
-        queue("ReplyDeadLetterQueue")?,
-        queue("StartDeadLetterQueue")?,
-    ])
-}
-
-pub(crate) fn dlqs_of(queues: &[SqsDeadLetterQueue; 4]) -> DeadLetterQueues<'_> {
-    DeadLetterQueues {
-        execution: &queues[0],
-        launch: &queues[1],
-        reply: &queues[2],
-        start: Some(&queues[3]),
-    }
+    Ok(stepline::aws::dead_letter_queues(&sqs, &config.queues))
 }
 
 /// A DLQ by name.
 pub(crate) fn dlq_reader<'a>(
-    queues: &'a [SqsDeadLetterQueue; 4],
+    queues: &'a DeadLetterQueues,
     name: &str,
-) -> Result<&'a SqsDeadLetterQueue> {
-    Ok(match name {
-        "execution" => &queues[0],
-        "launch" => &queues[1],
-        "reply" => &queues[2],
-        "start" => &queues[3],
-        other => bail!("unknown DLQ {other:?} (execution, launch, reply, start)"),
-    })
+) -> Result<&'a dyn DeadLetterQueue> {
+    let names = DeadLetterQueues::NAMES.join(", ");
+    Ok(queues
+        .named(name)
+        .with_context(|| format!("unknown DLQ {name:?} ({names})"))?
+        .as_ref())
 }
 
 /// Up to `max` messages of a DLQ, left in place (made visible again at once).
-pub(crate) async fn peek(reader: &SqsDeadLetterQueue, max: usize) -> Result<Vec<Value>> {
+pub(crate) async fn peek(reader: &dyn DeadLetterQueue, max: usize) -> Result<Vec<Value>> {
     let mut seen = Vec::new();
     while seen.len() < max {
         let batch = reader.receive(max - seen.len()).await?;
@@ -67,11 +46,10 @@ pub(crate) async fn dlq(
     action: DlqAction,
     out: &Output,
 ) -> Result<()> {
-    let queues = dead_letter_queues(stage)?;
-    let dlqs = dlqs_of(&queues);
+    let dlqs = dead_letter_queues(stage)?;
     match action {
         DlqAction::Inspect { queue: name, max } => {
-            let listed = peek(dlq_reader(&queues, &name)?, max).await?;
+            let listed = peek(dlq_reader(&dlqs, &name)?, max).await?;
             out.show(&Value::Array(listed.clone()), || {
                 listed
                     .iter()
@@ -91,11 +69,8 @@ pub(crate) async fn dlq(
             queue: name,
             filter,
         } => {
-            let source = match name.as_str() {
-                "launch" => MoveSource::Launch,
-                "reply" => MoveSource::Reply,
-                "start" => MoveSource::Start,
-                other => bail!("unknown queue {other:?} (launch, reply, start)"),
+            let Some(source) = Inbox::ALL.into_iter().find(|q| q.name() == name) else {
+                bail!("unknown queue {name:?} (launch, reply, start)");
             };
             let request = OperatorRequest::Move(MoveRequest {
                 queue: source,

@@ -15,18 +15,18 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
-use stepline::adapters::SqsDeadLetterQueue;
+use stepline::config::{CoordinatorConfig, Inbox};
 use stepline::domain::history::{describe, utc};
 use stepline::domain::{Execution, Status, StepStatus, UnitProgress, Verdict};
 use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
 use stepline::handlers::{
-    self, CancelRequest, DeadLetterQueues, MoveRequest, MoveSource, OperatorRequest, RedriveRequest,
+    self, CancelRequest, DeadLetterQueues, MoveRequest, OperatorRequest, RedriveRequest,
 };
 use stepline::handlers::{ReplayFilter, ReplayRequest};
 use stepline::ports::DeadLetterQueue;
 use stepline::{Coordinator, SubmitRequest};
 use stepline_stage::releases::{FilesOnly, ReleaseAction};
-use stepline_stage::Stage;
+use stepline_stage::{functions, Stage};
 use uuid::Uuid;
 
 /// Operate Stepline executions, dead letters and releases

@@ -3,6 +3,8 @@
 
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     #[error("environment variable {0} is not set")]
@@ -16,19 +18,7 @@ pub enum ConfigError {
 pub struct CoordinatorConfig {
     pub execution_table: String,
     pub release_table: String,
-    pub launch_queue_url: String,
-    pub reply_queue_url: String,
-    /// Where dead-letter envelopes of failed executions go.
-    pub execution_dlq_url: String,
-    /// DLQs of the launch and reply queues: messages a handler cannot process go there with a reason.
-    pub launch_dlq_url: String,
-    pub reply_dlq_url: String,
-    /// Where interaction completions are sent (announced in await notices).
-    pub await_queue_url: String,
-    /// Where fan-out steps start their children (the start queue).
-    pub start_queue_url: Option<String>,
-    /// The start queue's DLQ: start messages the launch function cannot process go there.
-    pub start_dlq_url: Option<String>,
+    pub queues: Queues,
     /// The bus lifecycle events are published to (none: lifecycle events off).
     pub event_bus: Option<String>,
     /// Shards of the due-time index.
@@ -69,6 +59,101 @@ impl PayloadConfig {
     }
 }
 
+/// A queue the coordinator's functions consume: what its messages ask, and where those that cannot
+/// be processed go (its DLQ, reported under its name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Inbox {
+    /// Launch work (and start events sent to the launch queue).
+    Launch,
+    /// Start events from the bus's StartExecution rule and fan-out children.
+    Start,
+    /// Worker replies and interaction completions.
+    Reply,
+}
+
+impl Inbox {
+    pub const ALL: [Inbox; 3] = [Inbox::Launch, Inbox::Start, Inbox::Reply];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Inbox::Launch => "launch",
+            Inbox::Start => "start",
+            Inbox::Reply => "reply",
+        }
+    }
+}
+
+/// The coordinator's queues (URLs, or plain names for in-memory senders): its inboxes, where
+/// interaction completions go, and the dead-letter queues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queues {
+    pub launch: String,
+    pub reply: String,
+    /// Where interaction completions are sent (announced in await notices).
+    pub awaits: String,
+    /// Where fan-out steps start their children (none: fan-out steps cannot start children).
+    pub start: Option<String>,
+    /// Where dead-letter envelopes of failed executions go.
+    pub execution_dlq: String,
+    /// DLQs of the launch and reply queues: messages a handler cannot process go there with a reason.
+    pub launch_dlq: String,
+    pub reply_dlq: String,
+    /// The start queue's DLQ (none: start messages that cannot be processed go to the launch DLQ).
+    pub start_dlq: Option<String>,
+}
+
+impl Queues {
+    pub fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let required = |name: &'static str| get(name).ok_or(ConfigError::Missing(name));
+        let optional = |name: &str| get(name).filter(|u| !u.is_empty());
+        Ok(Self {
+            launch: required("LAUNCH_QUEUE_URL")?,
+            reply: required("REPLY_QUEUE_URL")?,
+            awaits: required("AWAIT_QUEUE_URL")?,
+            start: optional("START_QUEUE_URL"),
+            execution_dlq: required("EXECUTION_DLQ_URL")?,
+            launch_dlq: required("LAUNCH_DLQ_URL")?,
+            reply_dlq: required("REPLY_DLQ_URL")?,
+            start_dlq: optional("START_DLQ_URL"),
+        })
+    }
+
+    /// Queues named plainly (what an in-memory sender records), with no start queue: tests and
+    /// simulations over in-memory ports.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn named() -> Self {
+        Self {
+            launch: "launch".into(),
+            reply: "replies".into(),
+            awaits: "replies".into(),
+            start: None,
+            execution_dlq: "execution-dlq".into(),
+            launch_dlq: "launch-dlq".into(),
+            reply_dlq: "reply-dlq".into(),
+            start_dlq: None,
+        }
+    }
+
+    /// The queue `inbox` reads (none: the stack has no start queue).
+    pub fn inbox(&self, inbox: Inbox) -> Option<&str> {
+        match inbox {
+            Inbox::Launch => Some(&self.launch),
+            Inbox::Reply => Some(&self.reply),
+            Inbox::Start => self.start.as_deref(),
+        }
+    }
+
+    /// Where `inbox`'s messages that cannot be processed go.
+    pub fn dead_letters_of(&self, inbox: Inbox) -> &str {
+        match (inbox, &self.start_dlq) {
+            (Inbox::Start, Some(start_dlq)) => start_dlq,
+            (Inbox::Start | Inbox::Launch, _) => &self.launch_dlq,
+            (Inbox::Reply, _) => &self.reply_dlq,
+        }
+    }
+}
+
 impl CoordinatorConfig {
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| std::env::var(name).ok())
@@ -79,14 +164,7 @@ impl CoordinatorConfig {
         Ok(Self {
             execution_table: required("EXECUTION_TABLE")?,
             release_table: required("RELEASE_TABLE")?,
-            launch_queue_url: required("LAUNCH_QUEUE_URL")?,
-            reply_queue_url: required("REPLY_QUEUE_URL")?,
-            execution_dlq_url: required("EXECUTION_DLQ_URL")?,
-            launch_dlq_url: required("LAUNCH_DLQ_URL")?,
-            reply_dlq_url: required("REPLY_DLQ_URL")?,
-            await_queue_url: required("AWAIT_QUEUE_URL")?,
-            start_queue_url: get("START_QUEUE_URL").filter(|u| !u.is_empty()),
-            start_dlq_url: get("START_DLQ_URL").filter(|u| !u.is_empty()),
+            queues: Queues::from_lookup(&get)?,
             event_bus: get("EVENT_BUS_NAME")
                 .filter(|b| !b.is_empty())
                 .filter(|_| get("LIFECYCLE_EVENTS").is_some_and(|on| on == "true")),

@@ -10,26 +10,7 @@ use crate::domain::{Code, Event, Skip};
 use crate::envelope::{ChildEnded, DETAIL_ATTRIBUTE, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE};
 use crate::ports::OutMessage;
 
-/// The queue a batch came from: its poison goes to that queue's DLQ, reported under its name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Inbox {
-    /// Launch work (and start events sent to the launch queue).
-    Launch,
-    /// Start events from the bus's StartExecution rule and fan-out children.
-    Start,
-    /// Worker replies and interaction completions.
-    Reply,
-}
-
-impl Inbox {
-    pub fn name(self) -> &'static str {
-        match self {
-            Inbox::Launch => "launch",
-            Inbox::Start => "start",
-            Inbox::Reply => "reply",
-        }
-    }
-}
+pub use crate::config::Inbox;
 
 /// What one message asks of the coordinator, as its handler decoded it.
 #[derive(Debug, Clone)]
@@ -245,7 +226,7 @@ impl Coordinator {
         report: &mut BatchReport,
         returns: &[(String, Option<String>, u32)],
     ) {
-        let Some(queue) = self.inbox_queue(inbox) else {
+        let Some(queue) = self.settings.queues.inbox(inbox).filter(|q| !q.is_empty()) else {
             return;
         };
         let mut by_delay: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
@@ -257,24 +238,13 @@ impl Coordinator {
             }
         }
         for (delay, receipts) in by_delay {
-            match self.sender.redeliver_in(&queue, &receipts, delay).await {
+            match self.sender.redeliver_in(queue, &receipts, delay).await {
                 Ok(()) => report.early.push((delay, receipts)),
                 Err(e) => {
                     tracing::warn!(queue = inbox.name(), error = %e, "messages to retry come back at the visibility timeout")
                 }
             }
         }
-    }
-
-    /// The queue an inbox's messages are received from.
-    fn inbox_queue(&self, inbox: Inbox) -> Option<String> {
-        let settings = &self.settings;
-        let url = match inbox {
-            Inbox::Launch => Some(settings.launch_queue.clone()),
-            Inbox::Reply => Some(settings.reply_queue.clone()),
-            Inbox::Start => settings.start_queue.clone(),
-        };
-        url.filter(|url| !url.is_empty())
     }
 
     async fn handle(
@@ -353,7 +323,7 @@ impl Coordinator {
         if poison.is_empty() {
             return Vec::new();
         }
-        let dlq = self.dead_letter_queue(inbox);
+        let dlq = self.settings.queues.dead_letters_of(inbox);
         let messages: Vec<OutMessage> = poison
             .iter()
             .map(|(id, body, e)| OutMessage {
@@ -369,7 +339,7 @@ impl Coordinator {
                 })
             })
             .collect();
-        let results = self.sender.send(&dlq, &messages).await;
+        let results = self.sender.send(dlq, &messages).await;
         let mut not_sent = Vec::new();
         for ((id, _, e), result) in poison.into_iter().zip(results) {
             match (result, e.execution()) {
@@ -391,15 +361,5 @@ impl Coordinator {
             }
         }
         not_sent
-    }
-
-    /// The DLQ of an inbox (a stack without a start DLQ parks start events with launch work).
-    fn dead_letter_queue(&self, inbox: Inbox) -> String {
-        let settings = &self.settings;
-        match (inbox, &settings.start_dlq) {
-            (Inbox::Start, Some(start_dlq)) => start_dlq.clone(),
-            (Inbox::Start | Inbox::Launch, _) => settings.launch_dlq.clone(),
-            (Inbox::Reply, _) => settings.reply_dlq.clone(),
-        }
     }
 }

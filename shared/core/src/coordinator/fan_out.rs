@@ -174,7 +174,7 @@ impl Coordinator {
             return Ok(());
         };
         let unit_id = unit.id;
-        let Some(start_queue) = self.settings.start_queue.clone() else {
+        let Some(start_queue) = self.settings.queues.start.clone() else {
             return Err(CoordinatorError::Invalid(
                 "no start queue to start children on".into(),
             ));
@@ -298,7 +298,7 @@ impl Coordinator {
         let Some(step) = definition.step(parent.step) else {
             return Ok(());
         };
-        let Some(start_queue) = self.settings.start_queue.clone() else {
+        let Some(start_queue) = self.settings.queues.start.clone() else {
             return Err(CoordinatorError::Invalid(
                 "no start queue to start children on".into(),
             ));

@@ -47,7 +47,7 @@ use uuid::Uuid;
 
 use crate::cache::{byte_budget, json_size, BoundedCache};
 use crate::claims::{ClaimCheck, ClaimError};
-use crate::config::CoordinatorConfig;
+use crate::config::{CoordinatorConfig, Queues};
 use crate::domain::release::WorkerRecord;
 use crate::domain::seal::{self, SealKeys};
 use crate::domain::{
@@ -136,16 +136,7 @@ impl CoordinatorError {
 /// Runtime settings of the coordinator.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub launch_queue: String,
-    pub reply_queue: String,
-    pub execution_dlq: String,
-    pub launch_dlq: String,
-    pub reply_dlq: String,
-    pub await_queue: String,
-    /// Where fan-out children are started (none: fan-out steps cannot start children).
-    pub start_queue: Option<String>,
-    /// The start queue's DLQ.
-    pub start_dlq: Option<String>,
+    pub queues: Queues,
     pub lease_ms: i64,
     pub claim_limit: i32,
     /// Identifies this process in lease owners.
@@ -158,14 +149,7 @@ impl Settings {
     #[cfg(any(test, feature = "testing"))]
     pub fn named() -> Self {
         Self {
-            launch_queue: "launch".into(),
-            reply_queue: "replies".into(),
-            execution_dlq: "execution-dlq".into(),
-            launch_dlq: "launch-dlq".into(),
-            reply_dlq: "reply-dlq".into(),
-            await_queue: "replies".into(),
-            start_queue: None,
-            start_dlq: None,
+            queues: Queues::named(),
             lease_ms: 30_000,
             claim_limit: 10,
             instance: "test".into(),
@@ -174,14 +158,7 @@ impl Settings {
 
     pub fn from_config(config: &CoordinatorConfig) -> Self {
         Self {
-            launch_queue: config.launch_queue_url.clone(),
-            reply_queue: config.reply_queue_url.clone(),
-            execution_dlq: config.execution_dlq_url.clone(),
-            launch_dlq: config.launch_dlq_url.clone(),
-            reply_dlq: config.reply_dlq_url.clone(),
-            await_queue: config.await_queue_url.clone(),
-            start_queue: config.start_queue_url.clone(),
-            start_dlq: config.start_dlq_url.clone(),
+            queues: config.queues.clone(),
             lease_ms: i64::from(config.lease_seconds) * 1000,
             claim_limit: config.claim_limit,
             instance: Uuid::new_v4().simple().to_string()[..12].to_string(),

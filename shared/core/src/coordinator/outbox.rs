@@ -46,7 +46,7 @@ impl Coordinator {
                         token: *token,
                     };
                     outbox.push(
-                        &self.settings.launch_queue,
+                        &self.settings.queues.launch,
                         source,
                         OutMessage {
                             delay_secs: *delay_secs,
@@ -146,7 +146,7 @@ impl Coordinator {
                             .step_input(record.step)
                             .map(|p| p.value().clone())
                             .unwrap_or_default(),
-                        complete_to: self.settings.await_queue.clone(),
+                        complete_to: self.settings.queues.awaits.clone(),
                     };
                     tracing::info!(execution_id = %record.id, step = %step_def.id, await_unit = %unit, "await requested");
                     outbox.push(
@@ -178,7 +178,7 @@ impl Coordinator {
                     };
                     // To this coordinator's own queue, whatever the link says.
                     outbox.push(
-                        &self.settings.await_queue,
+                        &self.settings.queues.awaits,
                         source,
                         json(&ChildEnded::of(parent, end, record.version)),
                         Some((record.id, Event::ParentNotified)),
@@ -233,7 +233,7 @@ impl Coordinator {
                         "execution dead-lettered"
                     );
                     outbox.push(
-                        &self.settings.execution_dlq,
+                        &self.settings.queues.execution_dlq,
                         source,
                         json(&envelope),
                         Some((record.id, Event::DeadLetterSent { id: *id })),
@@ -255,7 +255,7 @@ impl Coordinator {
         await_unit: &AwaitUnit,
         source: usize,
     ) {
-        let Some(start_queue) = &self.settings.start_queue else {
+        let Some(start_queue) = &self.settings.queues.start else {
             tracing::error!(execution_id = %record.id, step = %step_def.id, "fan-out without a start queue");
             return;
         };
@@ -348,7 +348,7 @@ impl Coordinator {
                         execution_id: record.id,
                         token: fan_out_token(&record.secret, record.id, record.step, &name),
                         interaction: name,
-                        complete_to: self.settings.await_queue.clone(),
+                        complete_to: self.settings.queues.awaits.clone(),
                         unit: Some(unit),
                         step: record.step,
                         signature: None,
@@ -395,7 +395,7 @@ impl Coordinator {
                 token: fan_out_token(&record.secret, record.id, await_unit.step, &name),
                 reason: format!("the parent {} was cancelled", record.id),
             };
-            outbox.push(&self.settings.launch_queue, source, json(&message), None);
+            outbox.push(&self.settings.queues.launch, source, json(&message), None);
         }
         tracing::info!(execution_id = %record.id, children = cancelled, "fan-out cancelled");
     }
@@ -422,7 +422,7 @@ impl Coordinator {
             step_index: step,
             attempt,
             launch_id,
-            reply_to: self.settings.reply_queue.clone(),
+            reply_to: self.settings.queues.reply.clone(),
             deadline,
             reply_token: if record.secret.is_empty() {
                 String::new()

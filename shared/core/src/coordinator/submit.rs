@@ -244,8 +244,11 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
-            start_queue: Some("start".into()),
-            start_dlq: Some("start-dlq".into()),
+            queues: Queues {
+                start: Some("start".into()),
+                start_dlq: Some("start-dlq".into()),
+                ..Queues::named()
+            },
             ..Settings::named()
         }
     }
