@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::config::Queues;
 use crate::coordinator::{
     interaction_event, Applied, BatchReport, ClaimReport, Command, Coordinator, CoordinatorError,
-    Inbound, Inbox, MessageError, Settings, SubmitRequest,
+    Inbound, Inbox, MessageError, Role, Settings, SubmitRequest,
 };
 pub use crate::coordinator::{
     CancelRequest, RedriveRequest, RedriveResponse, ReplayFilter, ReplayReport, ReplayRequest,
@@ -87,7 +87,7 @@ pub async fn launch(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchRespo
                     token: cancel.token,
                     reason: cancel.reason,
                 },
-                role: "fan-out",
+                role: Role::FanOut,
                 hot: false,
             });
         }
@@ -98,7 +98,7 @@ pub async fn launch(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchRespo
                 generation: work.generation,
                 token: work.token,
             },
-            role: "launch",
+            role: Role::Launch,
             hot: false,
         })
     })
@@ -226,7 +226,7 @@ fn reply_command(text: &str) -> Result<Command, MessageError> {
         return Ok(Command::Apply {
             execution,
             event,
-            role: "interaction",
+            role: Role::Interaction,
             hot: false,
         });
     }
@@ -263,7 +263,7 @@ fn reply_command(text: &str) -> Result<Command, MessageError> {
     Ok(Command::Apply {
         execution: reply.execution_id,
         event,
-        role: "completion",
+        role: Role::Completion,
         hot: true,
     })
 }

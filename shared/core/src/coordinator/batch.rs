@@ -5,7 +5,7 @@
 
 use uuid::Uuid;
 
-use super::{Coordinator, CoordinatorError, Outbox, Read, SubmitRequest};
+use super::{Coordinator, CoordinatorError, Outbox, Read, Role, SubmitRequest};
 use crate::domain::{Code, Event, Skip};
 use crate::envelope::{ChildEnded, DETAIL_ATTRIBUTE, REASON_ATTRIBUTE, SOURCE_ATTRIBUTE};
 use crate::ports::OutMessage;
@@ -20,7 +20,7 @@ pub enum Command {
     Apply {
         execution: Uuid,
         event: Event,
-        role: &'static str,
+        role: Role,
         hot: bool,
     },
     /// Count a fan-out child's end in its parent's fan-out (settling the parent when it was the last).
@@ -277,7 +277,7 @@ impl Coordinator {
                     }
                 };
                 let record = &applied.record;
-                tracing::info!(execution_id = %record.id, tenant = %record.tenant, role, status = %record.status, version = record.version, skipped = ?applied.skipped, "event applied");
+                tracing::info!(execution_id = %record.id, tenant = %record.tenant, role = role.as_str(), status = %record.status, version = record.version, skipped = ?applied.skipped, "event applied");
                 Ok(match applied.skipped {
                     None => Handled::Committed,
                     Some(skip) => Handled::Skipped(skip),
@@ -354,7 +354,7 @@ impl Coordinator {
                     };
                     // Best effort: an execution that no longer exists has nothing to note.
                     let _ = self
-                        .commit_event(execution, &incident, "incident", Read::Fresh)
+                        .commit_event(execution, &incident, Role::Incident, Read::Fresh)
                         .await;
                 }
                 (Ok(()), None) => {}

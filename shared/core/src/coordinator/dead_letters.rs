@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{Coordinator, CoordinatorError};
+use super::{Coordinator, CoordinatorError, Role};
 use crate::domain::{Event, Rejection, Status};
 use crate::envelope::{DeadLetterEnvelope, REASON_ATTRIBUTE};
 use crate::ports::{DeadLetter, DeadLetterQueue, OutMessage, StoreError};
@@ -248,7 +248,7 @@ impl Coordinator {
                 expected_version: record.version,
                 reason: reason.to_string(),
             };
-            match self.apply(record.id, &event, "replay").await {
+            match self.apply(record.id, &event, Role::Replay).await {
                 Ok(_) => return Ok(Outcome::Replayed),
                 // The record moved between the read and the write (e.g. its envelope was just marked sent).
                 Err(CoordinatorError::Rejected(Rejection::VersionMismatch { .. })) => continue,

@@ -9,7 +9,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::items::{ItemReader, ItemSource, ItemsError};
-use super::{Coordinator, CoordinatorError, Outbox, Read};
+use super::{Coordinator, CoordinatorError, Outbox, Read, Role};
 use crate::claims::ClaimError;
 use crate::claims::PAYLOAD_PREFIX;
 use crate::domain::fan_out::{block_len, block_of, BLOCK};
@@ -154,7 +154,14 @@ impl Coordinator {
             results,
         };
         let applied = self
-            .decide_into(outbox, source, parent.id, &event, "fan-out", (false, false))
+            .decide_into(
+                outbox,
+                source,
+                parent.id,
+                &event,
+                Role::FanOut,
+                (false, false),
+            )
             .await?;
         tracing::info!(execution_id = %parent.id, succeeded = tally.succeeded, failed = tally.failed, skipped = ?applied.skipped, "fan-out settled");
         Ok(())
@@ -206,7 +213,14 @@ impl Coordinator {
                 };
                 let mut outbox = Outbox::sealing_with(keys.clone());
                 let applied = self
-                    .decide_into(&mut outbox, 0, record.id, &sized, "fan-out", (false, false))
+                    .decide_into(
+                        &mut outbox,
+                        0,
+                        record.id,
+                        &sized,
+                        Role::FanOut,
+                        (false, false),
+                    )
                     .await?;
                 Box::pin(self.flush(outbox)).await;
                 current = applied.record;
@@ -276,7 +290,7 @@ impl Coordinator {
         self.commit_event(
             record.id,
             &Event::AwaitNoticeSent { unit: unit_id },
-            "outbox",
+            Role::Outbox,
             Read::Fresh,
         )
         .await?;

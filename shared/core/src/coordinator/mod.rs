@@ -192,6 +192,46 @@ struct Pinned {
     contract_version: String,
 }
 
+/// Who acts on an execution: recorded in the lease owner (`<role>:<instance>`) and the logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Launch,
+    Completion,
+    Interaction,
+    FanOut,
+    Claim,
+    Outbox,
+    Incident,
+    Cancel,
+    Redrive,
+    Replay,
+    Submit,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Launch => "launch",
+            Role::Completion => "completion",
+            Role::Interaction => "interaction",
+            Role::FanOut => "fan-out",
+            Role::Claim => "claim",
+            Role::Outbox => "outbox",
+            Role::Incident => "incident",
+            Role::Cancel => "cancel",
+            Role::Redrive => "redrive",
+            Role::Replay => "replay",
+            Role::Submit => "submit",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A decision as the coordinator carries it out (the definition the actions are staged with).
 enum Decided {
     Committed {
@@ -351,7 +391,7 @@ impl Coordinator {
         self.clock.now_ms()
     }
 
-    fn context(&self, role: &str) -> Context {
+    fn context(&self, role: Role) -> Context {
         Context {
             now: self.clock.now_ms(),
             jitter: self.clock.jitter(),
@@ -448,7 +488,7 @@ impl Coordinator {
         &self,
         id: Uuid,
         event: &Event,
-        role: &str,
+        role: Role,
     ) -> Result<Applied, CoordinatorError> {
         let mut outbox = Outbox::sealing_with(self.seal_keys().await);
         let applied = self
@@ -469,7 +509,7 @@ impl Coordinator {
         source: usize,
         id: Uuid,
         event: &Event,
-        role: &str,
+        role: Role,
         (hot, redelivered): (bool, bool),
     ) -> Result<Applied, CoordinatorError> {
         let read = match hot {
@@ -523,7 +563,7 @@ impl Coordinator {
         &self,
         id: Uuid,
         event: &Event,
-        role: &str,
+        role: Role,
         read: Read,
     ) -> Result<Decided, CoordinatorError> {
         let mut fresh = None;
@@ -589,7 +629,7 @@ impl Coordinator {
         record: Execution,
         event: &Event,
         checked: &mut Checked,
-        role: &str,
+        role: Role,
     ) -> Result<Attempt, CoordinatorError> {
         let definition = self
             .definition(&record.pipeline_id, &record.release_version)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{Coordinator, CoordinatorError, Read};
+use super::{Coordinator, CoordinatorError, Read, Role};
 use crate::domain::fan_out::item_name;
 use crate::domain::ids::fan_out_token;
 use crate::domain::seal::{self, SealKeys};
@@ -481,7 +481,10 @@ impl Coordinator {
             follow_ups.retain(|(_, event)| !matches!(event, Event::AwaitNoticeSent { .. }));
         }
         for (id, event) in follow_ups {
-            if let Err(e) = self.commit_event(id, &event, "outbox", Read::Fresh).await {
+            if let Err(e) = self
+                .commit_event(id, &event, Role::Outbox, Read::Fresh)
+                .await
+            {
                 tracing::warn!(execution_id = %id, code = %e.code(), error = %e, "follow-up not recorded; the sweeper will repeat it");
             }
         }

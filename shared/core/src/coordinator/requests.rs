@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{Applied, Coordinator, CoordinatorError};
+use super::{Applied, Coordinator, CoordinatorError, Role};
 use crate::domain::{Event, Execution, Status};
 use crate::envelope::InteractionMessage;
 
@@ -54,7 +54,7 @@ impl Coordinator {
     pub async fn cancel(&self, request: CancelRequest) -> Changed {
         require_reason(&request.reason, "a cancellation")?;
         let reason = request.reason;
-        self.operate(request.execution_id, Event::Cancel { reason }, "cancel")
+        self.operate(request.execution_id, Event::Cancel { reason }, Role::Cancel)
             .await
     }
 
@@ -68,13 +68,14 @@ impl Coordinator {
             expected_version: request.expected_version,
             reason: request.reason,
         };
-        self.operate(request.execution_id, event, "redrive").await
+        self.operate(request.execution_id, event, Role::Redrive)
+            .await
     }
 
     /// An operator's event on one execution, applied and carried out.
-    async fn operate(&self, id: Uuid, event: Event, role: &str) -> Changed {
+    async fn operate(&self, id: Uuid, event: Event, role: Role) -> Changed {
         let applied = self.apply(id, &event, role).await?;
-        tracing::info!(execution_id = %id, version = applied.record.version, status = %applied.record.status, role, "operator request applied");
+        tracing::info!(execution_id = %id, version = applied.record.version, status = %applied.record.status, role = role.as_str(), "operator request applied");
         Ok(RedriveResponse::from(&applied.record))
     }
 
@@ -86,7 +87,7 @@ impl Coordinator {
         message: InteractionMessage,
     ) -> Result<Applied, CoordinatorError> {
         let (execution, event) = interaction_event(message);
-        let applied = self.apply(execution, &event, "interaction").await?;
+        let applied = self.apply(execution, &event, Role::Interaction).await?;
         tracing::info!(execution_id = %execution, status = %applied.record.status, "interaction completed");
         Ok(applied)
     }

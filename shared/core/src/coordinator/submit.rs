@@ -75,7 +75,7 @@ impl Coordinator {
             (None, Some(key)) => domain::idempotent_id(&request.tenant, &request.pipeline_id, key),
             (None, None) => self.clock.token(),
         };
-        let ctx = self.context("submit");
+        let ctx = self.context(Role::Submit);
         let new = NewExecution {
             id,
             tenant: &request.tenant,
@@ -112,7 +112,7 @@ impl Coordinator {
                             unit: link.unit,
                         };
                         let applied = self
-                            .decide_into(outbox, source, id, &rejoin, "fan-out", (false, false))
+                            .decide_into(outbox, source, id, &rejoin, Role::FanOut, (false, false))
                             .await?;
                         version = applied.record.version;
                     }

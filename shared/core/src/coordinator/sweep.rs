@@ -3,7 +3,7 @@
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{Coordinator, CoordinatorError, Decided, Outbox, Read};
+use super::{Coordinator, CoordinatorError, Decided, Outbox, Read, Role};
 use crate::domain::Event;
 use crate::metrics::{emit, Metric};
 use crate::ports::{Backoff, DueQuery};
@@ -81,7 +81,7 @@ impl Coordinator {
                 .map(|id| async move {
                     (
                         id,
-                        self.commit_event(id, &Event::Claim, "claim", Read::Fresh)
+                        self.commit_event(id, &Event::Claim, Role::Claim, Read::Fresh)
                             .await,
                     )
                 })
