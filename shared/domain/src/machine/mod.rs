@@ -28,11 +28,15 @@
 //! | FAILED/DLQ                | Redrive             | expected version                              | QUEUED, new budget, lease · EnqueueLaunch             |
 //! | not terminal              | Cancel              |                                               | CANCELLED · NotifyCancel / CancelChildren             |
 //! | not terminal              | CancelFromParent    | the parent's token                            | CANCELLED · NotifyCancel if RUNNING                   |
+//! | FAILED/DLQ/CANCELLED      | Rejoin              | parent's token, another attempt               | QUEUED, new budget, lease · EnqueueLaunch             |
+//! | SUCCEEDED                 | Rejoin              | parent's token, another attempt               | parent told again · NotifyParent                      |
+//! | not terminal              | Rejoin              | parent's token, another attempt               | answers that attempt when it ends                     |
 //! | FAILED/DLQ                | DeadLetterSent      | same dead-letter id, unsent                   | marked sent, leaves the due index                     |
 //! | WAITING_EXTERNAL          | AwaitNoticeSent     | same unit, notice unsent                      | notice marked sent, due at the deadline               |
 //! | WAITING_EXTERNAL          | CompleteInteraction | right token, approved, others pending         | completion noted, still waiting                       |
 //! | WAITING_EXTERNAL          | CompleteInteraction | right token, approved, the last one           | succeeds, output = input + answers (as ok)            |
 //! | WAITING_EXTERNAL          | CompleteInteraction | right token, rejected                         | step failed: REJECTED, FAILED                         |
+//! | terminal                  | ParentNotified      | has a parent, not yet told                    | parent told, leaves the due index                     |
 //! | WAITING_EXTERNAL          | FanOutSized         | current unit to size, n > 0 items             | unit sized: n children, its tolerance                 |
 //! | WAITING_EXTERNAL          | FanOutSized         | current unit to size, no items                | step done: next step launched, or SUCCEEDED           |
 //! | WAITING_EXTERNAL          | FanOutSized         | current unit to size, items unreadable        | step failed with the reading's error                  |
@@ -40,10 +44,6 @@
 //! | WAITING_EXTERNAL          | FanOutSettled       | current unit, failures beyond tolerance       | step failed: FAN_OUT_FAILED · CancelChildren          |
 //! | any                       | Incident            |                                               | noted on the record (latest ones kept)                |
 //! | any                       | EventsPublished     | outbox holds events up to `through`           | those events leave the outbox                         |
-//! | terminal                  | ParentNotified      | has a parent, not yet told                    | parent told, leaves the due index                     |
-//! | FAILED/DLQ/CANCELLED      | Rejoin              | parent's token, another attempt               | QUEUED, new budget, lease · EnqueueLaunch             |
-//! | SUCCEEDED                 | Rejoin              | parent's token, another attempt               | parent told again · NotifyParent                      |
-//! | not terminal              | Rejoin              | parent's token, another attempt               | answers that attempt when it ends                     |
 //!
 //! "lease match": the launch work's generation and token are the record's lease's. "current launch":
 //! the reply names the RUNNING record's step, attempt and launch id. "no retry": the attempt budget is
