@@ -13,15 +13,11 @@
 # LocalStack needs Python 3.13: taken from $STEPLINE_PYTHON, else python3.13 on the PATH or in pyenv.
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="$root/.venv-localstack"
-state="$root/.local"
-port="${STEPLINE_LOCALSTACK_PORT:-4566}"
+. "$(dirname "${BASH_SOURCE[0]}")/server.sh" localstack localstack "${STEPLINE_LOCALSTACK_PORT:-4566}" .venv-localstack
 version="2026.3.0"
 # Each pin was found by a start that failed without it.
 pins=("cbor2<5.7" "pyopenssl==24.2.1" "cryptography==43.0.3" "service_identity<24.2")
 services="sqs,events,s3,secretsmanager"
-mkdir -p "$state"
 
 endpoint() { echo "http://127.0.0.1:$port"; }
 
@@ -71,38 +67,25 @@ start() {
   fi
   install
   echo "localstack: starting $services on 127.0.0.1:$port" >&2
-  SERVICES="$services" GATEWAY_LISTEN="127.0.0.1:$port" LOCALSTACK_VOLUME_DIR="$state/localstack-$port" \
-    DISABLE_EVENTS=1 DNS_ADDRESS=0 \
-    nohup "$venv/bin/python" -m localstack.runtime.main > "$state/localstack-$port.log" 2>&1 &
-  echo $! > "$state/localstack-$port.pid"
-  for _ in $(seq 1 300); do
-    if ready; then echo "localstack: ready" >&2; return; fi
-    if ! kill -0 "$(cat "$state/localstack-$port.pid")" 2>/dev/null; then
-      echo "localstack: exited; see $state/localstack-$port.log" >&2
-      tail -20 "$state/localstack-$port.log" >&2
-      exit 1
-    fi
-    sleep 0.5
-  done
-  echo "localstack: not ready within 150 s; see $state/localstack-$port.log" >&2
+  launch env SERVICES="$services" GATEWAY_LISTEN="127.0.0.1:$port" \
+    LOCALSTACK_VOLUME_DIR="$state/localstack-$port" DISABLE_EVENTS=1 DNS_ADDRESS=0 \
+    "$venv/bin/python" -m localstack.runtime.main
+  await_ready 300 0.5 exits && return
+  if ! running; then
+    echo "localstack: exited; see $(logfile)" >&2
+    tail -20 "$(logfile)" >&2
+    exit 1
+  fi
+  echo "localstack: not ready within 150 s; see $(logfile)" >&2
   exit 1
 }
 
-stop() {
-  if [ -f "$state/localstack-$port.pid" ]; then
-    kill "$(cat "$state/localstack-$port.pid")" 2>/dev/null || true
-    rm -f "$state/localstack-$port.pid"
-  fi
+stop() { stop_server; }
+
+print_env() {
+  # moto's environment, its endpoint kept for DynamoDB alone.
+  echo "export AWS_ENDPOINT_URL=$(endpoint)"
+  AWS_ENDPOINT_URL="" "$root/infra/emulator.sh" env | sed 's/^export AWS_ENDPOINT_URL=/export AWS_ENDPOINT_URL_DYNAMODB=/'
 }
 
-case "${1:-start}" in
-  start) start ;;
-  stop) stop ;;
-  status) ready ;;
-  env)
-    # moto's environment, its endpoint kept for DynamoDB alone.
-    echo "export AWS_ENDPOINT_URL=$(endpoint)"
-    AWS_ENDPOINT_URL="" "$root/infra/emulator.sh" env | sed 's/^export AWS_ENDPOINT_URL=/export AWS_ENDPOINT_URL_DYNAMODB=/'
-    ;;
-  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
-esac
+main "$@"

@@ -15,30 +15,21 @@
 # started with other settings is restarted; one it did not start is reused as it is.
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="$root/.venv-lossy"
-state="$root/.local"
-port="${STEPLINE_LOSSY_PORT:-5070}"
+. "$(dirname "${BASH_SOURCE[0]}")/server.sh" lossy lossy "${STEPLINE_LOSSY_PORT:-5070}" .venv-lossy
 upstream="${STEPLINE_LOSSY_UPSTREAM:-http://127.0.0.1:${STEPLINE_EMULATOR_PORT:-5055}}"
 faults="${STEPLINE_LOSSY_LOG:-$state/lossy-$port.jsonl}"
 # 11.0.2 is the last mitmproxy for Python 3.11 (12 needs 3.12).
 mitmproxy_version="11.0.2"
-mkdir -p "$state"
 
 endpoint() { echo "http://127.0.0.1:$port"; }
 
-answers() {
+ready() {
   # Any HTTP answer will do: the emulator's through the proxy, or the proxy's own 502 without it.
-  curl -s -o /dev/null --max-time 2 "$(endpoint)/" 2>/dev/null
+  http_answers "$(endpoint)/"
 }
 
-install() {
-  if [ -x "$venv/bin/mitmdump" ] && "$venv/bin/python" -c "import mitmproxy.version as v, sys; sys.exit(v.VERSION != '$mitmproxy_version')" 2>/dev/null; then
-    return
-  fi
-  echo "lossy: installing mitmproxy==$mitmproxy_version into $venv" >&2
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "mitmproxy==$mitmproxy_version"
+installed() {
+  [ -x "$venv/bin/mitmdump" ] && "$venv/bin/python" -c "import mitmproxy.version as v, sys; sys.exit(v.VERSION != '$mitmproxy_version')"
 }
 
 # The settings a proxy was started with, to tell whether a running one can be reused.
@@ -51,14 +42,10 @@ settings() {
   done
 }
 
-ours() {
-  [ -f "$state/lossy-$port.pid" ] && kill -0 "$(cat "$state/lossy-$port.pid")" 2>/dev/null
-}
-
 start() {
-  install
-  if answers; then
-    if ! ours; then
+  venv_install "$venv" "mitmproxy==$mitmproxy_version"
+  if ready; then
+    if ! running; then
       echo "lossy: reusing $(endpoint), not started here: its faults are those it was started with" >&2
       : > "$faults"
       return
@@ -80,45 +67,32 @@ start() {
   # whole (stream_large_bodies and body_size_limit unset), which the addon needs to read them.
   # confdir keeps mitmproxy's generated CA out of the home directory; lazy connects upstream only
   # for the requests that are forwarded.
-  STEPLINE_LOSSY_LOG="$faults" nohup "$venv/bin/mitmdump" \
+  launch env STEPLINE_LOSSY_LOG="$faults" "$venv/bin/mitmdump" \
     --mode "reverse:$upstream" -p "$port" --listen-host 127.0.0.1 \
     -s "$root/infra/lossy_proxy.py" -q \
     --set keep_host_header=true \
     --set connection_strategy=lazy \
-    --set confdir="$state/mitmproxy" \
-    > "$state/lossy-$port.log" 2>&1 &
-  echo $! > "$state/lossy-$port.pid"
-  for _ in $(seq 1 100); do
+    --set confdir="$state/mitmproxy"
+  if await_ready 100 0.2 exits; then
     # The probes reached the log: it starts empty once the proxy answers.
-    if answers; then : > "$faults"; echo "lossy: ready" >&2; return; fi
-    if ! ours; then break; fi
-    sleep 0.2
-  done
-  echo "lossy: mitmdump did not answer within 20 s; see $state/lossy-$port.log" >&2
+    : > "$faults"
+    return
+  fi
+  echo "lossy: mitmdump did not answer within 20 s; see $(logfile)" >&2
   stop
   exit 1
 }
 
 stop() {
-  if [ -f "$state/lossy-$port.pid" ]; then
-    local pid
-    pid="$(cat "$state/lossy-$port.pid")"
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    rm -f "$state/lossy-$port.pid" "$state/lossy-$port.settings"
+  if [ -f "$(pidfile)" ]; then
+    stop_server wait
+    rm -f "$state/lossy-$port.settings"
   fi
 }
 
-case "${1:-start}" in
-  start) start ;;
-  stop) stop ;;
-  status) answers ;;
-  env)
-    echo "export STEPLINE_LOSSY_ENDPOINT=$(endpoint)"
-    echo "export STEPLINE_LOSSY_LOG=$faults"
-    ;;
-  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
-esac
+print_env() {
+  echo "export STEPLINE_LOSSY_ENDPOINT=$(endpoint)"
+  echo "export STEPLINE_LOSSY_LOG=$faults"
+}
+
+main "$@"

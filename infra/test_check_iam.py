@@ -60,20 +60,23 @@ PAYLOADS = (
 
 
 class NotActionNotResource(unittest.TestCase):
+    def assertRefusedFor(self, element, text):
+        """The check of template `text` finds a problem naming `element`."""
+        found = problems(text)
+        self.assertTrue(any(element in p for p in found), found)
+
     def test_allow_with_not_action_is_refused(self):
-        found = problems(function("{Effect: Allow, NotAction: iam:*, Resource: !GetAtt T.Arn}"))
-        self.assertTrue(any("NotAction" in p for p in found), found)
+        self.assertRefusedFor("NotAction", function("{Effect: Allow, NotAction: iam:*, Resource: !GetAtt T.Arn}"))
 
     def test_allow_with_not_resource_is_refused(self):
-        found = problems(function("{Effect: Allow, Action: sqs:SendMessage, NotResource: !GetAtt Q.Arn}"))
-        self.assertTrue(any("NotResource" in p for p in found), found)
+        self.assertRefusedFor("NotResource", function(
+            "{Effect: Allow, Action: sqs:SendMessage, NotResource: !GetAtt Q.Arn}"))
 
     def test_allow_with_not_principal_is_refused(self):
-        found = problems(resource_policy(
+        self.assertRefusedFor("NotPrincipal", resource_policy(
             "AWS::SQS::QueuePolicy", "PolicyDocument",
             "{Effect: Allow, NotPrincipal: {AWS: '123456789012'}, Action: sqs:SendMessage, "
             "Resource: !GetAtt Q.Arn}"))
-        self.assertTrue(any("NotPrincipal" in p for p in found), found)
 
     def test_deny_with_not_action_or_not_resource_passes(self):
         self.assertEqual(problems(function(
@@ -83,11 +86,10 @@ class NotActionNotResource(unittest.TestCase):
         )), [])
 
     def test_not_action_in_a_resource_policy_is_refused(self):
-        found = problems(resource_policy(
+        self.assertRefusedFor("NotAction", resource_policy(
             "AWS::S3::BucketPolicy", "PolicyDocument",
             "{Effect: Allow, Principal: {AWS: '123456789012'}, NotAction: s3:DeleteObject, "
             "Resource: !Sub '${B.Arn}/x'}"))
-        self.assertTrue(any("NotAction" in p for p in found), found)
 
 
 class Wildcards(unittest.TestCase):

@@ -7,7 +7,36 @@ use serde::Serialize;
 
 use crate::meter::{Call, Invocation};
 use crate::pricing::{self, Prices};
-use crate::workload::Measured;
+use crate::workload::{Measured, Recorded};
+
+/// A line of a bill, keyed by side, service and operation.
+pub(crate) trait Keyed: Default {
+    /// Its side, service and operation.
+    fn key_mut(&mut self) -> [&mut String; 3];
+}
+
+/// The line of `lines` for `side`, `service` and `operation`: a new one when there is none.
+pub(crate) fn line_of<'a, L: Keyed>(
+    lines: &'a mut BTreeMap<(String, String, String), L>,
+    side: &str,
+    service: &str,
+    operation: &str,
+) -> &'a mut L {
+    let key = (side.to_string(), service.to_string(), operation.to_string());
+    lines.entry(key).or_insert_with(|| {
+        let mut line = L::default();
+        for (field, value) in line.key_mut().into_iter().zip([side, service, operation]) {
+            *field = value.to_string();
+        }
+        line
+    })
+}
+
+impl Keyed for Line {
+    fn key_mut(&mut self) -> [&mut String; 3] {
+        [&mut self.side, &mut self.service, &mut self.operation]
+    }
+}
 
 /// One line of the bill: a side (coordinator or worker), a service and an operation.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -126,31 +155,17 @@ pub fn billed(call: &Call, prices: &Prices) -> (f64, f64) {
 
 /// The sustained run's cost.
 pub fn cost(measured: &Measured, prices: &Prices) -> Cost {
-    cost_of(
-        measured,
-        (&measured.cost_calls, &measured.cost_invocations),
-        measured.cost_steps,
-        prices,
-    )
+    cost_of(measured, &measured.cost, prices)
 }
 
 /// The light run's cost.
 pub fn cost_light(measured: &Measured, prices: &Prices) -> Cost {
-    cost_of(
-        measured,
-        (&measured.light_calls, &measured.light_invocations),
-        measured.light_steps,
-        prices,
-    )
+    cost_of(measured, &measured.light, prices)
 }
 
-fn cost_of(
-    measured: &Measured,
-    (calls, invocations): (&[Call], &[Invocation]),
-    steps: u64,
-    prices: &Prices,
-) -> Cost {
-    let steps = steps.max(1);
+fn cost_of(measured: &Measured, run: &Recorded, prices: &Prices) -> Cost {
+    let (calls, invocations) = (&run.calls, &run.invocations);
+    let steps = run.steps.max(1);
     let per_million = |usd: f64| usd / steps as f64 * 1e6;
     let mut lines: BTreeMap<(String, String, String), Line> = BTreeMap::new();
     let mut cost = Cost {
@@ -168,14 +183,7 @@ fn cost_of(
             continue;
         };
         let (units, usd) = billed(call, prices);
-        let line = lines
-            .entry((side.into(), call.service.clone(), call.operation.clone()))
-            .or_insert_with(|| Line {
-                side: side.into(),
-                service: call.service.clone(),
-                operation: call.operation.clone(),
-                ..Line::default()
-            });
+        let line = line_of(&mut lines, side, &call.service, &call.operation);
         line.calls += 1;
         line.units += units;
         line.usd_per_million_steps += per_million(usd);
@@ -224,14 +232,7 @@ fn cost_of(
             ("Invoke", 1.0, prices.lambda_request),
             ("GB-s", gb_s, gb_s * prices.lambda_gb_second),
         ] {
-            let line = lines
-                .entry((side.into(), "lambda".into(), operation.into()))
-                .or_insert_with(|| Line {
-                    side: side.into(),
-                    service: "lambda".into(),
-                    operation: operation.into(),
-                    ..Line::default()
-                });
+            let line = line_of(&mut lines, side, "lambda", operation);
             if operation == "Invoke" {
                 line.calls += 1;
                 if side == "coordinator" {
@@ -290,18 +291,20 @@ fn cost_of(
 /// on its schedule, so one of them may hold none), at one run a minute for 30 days.
 fn claim_per_month(measured: &Measured, prices: &Prices) -> f64 {
     let runs: Vec<&Invocation> = measured
-        .light_invocations
+        .light
+        .invocations
         .iter()
-        .chain(&measured.cost_invocations)
+        .chain(&measured.cost.invocations)
         .filter(|i| i.function == "claim")
         .collect();
     if runs.is_empty() {
         return 0.0;
     }
     let calls: f64 = measured
-        .light_calls
+        .light
+        .calls
         .iter()
-        .chain(&measured.cost_calls)
+        .chain(&measured.cost.calls)
         .filter(|c| c.function == Some("claim"))
         .map(|c| billed(c, prices).1)
         .sum();

@@ -14,7 +14,7 @@ use stepline::domain::Status;
 use stepline::SubmitRequest;
 use stepline_local::{Runner, RunnerOptions, Template};
 
-use crate::analysis::billed;
+use crate::analysis::{billed, line_of, Keyed};
 use crate::pricing::{gb_seconds, Prices};
 use crate::workload::{memory_sizes, metered, metered_stage, FUNCTION_NAMES};
 
@@ -49,6 +49,35 @@ pub struct FanOut {
     pub lambda_invocations: u64,
     pub coordinator_usd: f64,
     pub worker_usd: f64,
+}
+
+impl Keyed for FanOutLine {
+    fn key_mut(&mut self) -> [&mut String; 3] {
+        [&mut self.side, &mut self.service, &mut self.operation]
+    }
+}
+
+/// The bill being drawn up: its lines and each side's total.
+#[derive(Default)]
+struct Bill {
+    lines: BTreeMap<(String, String, String), FanOutLine>,
+    coordinator_usd: f64,
+    worker_usd: f64,
+}
+
+impl Bill {
+    /// Adds a call of `units` costing `usd` to its line and to its side's total.
+    fn charge(&mut self, side: &str, service: &str, operation: &str, units: f64, usd: f64) {
+        let line = line_of(&mut self.lines, side, service, operation);
+        line.calls += 1;
+        line.units += units;
+        line.usd += usd;
+        if side == "worker" {
+            self.worker_usd += usd;
+        } else {
+            self.coordinator_usd += usd;
+        }
+    }
 }
 
 impl FanOut {
@@ -128,8 +157,7 @@ pub async fn run(children: usize, prices: &Prices) -> Result<FanOut> {
     let wall_s = started.elapsed().as_secs_f64();
     let (calls, invocations) = meter.take();
 
-    let mut lines: BTreeMap<(String, String, String), FanOutLine> = BTreeMap::new();
-    let (mut coordinator_usd, mut worker_usd) = (0.0, 0.0);
+    let mut bill = Bill::default();
     let (mut ledger_writes, mut ledger_reads, mut counted) = (0, 0, 0);
     for call in &calls {
         if call.function == Some("claim")
@@ -152,23 +180,8 @@ pub async fn run(children: usize, prices: &Prices) -> Result<FanOut> {
             }
         }
         let (units, usd) = billed(call, prices);
-        let line = lines
-            .entry((side.into(), call.service.clone(), call.operation.clone()))
-            .or_insert_with(|| FanOutLine {
-                side: side.into(),
-                service: call.service.clone(),
-                operation: call.operation.clone(),
-                ..FanOutLine::default()
-            });
-        line.calls += 1;
-        line.units += units;
-        line.usd += usd;
+        bill.charge(side, &call.service, &call.operation, units, usd);
         counted += 1;
-        if side == "worker" {
-            worker_usd += usd;
-        } else {
-            coordinator_usd += usd;
-        }
     }
     // Lambda: a request per invocation and its duration at the function's memory size.
     let memory = memory_sizes(&template);
@@ -186,23 +199,8 @@ pub async fn run(children: usize, prices: &Prices) -> Result<FanOut> {
         } else {
             "coordinator"
         };
-        let line = lines
-            .entry((side.into(), "lambda".into(), "Invoke".into()))
-            .or_insert_with(|| FanOutLine {
-                side: side.into(),
-                service: "lambda".into(),
-                operation: "Invoke".into(),
-                ..FanOutLine::default()
-            });
-        line.calls += 1;
-        line.units += 1.0;
-        line.usd += usd;
+        bill.charge(side, "lambda", "Invoke", 1.0, usd);
         lambda_invocations += 1;
-        if side == "worker" {
-            worker_usd += usd;
-        } else {
-            coordinator_usd += usd;
-        }
     }
     let paid = record
         .result
@@ -217,10 +215,10 @@ pub async fn run(children: usize, prices: &Prices) -> Result<FanOut> {
         parent_writes: record.version,
         ledger_writes,
         ledger_reads,
-        lines: lines.into_values().collect(),
+        lines: bill.lines.into_values().collect(),
         calls: counted,
         lambda_invocations,
-        coordinator_usd,
-        worker_usd,
+        coordinator_usd: bill.coordinator_usd,
+        worker_usd: bill.worker_usd,
     })
 }

@@ -180,34 +180,13 @@ impl Meter {
 
     /// The SDK clients, each carrying this meter.
     pub fn clients(&self, sdk: &aws_config::SdkConfig) -> stepline::aws::Clients {
-        stepline::aws::Clients {
-            dynamodb: aws_sdk_dynamodb::Client::from_conf(
-                aws_sdk_dynamodb::config::Builder::from(sdk)
-                    .interceptor(self.clone())
-                    .build(),
-            ),
-            sqs: aws_sdk_sqs::Client::from_conf(
-                aws_sdk_sqs::config::Builder::from(sdk)
-                    .interceptor(self.clone())
-                    .build(),
-            ),
-            eventbridge: aws_sdk_eventbridge::Client::from_conf(
-                aws_sdk_eventbridge::config::Builder::from(sdk)
-                    .interceptor(self.clone())
-                    .build(),
-            ),
-            s3: aws_sdk_s3::Client::from_conf(
-                aws_sdk_s3::config::Builder::from(sdk)
-                    .force_path_style(sdk.endpoint_url().is_some())
-                    .interceptor(self.clone())
-                    .build(),
-            ),
-            secrets: aws_sdk_secretsmanager::Client::from_conf(
-                aws_sdk_secretsmanager::config::Builder::from(sdk)
-                    .interceptor(self.clone())
-                    .build(),
-            ),
-        }
+        let mut clients = stepline::aws::Clients::new(sdk);
+        clients.s3 = aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::config::Builder::from(sdk)
+                .force_path_style(sdk.endpoint_url().is_some())
+                .build(),
+        );
+        stepline_local::iam::intercepted_clients(&clients, self.clone())
     }
 
     fn record(&self, started: Instant, target: &str, request: &[u8], status: u16, response: &[u8]) {

@@ -103,16 +103,29 @@ impl StepFunction for EchoSteps {
     }
 }
 
+/// The calls and invocations of one run, and the step transitions it made.
+pub struct Recorded {
+    pub calls: Vec<Call>,
+    pub invocations: Vec<Invocation>,
+    pub steps: u64,
+}
+
+impl Recorded {
+    fn new((calls, invocations): (Vec<Call>, Vec<Invocation>), steps: usize) -> Self {
+        Self {
+            calls,
+            invocations,
+            steps: steps as u64,
+        }
+    }
+}
+
 /// What the run measured.
 pub struct Measured {
-    /// Calls and invocations of the sustained run (P1).
-    pub cost_calls: Vec<Call>,
-    pub cost_invocations: Vec<Invocation>,
-    pub cost_steps: u64,
-    /// The same for the light run.
-    pub light_calls: Vec<Call>,
-    pub light_invocations: Vec<Invocation>,
-    pub light_steps: u64,
+    /// The sustained run (P1).
+    pub cost: Recorded,
+    /// The light run.
+    pub light: Recorded,
     /// Calls and invocations of the sequential run (P2), and its step hops (P3), in microseconds.
     pub sequential_calls: Vec<Call>,
     pub hops_us: Vec<u64>,
@@ -363,7 +376,7 @@ pub async fn run(work: Workload) -> Result<Measured> {
     let limit =
         |executions: usize| Duration::from_secs(300.max((executions * work.steps / 10) as u64));
     wait_all(&observer, &ids, limit(work.light)).await?;
-    let (light_calls, light_invocations) = meter.take();
+    let light = Recorded::new(meter.take(), work.light * work.steps);
 
     // P1, sustained: executions submitted together, so every queue stays deep and batches fill.
     let sustained = together(work.executions, |n| {
@@ -372,7 +385,7 @@ pub async fn run(work: Workload) -> Result<Measured> {
     .await?;
     wait_all(&observer, &sustained, limit(work.executions)).await?;
     ids.extend(sustained);
-    let (cost_calls, cost_invocations) = meter.take();
+    let cost = Recorded::new(meter.take(), work.executions * work.steps);
 
     // P3 at sustained load: executions submitted together, each beside a bare chain of as many round
     // trips, so both see the same queues, the same full batches and the same emulator. As many as
@@ -452,12 +465,8 @@ pub async fn run(work: Workload) -> Result<Measured> {
             .collect()
     };
     Ok(Measured {
-        cost_steps: (work.executions * work.steps) as u64,
-        cost_calls,
-        cost_invocations,
-        light_steps: (work.light * work.steps) as u64,
-        light_calls,
-        light_invocations,
+        cost,
+        light,
         sequential_calls,
         hops_us: sequential_hops,
         ping_pong_us,

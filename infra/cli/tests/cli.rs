@@ -3,44 +3,22 @@
 
 mod support;
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use anyhow::Result;
 use serde_json::{json, Value};
 use stepline::domain::Status;
-use support::{running_stack, stdout};
+use support::{running_stack, running_stage, stdout};
 
 /// Runs `stepline --stage <stage> <args>`.
 fn stepline(stage: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_stepline"))
-        .args(["--stage", stage])
-        .args(args)
-        .output()
-        .expect("the CLI runs")
+    support::stepline(stage, args).expect("the CLI runs")
 }
 
+/// Submits an execution with the CLI; its id.
 fn submit(stage: &str, pipeline: &str, input: &Value) -> String {
-    let out = stepline(
-        stage,
-        &[
-            "--json",
-            "submit",
-            "--pipeline",
-            pipeline,
-            "--tenant",
-            "cli",
-            "--input",
-            &input.to_string(),
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let submitted: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
-    submitted["execution"].as_str().unwrap().to_string()
+    support::submit(stage, pipeline, input).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,19 +74,15 @@ async fn watch_follows_an_execution_step_by_step_to_its_end() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approve_and_reject_from_the_cli() -> Result<()> {
     stepline_local::needs_emulator!();
-    let (local, _runner) = running_stack("cli-approve").await?;
-    let stage = local.stack.stage.clone();
-    let api = local.operator()?;
-    let approved = submit(
-        &stage,
-        "restaurant-approval",
-        &restaurant_approval::sample_order(0),
-    );
-    let rejected = submit(
-        &stage,
-        "restaurant-approval",
-        &restaurant_approval::sample_order(1),
-    );
+    let (stage, api, _running) = running_stage("cli-approve").await?;
+    let restaurant = |n| {
+        submit(
+            &stage,
+            "restaurant-approval",
+            &restaurant_approval::sample_order(n),
+        )
+    };
+    let (approved, rejected) = (restaurant(0), restaurant(1));
     for id in [&approved, &rejected] {
         let id = id.parse()?;
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -189,9 +163,7 @@ async fn ended(api: &stepline::Coordinator, id: &str) -> Result<Status> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_finds_the_failed_executions_and_history_tells_each_attempt() -> Result<()> {
     stepline_local::needs_emulator!();
-    let (local, _runner) = running_stack("cli-list").await?;
-    let stage = local.stack.stage.clone();
-    let api = local.operator()?;
+    let (stage, api, _running) = running_stage("cli-list").await?;
     let good = submit(&stage, "orders", &order_worker::sample_order(1));
     let bad = submit(&stage, "orders", &json!({"orderId": "empty", "lines": []}));
     let other = submit(

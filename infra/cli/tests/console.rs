@@ -8,7 +8,7 @@ mod support;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -20,50 +20,13 @@ use fantoccini::Locator;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{json, Value};
 use stepline::domain::Status;
-use support::{running_stack, stdout};
+use support::{running_stage, stepline_json, submit};
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
 /// How long a command on an element is retried while the live update replaces the element.
 const ELEMENT_DEADLINE: Duration = Duration::from_secs(10);
 const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A];
-
-/// Runs `stepline --stage <stage> <args>`.
-fn stepline(stage: &str, args: &[&str]) -> Result<Output> {
-    Command::new(env!("CARGO_BIN_EXE_stepline"))
-        .args(["--stage", stage])
-        .args(args)
-        .output()
-        .with_context(|| format!("running `stepline {}`", args.join(" ")))
-}
-
-/// Submits an execution with the CLI; its id.
-fn submit(stage: &str, pipeline: &str, input: &Value) -> Result<String> {
-    let out = stepline(
-        stage,
-        &[
-            "--json",
-            "submit",
-            "--pipeline",
-            pipeline,
-            "--tenant",
-            "cli",
-            "--input",
-            &input.to_string(),
-        ],
-    )?;
-    ensure!(
-        out.status.success(),
-        "submit failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let submitted: Value = serde_json::from_str(stdout(&out).trim())
-        .with_context(|| format!("submit printed no JSON: {}", stdout(&out)))?;
-    Ok(submitted["execution"]
-        .as_str()
-        .with_context(|| format!("submit printed no execution id: {submitted}"))?
-        .to_string())
-}
 
 /// Child processes, killed (and reaped) when the test ends, however it ends.
 #[derive(Default)]
@@ -217,20 +180,35 @@ fn agent() -> &'static ureq::Agent {
     })
 }
 
-/// One HTTP request to `addr` (`host:port`): `body`, if any, goes as JSON.
-fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> Result<Response> {
-    let request = ureq::http::Request::builder()
+/// Sends `method path` to `addr` (`host:port`), accepting `accept`, with `origin` as its Origin
+/// and `body` (its content type and text) as its body, if any; the response or what failed.
+fn send(
+    addr: &str,
+    method: &str,
+    path: &str,
+    accept: &str,
+    origin: Option<String>,
+    body: Option<(&str, String)>,
+) -> Result<Result<ureq::http::Response<ureq::Body>, ureq::Error>> {
+    let mut request = ureq::http::Request::builder()
         .method(method)
         .uri(format!("http://{addr}{path}"))
-        .header("Accept", "application/json");
-    let response = match body {
-        Some(body) => agent().run(
-            request
-                .header("Content-Type", "application/json; charset=utf-8")
-                .body(body.to_string())?,
-        ),
+        .header("Accept", accept);
+    if let Some(origin) = origin {
+        request = request.header("Origin", origin);
+    }
+    Ok(match body {
+        Some((content_type, body)) => {
+            agent().run(request.header("Content-Type", content_type).body(body)?)
+        }
         None => agent().run(request.body(())?),
-    };
+    })
+}
+
+/// One HTTP request to `addr` (`host:port`): `body`, if any, goes as JSON.
+fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> Result<Response> {
+    let body = body.map(|body| ("application/json; charset=utf-8", body.to_string()));
+    let response = send(addr, method, path, "application/json", None, body)?;
     let mut response = response.with_context(|| format!("{method} {path}: requesting {addr}"))?;
     let body = response
         .body_mut()
@@ -502,20 +480,24 @@ async fn approve(driver: &Driver, console: &str, id: &str, shots: &Path) -> Resu
     Ok(())
 }
 
+/// Submits the restaurant example's sample order `n` with the CLI; its id, as printed and parsed.
+fn submit_restaurant_order(stage: &str, n: usize) -> Result<(String, uuid::Uuid)> {
+    let id = submit(
+        stage,
+        restaurant_approval::PIPELINE_ID,
+        &restaurant_approval::sample_order(n),
+    )?;
+    let execution = id.parse()?;
+    Ok((id, execution))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_shows_an_execution_and_approves_it_by_a_click_in_a_real_browser() -> Result<()>
 {
     stepline_local::full_tier_only!("drives a real browser");
     stepline_local::needs_emulator!();
-    let (local, _runner) = running_stack("console").await?;
-    let stage = local.stack.stage.clone();
-    let api = local.operator()?;
-    let id = submit(
-        &stage,
-        restaurant_approval::PIPELINE_ID,
-        &restaurant_approval::sample_order(0),
-    )?;
-    let execution: uuid::Uuid = id.parse()?;
+    let (stage, api, _running) = running_stage("console").await?;
+    let (id, execution) = submit_restaurant_order(&stage, 0)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let status = api.get(execution).await?.status;
@@ -537,14 +519,7 @@ async fn the_console_shows_an_execution_and_approves_it_by_a_click_in_a_real_bro
         "the page showed SUCCEEDED but the coordinator has {:?}",
         record.status
     );
-    let out = stepline(&stage, &["--json", "result", &id])?;
-    ensure!(
-        out.status.success(),
-        "result failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let result: Value = serde_json::from_str(stdout(&out).trim())
-        .with_context(|| format!("result printed no JSON: {}", stdout(&out)))?;
+    let result = stepline_json(&stage, &["result", &id])?;
     let message = result["result"]["message"].as_str().unwrap_or_default();
     ensure!(
         message.contains("approved by ana"),
@@ -571,23 +546,9 @@ fn console_request(
     origin: bool,
 ) -> Result<ConsoleResponse> {
     let addr = format!("127.0.0.1:{port}");
-    let request = ureq::http::Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"))
-        .header("Accept", "text/html");
-    let request = if origin {
-        request.header("Origin", format!("http://{addr}"))
-    } else {
-        request
-    };
-    let response = match form {
-        Some(form) => agent().run(
-            request
-                .header("Content-Type", "application/x-www-form-urlencoded")
-                .body(form.to_string())?,
-        ),
-        None => agent().run(request.body(())?),
-    };
+    let origin = origin.then(|| format!("http://{addr}"));
+    let form = form.map(|form| ("application/x-www-form-urlencoded", form.to_string()));
+    let response = send(&addr, method, path, "text/html", origin, form)?;
     let mut response =
         response.with_context(|| format!("{method} {path}: requesting the console at {addr}"))?;
     let headers = response
@@ -668,13 +629,45 @@ async fn record_until(
     }
 }
 
+/// Checks that `execution` is still FAILED and never re-driven after `what`.
+async fn still_failed(
+    api: &::stepline::Coordinator,
+    execution: uuid::Uuid,
+    what: &str,
+) -> Result<()> {
+    let record = api.get(execution).await?;
+    ensure!(
+        record.status == Status::Failed && record.redrives.is_empty(),
+        "{what} touched execution {execution}: status {:?}, re-drives {:?}",
+        record.status,
+        record.redrives
+    );
+    Ok(())
+}
+
+/// Posts `form` to `path` from the console's own origin (the `what` action of a page's button),
+/// which must answer with a redirect (303) to `page`.
+fn post_to_the_page(port: u16, what: &str, path: &str, form: &str, page: &str) -> Result<()> {
+    let answer = console_request(port, "POST", path, Some(form), true)?;
+    ensure!(
+        answer.status == 303,
+        "the {what} got HTTP {}, expected 303: {}",
+        answer.status,
+        answer.body
+    );
+    let location = answer.headers.get("location").map(String::as_str);
+    ensure!(
+        location == Some(page),
+        "the {what} redirected to {location:?}, expected {page:?}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_lists_cancels_re_drives_and_replays_dead_letters_with_a_dry_run() -> Result<()>
 {
     stepline_local::needs_emulator!();
-    let (local, _runner) = running_stack("console-ops").await?;
-    let stage = local.stack.stage.clone();
-    let api = local.operator()?;
+    let (stage, api, _running) = running_stage("console-ops").await?;
     let minute = Duration::from_secs(60);
 
     // An order without lines: its `validate` step fails for good (non-retryable INVALID_ORDER).
@@ -754,13 +747,7 @@ async fn the_console_lists_cancels_re_drives_and_replays_dead_letters_with_a_dry
         report.contains("&quot;replayed&quot;: 0"),
         "the dry run replayed something: {report}"
     );
-    let record = api.get(execution).await?;
-    ensure!(
-        record.status == Status::Failed && record.redrives.is_empty(),
-        "the dry run touched execution {id}: status {:?}, re-drives {:?}",
-        record.status,
-        record.redrives
-    );
+    still_failed(&api, execution, "the dry run").await?;
 
     // A re-drive from elsewhere than the console's own pages is refused and does nothing.
     let redrive = format!("/executions/{id}/redrive");
@@ -773,30 +760,13 @@ async fn the_console_lists_cancels_re_drives_and_replays_dead_letters_with_a_dry
         refused.status,
         refused.body
     );
-    let record = api.get(execution).await?;
-    ensure!(
-        record.status == Status::Failed && record.redrives.is_empty(),
-        "the refused re-drive touched execution {id}: status {:?}, re-drives {:?}",
-        record.status,
-        record.redrives
-    );
+    still_failed(&api, execution, "the refused re-drive").await?;
 
     // From the console's own origin, it re-drives the execution, which fails again (same input).
-    let redriven = tokio::task::block_in_place(|| {
-        console_request(port, "POST", &redrive, Some("reason=again"), true)
-    })?;
     let page_path = format!("/executions/{id}");
-    ensure!(
-        redriven.status == 303,
-        "the re-drive got HTTP {}, expected 303: {}",
-        redriven.status,
-        redriven.body
-    );
-    let location = redriven.headers.get("location").map(String::as_str);
-    ensure!(
-        location == Some(page_path.as_str()),
-        "the re-drive redirected to {location:?}, expected {page_path:?}"
-    );
+    tokio::task::block_in_place(|| {
+        post_to_the_page(port, "re-drive", &redrive, "reason=again", &page_path)
+    })?;
     let record = record_until(
         &api,
         execution,
@@ -831,12 +801,7 @@ async fn the_console_lists_cancels_re_drives_and_replays_dead_letters_with_a_dry
     );
 
     // A waiting restaurant order is cancelled from the console.
-    let waiting_id = submit(
-        &stage,
-        restaurant_approval::PIPELINE_ID,
-        &restaurant_approval::sample_order(3),
-    )?;
-    let waiting: uuid::Uuid = waiting_id.parse()?;
+    let (waiting_id, waiting) = submit_restaurant_order(&stage, 3)?;
     let record = record_until(&api, waiting, "wait for approval", minute, |r| {
         r.status == Status::WaitingExternal || r.status.is_terminal()
     })
@@ -847,21 +812,10 @@ async fn the_console_lists_cancels_re_drives_and_replays_dead_letters_with_a_dry
         record.status
     );
     let cancel = format!("/executions/{waiting_id}/cancel");
-    let cancelled = tokio::task::block_in_place(|| {
-        console_request(port, "POST", &cancel, Some("reason=closed"), true)
-    })?;
-    ensure!(
-        cancelled.status == 303,
-        "the cancel got HTTP {}, expected 303: {}",
-        cancelled.status,
-        cancelled.body
-    );
-    let location = cancelled.headers.get("location").map(String::as_str);
     let waiting_page = format!("/executions/{waiting_id}");
-    ensure!(
-        location == Some(waiting_page.as_str()),
-        "the cancel redirected to {location:?}, expected {waiting_page:?}"
-    );
+    tokio::task::block_in_place(|| {
+        post_to_the_page(port, "cancel", &cancel, "reason=closed", &waiting_page)
+    })?;
     let record = record_until(&api, waiting, "end after the cancel", minute, |r| {
         r.status.is_terminal()
     })

@@ -22,8 +22,8 @@ use stepline_stage::releases::PipelineCode;
 
 pub use runner::{Binding, Runner, RunnerOptions};
 pub use stepline_stage::{
-    example_contract_artifact, functions, read_artifact, releases, stack, template, workspace_root,
-    Stack, Stage, Template, ORDER_REQUEST_QUEUE,
+    example_contract_artifact, functions, iam, read_artifact, releases, stack, template,
+    workspace_root, Stack, Stage, Template, ORDER_REQUEST_QUEUE,
 };
 
 /// A DynamoDB item, by attribute name.

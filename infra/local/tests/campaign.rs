@@ -22,7 +22,10 @@ use uuid::Uuid;
 
 mod support;
 
-use support::RunProcess;
+use support::{wait_all, RunProcess};
+
+/// How often a wait asks for the executions' records.
+const POLL: Duration = Duration::from_millis(250);
 
 const PARAMS: [(&str, &str); 2] = [("LeaseSeconds", "5"), ("QueueVisibilitySeconds", "10")];
 const STEP_TIMEOUT_SECS: u32 = 20;
@@ -80,29 +83,6 @@ async fn submit(api: &Coordinator, n: usize) -> Result<Uuid> {
         ..Default::default()
     };
     Ok(api.submit(request).await?.execution)
-}
-
-/// Waits until every execution is terminal.
-async fn wait_all(api: &Coordinator, ids: &[Uuid], timeout: Duration) -> Result<Vec<Execution>> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let mut records = Vec::new();
-        for id in ids {
-            records.push(api.get(*id).await?);
-        }
-        if records.iter().all(|r| r.status.is_terminal()) {
-            return Ok(records);
-        }
-        if Instant::now() > deadline {
-            let open: Vec<_> = records
-                .iter()
-                .filter(|r| !r.status.is_terminal())
-                .map(|r| (r.id, r.status, r.step))
-                .collect();
-            bail!("not finished within {timeout:?}: {open:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// Waits until the work queues are drained (duplicates and late copies consumed).
@@ -225,7 +205,7 @@ async fn rounds_of_killed_and_paused_processes_end_every_execution_as_planned() 
         ids.len()
     );
 
-    let records = wait_all(&api, &ids, Duration::from_secs(240)).await?;
+    let records = wait_all(&api, &ids, Duration::from_secs(240), POLL).await?;
     drained(&local, Duration::from_secs(60)).await?;
     for (_, process) in &mut processes {
         process.kill();

@@ -122,10 +122,8 @@ fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
     found
 }
 
-#[test]
-fn the_python_guide_runs_to_a_succeeded_execution() -> Result<()> {
-    stepline_local::needs_emulator!();
-    let stdout = run_guide("python", Duration::from_secs(300), &[])?;
+/// Asserts that a guide's run ended with the worker's result and the worker listed.
+fn assert_succeeded(stdout: &str) {
     assert!(
         stdout.contains("\"processed\":true"),
         "the result is the worker's: {stdout}"
@@ -134,6 +132,13 @@ fn the_python_guide_runs_to_a_succeeded_execution() -> Result<()> {
         stdout.contains(" release 1 HEALTHY queue "),
         "the worker is listed: {stdout}"
     );
+}
+
+#[test]
+fn the_python_guide_runs_to_a_succeeded_execution() -> Result<()> {
+    stepline_local::needs_emulator!();
+    let stdout = run_guide("python", Duration::from_secs(300), &[])?;
+    assert_succeeded(&stdout);
     Ok(())
 }
 
@@ -148,13 +153,6 @@ fn the_rust_guide_runs_to_a_succeeded_execution() -> Result<()> {
         Duration::from_secs(1800),
         &[("CARGO_TARGET_DIR", target.to_string_lossy().into_owned())],
     )?;
-    assert!(
-        stdout.contains("\"processed\":true"),
-        "the result is the worker's: {stdout}"
-    );
-    assert!(
-        stdout.contains(" release 1 HEALTHY queue "),
-        "the worker is listed: {stdout}"
-    );
+    assert_succeeded(&stdout);
     Ok(())
 }

@@ -16,7 +16,10 @@ const STEP_TIMEOUT_SECS: &str = "15";
 
 mod support;
 
-use support::RunProcess;
+use support::{wait_all, RunProcess};
+
+/// How often a wait asks for the executions' records.
+const POLL: Duration = Duration::from_millis(200);
 
 /// A `stepline-local run` process with the test's parameters and step timeout, running `functions`
 /// (all when empty).
@@ -60,28 +63,6 @@ async fn submit(api: &Coordinator, n: usize) -> Result<Uuid> {
             }
             Err(e) => return Err(e.into()),
         }
-    }
-}
-
-async fn wait_all(api: &Coordinator, ids: &[Uuid], timeout: Duration) -> Result<Vec<Execution>> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let mut records = Vec::new();
-        for id in ids {
-            records.push(api.get(*id).await?);
-        }
-        if records.iter().all(|r| r.status.is_terminal()) {
-            return Ok(records);
-        }
-        if Instant::now() > deadline {
-            let open: Vec<_> = records
-                .iter()
-                .filter(|r| !r.status.is_terminal())
-                .map(|r| (r.id, r.status, r.step))
-                .collect();
-            bail!("not finished within {timeout:?}: {open:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -132,7 +113,7 @@ async fn parallel_claim_processes_take_each_lease_once_and_every_execution_finis
         .map(|i| runner(&stage, "claim", &format!("claim{i}"), &[]))
         .collect::<Result<_>>()?;
 
-    let records = wait_all(&api, &ids, Duration::from_secs(90)).await?;
+    let records = wait_all(&api, &ids, Duration::from_secs(90), POLL).await?;
 
     for s in &mut sweepers {
         s.kill();
@@ -220,7 +201,7 @@ async fn a_runner_killed_with_sigkill_mid_run_and_restarted_finishes_every_execu
     assert!(unfinished > 0, "the runner was killed after the run ended");
 
     let _second = runner(&stage, "", "second", &slow)?;
-    let records = wait_all(&api, &ids, Duration::from_secs(120)).await?;
+    let records = wait_all(&api, &ids, Duration::from_secs(120), POLL).await?;
 
     for (n, record) in records.iter().enumerate() {
         assert_correct(record, n);

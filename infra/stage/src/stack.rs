@@ -11,6 +11,9 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
 };
+use aws_sdk_eventbridge::error::SdkError;
+use aws_sdk_eventbridge::operation::create_event_bus::CreateEventBusError;
+use aws_sdk_secretsmanager::operation::create_secret::CreateSecretError;
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde::Serialize;
 use serde_yaml_ng::Value;
@@ -171,22 +174,14 @@ impl Stack {
             if kind == "AWS::Events::EventBus" {
                 let name =
                     resolved(props, "Name", &stack).with_context(|| format!("bus {logical}"))?;
-                let arn = match events.create_event_bus().name(&name).send().await {
-                    Ok(out) => out.event_bus_arn.unwrap_or_default(),
-                    Err(e)
-                        if e.as_service_error()
-                            .is_some_and(|s| s.is_resource_already_exists_exception()) =>
-                    {
-                        events
-                            .describe_event_bus()
-                            .name(&name)
-                            .send()
-                            .await?
-                            .arn
-                            .unwrap_or_default()
-                    }
-                    Err(e) => return Err(sdk_error(e)),
+                let created = events.create_event_bus().name(&name).send().await;
+                let created = created.map(|out| out.event_bus_arn.unwrap_or_default());
+                let exists = |e: &CreateEventBusError| e.is_resource_already_exists_exception();
+                let found = async {
+                    let found = events.describe_event_bus().name(&name).send().await?;
+                    Ok(found.arn.unwrap_or_default())
                 };
+                let arn = created_or_found(created, exists, found).await?;
                 stack
                     .resources
                     .insert(logical.clone(), Physical::Bus { name, arn });
@@ -344,6 +339,23 @@ fn resolved(props: &Value, key: &str, stack: &Stack) -> Result<String> {
 }
 
 /// An SDK error with its whole chain of causes (its `Display` shows only the outermost).
+/// `created`'s value, or, when the call failed because what it creates exists already (`exists`
+/// says which service error that is), `found`'s.
+async fn created_or_found<T, E, R>(
+    created: std::result::Result<T, SdkError<E, R>>,
+    exists: impl FnOnce(&E) -> bool,
+    found: impl std::future::Future<Output = Result<T>>,
+) -> Result<T>
+where
+    SdkError<E, R>: std::error::Error + Send + Sync + 'static,
+{
+    match created {
+        Ok(value) => Ok(value),
+        Err(e) if e.as_service_error().is_some_and(exists) => found.await,
+        Err(e) => Err(sdk_error(e)),
+    }
+}
+
 fn sdk_error<E: std::error::Error + Send + Sync + 'static>(e: E) -> anyhow::Error {
     anyhow!(aws_sdk_sqs::error::DisplayErrorContext(e))
 }
@@ -712,28 +724,14 @@ fn function_spec(template: &Template, stack: &Stack, props: &Value) -> Result<Fu
 /// does (64 characters of 256 random bits, here hex), or finds it (its text left as it is).
 async fn create_secret(client: &aws_sdk_secretsmanager::Client, name: String) -> Result<Physical> {
     let text = stepline::domain::seal::SealKey::generate().to_hex();
-    let created = client
-        .create_secret()
-        .name(&name)
-        .secret_string(text)
-        .send()
-        .await;
-    let arn = match created {
-        Ok(out) => out.arn,
-        Err(e)
-            if e.as_service_error()
-                .is_some_and(|s| s.is_resource_exists_exception()) =>
-        {
-            client
-                .describe_secret()
-                .secret_id(&name)
-                .send()
-                .await
-                .map_err(sdk_error)?
-                .arn
-        }
-        Err(e) => return Err(sdk_error(e)),
+    let request = client.create_secret().name(&name);
+    let created = request.secret_string(text).send().await;
+    let exists = |e: &CreateSecretError| e.is_resource_exists_exception();
+    let found = async {
+        let found = client.describe_secret().secret_id(&name).send().await;
+        Ok(found.map_err(sdk_error)?.arn)
     };
+    let arn = created_or_found(created.map(|out| out.arn), exists, found).await?;
     let arn = arn.ok_or_else(|| anyhow!("secret {name}: no ARN"))?;
     Ok(Physical::Secret { name, arn })
 }

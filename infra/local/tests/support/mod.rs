@@ -8,6 +8,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
+use stepline::domain::Execution;
+use stepline::Coordinator;
+use uuid::Uuid;
 
 /// A `stepline-local run --stage <stage> <args>` process logging JSON lines to a file; killed
 /// (SIGKILL) when dropped.
@@ -106,4 +109,32 @@ pub fn stepline_binary() -> &'static str {
         let path = stepline_local::binaries::path("stepline").expect("the CLI was built");
         path.to_string_lossy().into_owned()
     })
+}
+
+/// Waits until every execution is terminal, asking every `poll`.
+pub async fn wait_all(
+    api: &Coordinator,
+    ids: &[Uuid],
+    timeout: Duration,
+    poll: Duration,
+) -> Result<Vec<Execution>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut records = Vec::new();
+        for id in ids {
+            records.push(api.get(*id).await?);
+        }
+        if records.iter().all(|r| r.status.is_terminal()) {
+            return Ok(records);
+        }
+        if Instant::now() > deadline {
+            let open: Vec<_> = records
+                .iter()
+                .filter(|r| !r.status.is_terminal())
+                .map(|r| (r.id, r.status, r.step))
+                .collect();
+            bail!("not finished within {timeout:?}: {open:?}");
+        }
+        tokio::time::sleep(poll).await;
+    }
 }

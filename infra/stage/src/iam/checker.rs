@@ -358,50 +358,35 @@ impl Intercept for Checker {
     }
 }
 
-/// `clients`, each with `checker` on every request (after the interceptors they carry already). The
-/// one place that lists the services' clients: a new field of `Clients` is one more line here.
+/// `clients`, each with `checker` on every request (after the interceptors they carry already).
 pub fn checked_clients(clients: &Clients, checker: &Checker) -> Clients {
+    intercepted_clients(clients, checker.clone())
+}
+
+/// `clients`, each with `interceptor` on every request (after the interceptors they carry already).
+/// The one place that lists the services' clients: a new field of `Clients` is one more line here.
+pub fn intercepted_clients(
+    clients: &Clients,
+    interceptor: impl Intercept + Clone + 'static,
+) -> Clients {
+    macro_rules! intercepted {
+        ($client:ident, $sdk:ident) => {
+            $sdk::Client::from_conf(
+                clients
+                    .$client
+                    .config()
+                    .to_builder()
+                    .interceptor(interceptor.clone())
+                    .build(),
+            )
+        };
+    }
     Clients {
-        dynamodb: aws_sdk_dynamodb::Client::from_conf(
-            clients
-                .dynamodb
-                .config()
-                .to_builder()
-                .interceptor(checker.clone())
-                .build(),
-        ),
-        sqs: aws_sdk_sqs::Client::from_conf(
-            clients
-                .sqs
-                .config()
-                .to_builder()
-                .interceptor(checker.clone())
-                .build(),
-        ),
-        eventbridge: aws_sdk_eventbridge::Client::from_conf(
-            clients
-                .eventbridge
-                .config()
-                .to_builder()
-                .interceptor(checker.clone())
-                .build(),
-        ),
-        s3: aws_sdk_s3::Client::from_conf(
-            clients
-                .s3
-                .config()
-                .to_builder()
-                .interceptor(checker.clone())
-                .build(),
-        ),
-        secrets: aws_sdk_secretsmanager::Client::from_conf(
-            clients
-                .secrets
-                .config()
-                .to_builder()
-                .interceptor(checker.clone())
-                .build(),
-        ),
+        dynamodb: intercepted!(dynamodb, aws_sdk_dynamodb),
+        sqs: intercepted!(sqs, aws_sdk_sqs),
+        eventbridge: intercepted!(eventbridge, aws_sdk_eventbridge),
+        s3: intercepted!(s3, aws_sdk_s3),
+        secrets: intercepted!(secrets, aws_sdk_secretsmanager),
     }
 }
 

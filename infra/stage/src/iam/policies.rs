@@ -451,14 +451,10 @@ pub(crate) fn resource_documents(
     let partition = &catalog.accounts.partition;
     let mut out = Vec::new();
     for (logical, kind, props) in template.resources() {
+        let required = |key: &str| props.get(key).ok_or_else(|| anyhow!("{logical}: no {key}"));
         let governs = match kind.as_str() {
             "AWS::S3::BucketPolicy" => {
-                let bucket = resolve(
-                    props
-                        .get("Bucket")
-                        .ok_or_else(|| anyhow!("{logical}: no Bucket"))?,
-                    lookup,
-                )?;
+                let bucket = resolve(required("Bucket")?, lookup)?;
                 vec![
                     format!("arn:{partition}:s3:::{bucket}"),
                     format!("arn:{partition}:s3:::{bucket}/*"),
@@ -477,12 +473,7 @@ pub(crate) fn resource_documents(
                 })
                 .collect::<Result<_>>()?,
             "AWS::SecretsManager::ResourcePolicy" => {
-                let id = resolve(
-                    props
-                        .get("SecretId")
-                        .ok_or_else(|| anyhow!("{logical}: no SecretId"))?,
-                    lookup,
-                )?;
+                let id = resolve(required("SecretId")?, lookup)?;
                 vec![catalog.secret_arn(&id)]
             }
             // Resource policies on services the functions call, which this module does not read yet.

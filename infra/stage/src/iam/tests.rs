@@ -159,135 +159,101 @@ fn globs_match_as_iam_does() {
     assert!(!arn_like("arn:aws:sqs:*", "arn:aws:sqs:us-east-1:1:q"));
 }
 
+/// Asserts what a statement with `condition` decides for each set of values of `key` in `cases`.
+fn decides(condition_: &Json, key: &str, cases: &[(&[&str], bool)]) {
+    for (values, expected) in cases {
+        let decided = condition(condition_.clone(), &[(key, values)]);
+        assert_eq!(decided, Ok(*expected), "{condition_} with {key}={values:?}");
+    }
+}
+
 #[test]
 fn string_operators() {
     let equals = json!({"StringEquals": {"s3:prefix": ["a", "b"]}});
-    assert_eq!(
-        condition(equals.clone(), &[("s3:prefix", &["b"])]),
-        Ok(true)
-    );
-    assert_eq!(
-        condition(equals.clone(), &[("s3:prefix", &["c"])]),
-        Ok(false)
-    );
     // Absent: a positive operator fails; not modelled: an error.
-    assert_eq!(condition(equals.clone(), &[("s3:prefix", &[])]), Ok(false));
+    decides(
+        &equals,
+        "s3:prefix",
+        &[(&["b"], true), (&["c"], false), (&[], false)],
+    );
     assert!(condition(equals, &[]).unwrap_err().contains("not modelled"));
     let not_equals = json!({"StringNotEquals": {"s3:prefix": "a"}});
-    assert_eq!(
-        condition(not_equals.clone(), &[("s3:prefix", &["a"])]),
-        Ok(false)
-    );
-    assert_eq!(
-        condition(not_equals.clone(), &[("s3:prefix", &["z"])]),
-        Ok(true)
-    );
     // Absent: a negated operator holds.
-    assert_eq!(condition(not_equals, &[("s3:prefix", &[])]), Ok(true));
-    let ignore_case = json!({"StringEqualsIgnoreCase": {"s3:prefix": "ABC"}});
-    assert_eq!(condition(ignore_case, &[("s3:prefix", &["abc"])]), Ok(true));
-    let like = json!({"StringLike": {"s3:prefix": "pay*/x?"}});
-    assert_eq!(
-        condition(like.clone(), &[("s3:prefix", &["payloads/x1"])]),
-        Ok(true)
+    decides(
+        &not_equals,
+        "s3:prefix",
+        &[(&["a"], false), (&["z"], true), (&[], true)],
     );
-    assert_eq!(
-        condition(like, &[("s3:prefix", &["payloads/y1"])]),
-        Ok(false)
+    let ignore_case = json!({"StringEqualsIgnoreCase": {"s3:prefix": "ABC"}});
+    decides(&ignore_case, "s3:prefix", &[(&["abc"], true)]);
+    let like = json!({"StringLike": {"s3:prefix": "pay*/x?"}});
+    decides(
+        &like,
+        "s3:prefix",
+        &[(&["payloads/x1"], true), (&["payloads/y1"], false)],
     );
     let not_like = json!({"StringNotLike": {"s3:prefix": "pay*"}});
-    assert_eq!(
-        condition(not_like, &[("s3:prefix", &["payloads"])]),
-        Ok(false)
-    );
+    decides(&not_like, "s3:prefix", &[(&["payloads"], false)]);
 }
 
 #[test]
 fn bool_null_arn_and_numeric_operators() {
     let tls = json!({"Bool": {"aws:SecureTransport": "false"}});
-    assert_eq!(
-        condition(tls.clone(), &[("aws:SecureTransport", &["true"])]),
-        Ok(false)
-    );
-    assert_eq!(
-        condition(tls.clone(), &[("aws:SecureTransport", &["FALSE"])]),
-        Ok(true)
-    );
-    assert_eq!(condition(tls, &[("aws:SecureTransport", &[])]), Ok(false));
+    let cases: &[(&[&str], bool)] = &[(&["true"], false), (&["FALSE"], true), (&[], false)];
+    decides(&tls, "aws:SecureTransport", cases);
     let bad = json!({"Bool": {"aws:SecureTransport": "maybe"}});
     assert!(condition(bad, &[("aws:SecureTransport", &["true"])]).is_err());
 
     let null = json!({"Null": {"s3:if-none-match": "true"}});
-    assert_eq!(
-        condition(null.clone(), &[("s3:if-none-match", &[])]),
-        Ok(true)
-    );
-    assert_eq!(condition(null, &[("s3:if-none-match", &["*"])]), Ok(false));
+    decides(&null, "s3:if-none-match", &[(&[], true), (&["*"], false)]);
     let present = json!({"Null": {"s3:if-none-match": "false"}});
-    assert_eq!(
-        condition(present, &[("s3:if-none-match", &["*"])]),
-        Ok(true)
-    );
+    decides(&present, "s3:if-none-match", &[(&["*"], true)]);
 
     let source = "arn:aws:events:us-east-1:1:rule/stepline-t-start";
     let arn_equals = json!({"ArnEquals": {"aws:SourceArn": source}});
-    assert_eq!(
-        condition(arn_equals, &[("aws:SourceArn", &[source])]),
-        Ok(true)
-    );
+    decides(&arn_equals, "aws:SourceArn", &[(&[source], true)]);
     let arn_like = json!({"ArnLike": {"aws:SourceArn": "arn:aws:events:*:1:rule/*"}});
-    assert_eq!(
-        condition(arn_like.clone(), &[("aws:SourceArn", &[source])]),
-        Ok(true)
-    );
-    assert_eq!(
-        condition(arn_like, &[("aws:SourceArn", &["arn:aws:sns:x:1:rule/a"])]),
-        Ok(false)
-    );
+    let cases: &[(&[&str], bool)] = &[(&[source], true), (&["arn:aws:sns:x:1:rule/a"], false)];
+    decides(&arn_like, "aws:SourceArn", cases);
     let arn_not = json!({"ArnNotLike": {"aws:SourceArn": "arn:aws:events:*:1:rule/*"}});
-    assert_eq!(condition(arn_not, &[("aws:SourceArn", &[])]), Ok(true));
+    decides(&arn_not, "aws:SourceArn", &[(&[], true)]);
 
     let numeric = json!({"NumericLessThanEquals": {"s3:max-keys": "10"}});
-    assert_eq!(
-        condition(numeric.clone(), &[("s3:max-keys", &["10"])]),
-        Ok(true)
+    decides(
+        &numeric,
+        "s3:max-keys",
+        &[(&["10"], true), (&["11"], false)],
     );
-    assert_eq!(condition(numeric, &[("s3:max-keys", &["11"])]), Ok(false));
 }
 
 #[test]
 fn if_exists_holds_for_an_absent_key_only() {
     let equals = json!({"StringEqualsIfExists": {"s3:prefix": "a"}});
-    assert_eq!(condition(equals.clone(), &[("s3:prefix", &[])]), Ok(true));
-    assert_eq!(
-        condition(equals.clone(), &[("s3:prefix", &["a"])]),
-        Ok(true)
+    decides(
+        &equals,
+        "s3:prefix",
+        &[(&[], true), (&["a"], true), (&["b"], false)],
     );
-    assert_eq!(condition(equals, &[("s3:prefix", &["b"])]), Ok(false));
 }
 
 #[test]
 fn set_qualifiers_follow_aws() {
     let all = json!({"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["coordinator"]}});
     let key = "dynamodb:LeadingKeys";
-    assert_eq!(condition(all.clone(), &[(key, &["coordinator"])]), Ok(true));
-    assert_eq!(
-        condition(all.clone(), &[(key, &["coordinator", "pipeline#a"])]),
-        Ok(false)
-    );
+    let both: &[&str] = &["coordinator", "pipeline#a"];
     // ForAllValues holds for an absent key or an empty set.
-    assert_eq!(condition(all, &[(key, &[])]), Ok(true));
+    decides(
+        &all,
+        key,
+        &[(&["coordinator"], true), (both, false), (&[], true)],
+    );
     let any = json!({"ForAnyValue:StringLike": {"dynamodb:LeadingKeys": ["pipeline#*"]}});
-    assert_eq!(
-        condition(any.clone(), &[(key, &["coordinator", "pipeline#a"])]),
-        Ok(true)
-    );
-    assert_eq!(
-        condition(any.clone(), &[(key, &["coordinator"])]),
-        Ok(false)
-    );
     // ForAnyValue fails for an absent key.
-    assert_eq!(condition(any, &[(key, &[])]), Ok(false));
+    decides(
+        &any,
+        key,
+        &[(both, true), (&["coordinator"], false), (&[], false)],
+    );
     // A multivalued key without a qualifier is an error, not a guess.
     let plain = json!({"StringEquals": {"dynamodb:LeadingKeys": ["coordinator"]}});
     assert!(condition(plain, &[(key, &["coordinator"])]).is_err());
@@ -538,10 +504,7 @@ fn leading_keys_come_from_the_request_bodies() {
     );
     assert_eq!(get.len(), 1);
     assert_eq!(get[0].action, "dynamodb:GetItem");
-    assert_eq!(
-        get[0].resource,
-        "arn:aws:dynamodb:us-east-1:123456789012:table/t"
-    );
+    assert_eq!(get[0].resource, arn("dynamodb", "table/t"));
     assert_eq!(leading_keys(&get[0]), ["coordinator"]);
 
     let put = dynamodb_requests(
@@ -567,7 +530,7 @@ fn leading_keys_come_from_the_request_bodies() {
     );
     assert_eq!(
         reversed[0].resource,
-        "arn:aws:dynamodb:us-east-1:123456789012:table/t/index/by-shard"
+        arn("dynamodb", "table/t/index/by-shard")
     );
     assert_eq!(leading_keys(&reversed[0]), ["s3"]);
     let legacy = dynamodb_requests(
@@ -624,53 +587,32 @@ fn leading_keys_come_from_the_request_bodies() {
 #[test]
 fn sqs_events_and_secrets_requests() {
     let catalog = catalog();
-    let batch = requests_of(
-        &signed(
-            "sqs",
-            Some("AmazonSQS.SendMessageBatch"),
-            json!({"QueueUrl": "http://127.0.0.1:5055/123456789012/q", "Entries": []}),
-        ),
-        &catalog,
-    )
-    .unwrap();
+    let requests = |call: HttpCall| requests_of(&call, &catalog).unwrap();
+    let batch = requests(sqs(
+        "SendMessageBatch",
+        json!({"QueueUrl": "http://127.0.0.1:5055/123456789012/q", "Entries": []}),
+    ));
     assert_eq!(batch[0].action, "sqs:SendMessage");
     assert_eq!(batch[0].resource, "arn:aws:sqs:us-east-1:123456789012:q");
     // A queue outside the stack: its ARN from its URL.
-    let other = requests_of(
-        &signed(
-            "sqs",
-            Some("AmazonSQS.ReceiveMessage"),
-            json!({"QueueUrl": "http://localhost:4566/000000000000/notices"}),
-        ),
-        &catalog,
-    )
-    .unwrap();
+    let other = requests(sqs(
+        "ReceiveMessage",
+        json!({"QueueUrl": "http://localhost:4566/000000000000/notices"}),
+    ));
     assert_eq!(
         other[0].resource,
         "arn:aws:sqs:us-east-1:000000000000:notices"
     );
-    let url = requests_of(
-        &signed(
-            "sqs",
-            Some("AmazonSQS.GetQueueUrl"),
-            json!({"QueueName": "q"}),
-        ),
-        &catalog,
-    )
-    .unwrap();
+    let url = requests(sqs("GetQueueUrl", json!({"QueueName": "q"})));
     assert_eq!(url[0].action, "sqs:GetQueueUrl");
     assert_eq!(url[0].resource, "arn:aws:sqs:us-east-1:123456789012:q");
 
-    let events = requests_of(
-        &signed(
-            "events",
-            Some("AWSEvents.PutEvents"),
-            json!({"Entries": [{"EventBusName": "stepline-t"}, {"Source": "x"},
-                {"EventBusName": "arn:aws:events:us-east-1:123456789012:event-bus/stepline-t"}]}),
-        ),
-        &catalog,
-    )
-    .unwrap();
+    let events = requests(signed(
+        "events",
+        Some("AWSEvents.PutEvents"),
+        json!({"Entries": [{"EventBusName": "stepline-t"}, {"Source": "x"},
+            {"EventBusName": "arn:aws:events:us-east-1:123456789012:event-bus/stepline-t"}]}),
+    ));
     let buses: Vec<&str> = events.iter().map(|r| r.resource.as_str()).collect();
     assert_eq!(
         buses,
@@ -680,15 +622,7 @@ fn sqs_events_and_secrets_requests() {
         ]
     );
 
-    let by_name = requests_of(
-        &signed(
-            "secretsmanager",
-            Some("secretsmanager.GetSecretValue"),
-            json!({"SecretId": "stepline-t-seal"}),
-        ),
-        &catalog,
-    )
-    .unwrap();
+    let by_name = requests(secret_value("stepline-t-seal"));
     let secret = |resource: &str| {
         principal(json!({"Statement": [{"Effect": "Allow",
             "Action": "secretsmanager:GetSecretValue", "Resource": resource}]}))
@@ -702,15 +636,7 @@ fn sqs_events_and_secrets_requests() {
         let decision = evaluate(&secret(&allowed), &by_name[0]);
         assert_eq!(decision, Ok(Decision::Allowed), "{allowed}");
     }
-    let known = requests_of(
-        &signed(
-            "secretsmanager",
-            Some("secretsmanager.GetSecretValue"),
-            json!({"SecretId": "known"}),
-        ),
-        &catalog,
-    )
-    .unwrap();
+    let known = requests(secret_value("known"));
     assert_eq!(
         known[0].resource,
         "arn:aws:secretsmanager:us-east-1:123456789012:secret:known-Zz9Yy8"
@@ -732,7 +658,7 @@ fn sqs_events_and_secrets_requests() {
     assert!(requests_of(&describe, &catalog).is_err());
     let unsigned = HttpCall {
         headers: BTreeMap::new(),
-        ..signed("sqs", Some("AmazonSQS.SendMessage"), json!({}))
+        ..sqs("SendMessage", json!({}))
     };
     assert!(requests_of(&unsigned, &catalog).is_err());
 }
@@ -742,7 +668,7 @@ fn s3_requests_carry_if_none_match_or_its_absence() {
     let catalog = catalog();
     let put = |headers: &[(&str, &str)]| {
         let uri = "http://127.0.0.1:5055/b/payloads/e%201/abc?x-id=PutObject";
-        requests_of(&call("s3", None, "PUT", uri, headers, Json::Null), &catalog)
+        requests_of(&s3_call("PUT", uri, headers), &catalog)
             .unwrap()
             .remove(0)
     };
@@ -760,9 +686,7 @@ fn s3_requests_carry_if_none_match_or_its_absence() {
         Ok(Some(&["*".to_string()][..]))
     );
 
-    let s3 = |method: &str, uri: &str| {
-        requests_of(&call("s3", None, method, uri, &[], Json::Null), &catalog)
-    };
+    let s3 = |method: &str, uri: &str| requests_of(&s3_call(method, uri, &[]), &catalog);
     let get = s3("GET", "http://127.0.0.1:5055/b/payloads/k?x-id=GetObject").unwrap();
     assert_eq!(get[0].action, "s3:GetObject");
     assert_eq!(
@@ -796,6 +720,39 @@ fn s3_requests_carry_if_none_match_or_its_absence() {
     assert!(s3("GET", "http://127.0.0.1:5055/").is_err());
 }
 
+/// The URL of queue `name` of the test account.
+fn queue_url(name: &str) -> String {
+    format!("http://127.0.0.1:5055/{ACCOUNT}/{name}")
+}
+
+/// Queue `name` of the test account, as moto names it.
+fn queue(name: &str) -> Physical {
+    Physical::Queue {
+        url: queue_url(name),
+        arn: format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}"),
+        name: name.into(),
+    }
+}
+
+/// The ARN of `resource` of `service` in the test account.
+fn arn(service: &str, resource: &str) -> String {
+    format!("arn:aws:{service}:us-east-1:{ACCOUNT}:{resource}")
+}
+
+/// The ARN of resource `{kind}{name}` of `service` in the test account, and `name`.
+fn with_arn(service: &str, kind: &str, name: String) -> (String, String) {
+    (arn(service, &format!("{kind}{name}")), name)
+}
+
+/// The functions that seal or open payloads, and send requests to workers.
+const SEALERS: [&str; 5] = [
+    "LaunchFunction",
+    "CompletionFunction",
+    "RedriveFunction",
+    "ApiFunction",
+    "OperatorApiFunction",
+];
+
 /// The project's template on a stage `t`, as moto names things.
 fn project() -> (Template, Stack) {
     let template = Template::load(&Template::default_path()).unwrap();
@@ -811,40 +768,23 @@ fn project() -> (Template, Stack) {
         let name = |key: &str| resolve(&props[key], &stack).unwrap();
         let physical = match kind.as_str() {
             "AWS::DynamoDB::Table" => {
-                let name = name("TableName");
-                Physical::Table {
-                    arn: format!("arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/{name}"),
-                    name,
-                }
+                let (arn, name) = with_arn("dynamodb", "table/", name("TableName"));
+                Physical::Table { name, arn }
             }
-            "AWS::SQS::Queue" => {
-                let name = name("QueueName");
-                Physical::Queue {
-                    url: format!("http://127.0.0.1:5055/{ACCOUNT}/{name}"),
-                    arn: format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}"),
-                    name,
-                }
-            }
+            "AWS::SQS::Queue" => queue(&name("QueueName")),
             "AWS::Events::EventBus" => {
-                let name = name("Name");
-                Physical::Bus {
-                    arn: format!("arn:aws:events:us-east-1:{ACCOUNT}:event-bus/{name}"),
-                    name,
-                }
+                let (arn, name) = with_arn("events", "event-bus/", name("Name"));
+                Physical::Bus { name, arn }
             }
             "AWS::SecretsManager::Secret" => {
-                let name = name("Name");
-                Physical::Secret {
-                    arn: format!("arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:{name}-AbCdEf"),
-                    name,
-                }
+                let (arn, name) = with_arn("secretsmanager", "secret:", name("Name"));
+                let arn = format!("{arn}-AbCdEf");
+                Physical::Secret { name, arn }
             }
             "AWS::S3::Bucket" => {
                 let name = format!("stepline-t-{}", logical.to_lowercase());
-                Physical::Bucket {
-                    arn: format!("arn:aws:s3:::{name}"),
-                    name,
-                }
+                let arn = format!("arn:aws:s3:::{name}");
+                Physical::Bucket { name, arn }
             }
             _ => continue,
         };
@@ -853,10 +793,36 @@ fn project() -> (Template, Stack) {
     (template, stack)
 }
 
-#[test]
-fn the_project_template_decides_as_aws_would() {
+/// The project's stage `t` and its functions' policies.
+fn project_iam() -> (Stack, StageIam) {
     let (template, stack) = project();
     let iam = StageIam::new(&template, &stack).expect("every function's policies resolve");
+    (stack, iam)
+}
+
+/// A signed SQS `operation` with `body`.
+fn sqs(operation: &str, body: Json) -> HttpCall {
+    signed("sqs", Some(&format!("AmazonSQS.{operation}")), body)
+}
+
+/// A signed read of secret `id` (its name or ARN).
+fn secret_value(id: &str) -> HttpCall {
+    let body = json!({ "SecretId": id });
+    signed(
+        "secretsmanager",
+        Some("secretsmanager.GetSecretValue"),
+        body,
+    )
+}
+
+/// An S3 `method` on `uri` with `headers`.
+fn s3_call(method: &str, uri: &str, headers: &[(&str, &str)]) -> HttpCall {
+    call("s3", None, method, uri, headers, Json::Null)
+}
+
+#[test]
+fn the_project_template_decides_as_aws_would() {
+    let (stack, iam) = project_iam();
     let check = |function: &str, call: HttpCall| iam.checker(function).unwrap().check(&call);
     let dynamodb = |operation: &str, body: Json| {
         signed(
@@ -912,7 +878,7 @@ fn the_project_template_decides_as_aws_would() {
     // Payload objects: a write must be a create (the bucket policy's explicit deny).
     let bucket = "stepline-t-payloadbucket";
     let object = format!("http://127.0.0.1:5055/{bucket}/payloads/e/abc?x-id=PutObject");
-    let overwrite = call("s3", None, "PUT", &object, &[], Json::Null);
+    let overwrite = s3_call("PUT", &object, &[]);
     let denied = check("LaunchFunction", overwrite).unwrap_err();
     assert!(
         denied
@@ -920,46 +886,27 @@ fn the_project_template_decides_as_aws_would() {
             .contains("PayloadBucketPolicy (PayloadObjectsAreImmutable)"),
         "{denied}"
     );
-    let create = call(
-        "s3",
-        None,
-        "PUT",
-        &object,
-        &[("If-None-Match", "*")],
-        Json::Null,
-    );
+    let create = s3_call("PUT", &object, &[("If-None-Match", "*")]);
     assert_eq!(check("LaunchFunction", create.clone()), Ok(None));
     assert!(check("ClaimFunction", create)
         .unwrap_err()
         .reason
         .contains("no identity-based"));
     // A read is allowed; its 404 would be AWS's 403 (no s3:ListBucket).
-    let read = call(
-        "s3",
-        None,
-        "GET",
-        &object.replace("PutObject", "GetObject"),
-        &[],
-        Json::Null,
-    );
+    let read = s3_call("GET", &object.replace("PutObject", "GetObject"), &[]);
     let missing = check("LaunchFunction", read).unwrap();
     assert!(missing.unwrap().reason.contains("403"));
 
     let send = |queue: &str| {
-        let url = format!("http://127.0.0.1:5055/{ACCOUNT}/stepline-t-{queue}");
-        signed(
-            "sqs",
-            Some("AmazonSQS.SendMessage"),
-            json!({"QueueUrl": url, "MessageBody": "{}"}),
-        )
+        let url = queue_url(&format!("stepline-t-{queue}"));
+        sqs("SendMessage", json!({"QueueUrl": url, "MessageBody": "{}"}))
     };
     assert_eq!(check("LaunchFunction", send("orders-request")), Ok(None));
     assert!(check("OrderWorkerFunction", send("launch")).is_err());
     assert_eq!(check("OrderWorkerFunction", send("reply")), Ok(None));
-    let receive = signed(
-        "sqs",
-        Some("AmazonSQS.ReceiveMessage"),
-        json!({"QueueUrl": format!("http://127.0.0.1:5055/{ACCOUNT}/stepline-t-execution-dlq")}),
+    let receive = sqs(
+        "ReceiveMessage",
+        json!({"QueueUrl": queue_url("stepline-t-execution-dlq")}),
     );
     assert_eq!(check("RedriveFunction", receive.clone()), Ok(None));
     assert!(check("CompletionFunction", receive).is_err());
@@ -984,11 +931,7 @@ fn the_project_template_decides_as_aws_would() {
     // The sealing key's secret: the functions that seal or open only, by ARN or name.
     if let Some(Physical::Secret { name, arn }) = stack.resources.get("SealKeySecret") {
         for id in [name, arn] {
-            let read = signed(
-                "secretsmanager",
-                Some("secretsmanager.GetSecretValue"),
-                json!({ "SecretId": id }),
-            );
+            let read = secret_value(id);
             assert_eq!(check("CompletionFunction", read.clone()), Ok(None));
             assert!(check("ClaimFunction", read.clone()).is_err());
             assert!(check("OrderWorkerFunction", read).is_err());
@@ -1005,8 +948,7 @@ fn the_project_template_decides_as_aws_would() {
 
 #[test]
 fn each_function_writes_only_its_own_part_of_the_release_table_and_reads_the_keys_it_needs() {
-    let (template, stack) = project();
-    let iam = StageIam::new(&template, &stack).expect("every function's policies resolve");
+    let (stack, iam) = project_iam();
     let check = |function: &str, call: HttpCall| iam.checker(function).unwrap().check(&call);
     let put = |pk: &str| {
         signed(
@@ -1044,18 +986,8 @@ fn each_function_writes_only_its_own_part_of_the_release_table_and_reads_the_key
     }
     // The sealing keys: whoever seals or opens; not the administrator, not a worker.
     if let Some(Physical::Secret { arn, .. }) = stack.resources.get("SealKeySecret") {
-        let read = signed(
-            "secretsmanager",
-            Some("secretsmanager.GetSecretValue"),
-            json!({ "SecretId": arn }),
-        );
-        for function in [
-            "LaunchFunction",
-            "CompletionFunction",
-            "RedriveFunction",
-            "ApiFunction",
-            "OperatorApiFunction",
-        ] {
+        let read = secret_value(arn);
+        for function in SEALERS {
             assert_eq!(check(function, read.clone()), Ok(None), "{function}");
         }
         // The sweeper seals nothing and signs nothing.
@@ -1071,11 +1003,7 @@ fn each_function_writes_only_its_own_part_of_the_release_table_and_reads_the_key
             "{denied}"
         );
         // By name, as the SDK may ask for it, too.
-        let by_name = signed(
-            "secretsmanager",
-            Some("secretsmanager.GetSecretValue"),
-            json!({ "SecretId": "stepline-t-seal-key" }),
-        );
+        let by_name = secret_value("stepline-t-seal-key");
         assert!(checker.check(&by_name).is_err());
         assert_eq!(
             iam.checker("LaunchFunction").unwrap().check(&by_name),
@@ -1086,34 +1014,19 @@ fn each_function_writes_only_its_own_part_of_the_release_table_and_reads_the_key
     }
     // A worker stack's queue policy names every function that sends requests to workers.
     let senders = worker_queue_senders();
-    for function in [
-        "LaunchFunction",
-        "CompletionFunction",
-        "RedriveFunction",
-        "ApiFunction",
-        "OperatorApiFunction",
-    ] {
+    for function in SEALERS {
         assert!(senders.contains(&function.to_string()), "{senders:?}");
     }
     // A queue outside the template is nobody's until a worker stack opens it: no coordinator
     // role may send to a mistyped queue, or to another account's.
     let send_to = |account: &str, name: &str| {
-        signed(
-            "sqs",
-            Some("AmazonSQS.SendMessage"),
-            json!({"QueueUrl": format!("http://127.0.0.1:5055/{account}/{name}"),
-                "MessageBody": "{}"}),
-        )
+        let url = format!("http://127.0.0.1:5055/{account}/{name}");
+        sqs("SendMessage", json!({"QueueUrl": url, "MessageBody": "{}"}))
     };
     let outside = send_to(ACCOUNT, "someones-requests");
     assert!(check("LaunchFunction", outside.clone()).is_err());
     // Adopted as a worker stack's request queue: only the roles its policy names send.
-    iam.adopt_worker_queue(&Physical::Queue {
-        url: format!("http://127.0.0.1:5055/{ACCOUNT}/someones-requests"),
-        arn: format!("arn:aws:sqs:us-east-1:{ACCOUNT}:someones-requests"),
-        name: "someones-requests".into(),
-    })
-    .unwrap();
+    iam.adopt_worker_queue(&queue("someones-requests")).unwrap();
     assert_eq!(check("LaunchFunction", outside.clone()), Ok(None));
     assert_eq!(check("OperatorApiFunction", outside.clone()), Ok(None));
     assert!(check("ClaimFunction", outside.clone()).is_err());
@@ -1128,10 +1041,9 @@ fn each_function_writes_only_its_own_part_of_the_release_table_and_reads_the_key
     let denied = administrator(&iam).check(&outside).unwrap_err();
     assert!(denied.reason.contains("NobodyElseSends"), "{denied}");
     // And only the worker reads it (a request carries the token that answers it).
-    let receive = signed(
-        "sqs",
-        Some("AmazonSQS.ReceiveMessage"),
-        json!({"QueueUrl": format!("http://127.0.0.1:5055/{ACCOUNT}/someones-requests")}),
+    let receive = sqs(
+        "ReceiveMessage",
+        json!({"QueueUrl": queue_url("someones-requests")}),
     );
     let denied = administrator(&iam).check(&receive).unwrap_err();
     assert!(denied.reason.contains("OnlyTheWorkerReads"), "{denied}");
@@ -1161,30 +1073,20 @@ fn administrator(iam: &StageIam) -> Checker {
 
 #[test]
 fn a_generated_worker_stack_is_checked_against_its_own_policies() {
-    let (template, stack) = project();
-    let iam = StageIam::new(&template, &stack).expect("every function's policies resolve");
-    let queue = |name: &str| Physical::Queue {
-        url: format!("http://127.0.0.1:5055/{ACCOUNT}/{name}"),
-        arn: format!("arn:aws:sqs:us-east-1:{ACCOUNT}:{name}"),
-        name: name.into(),
-    };
+    let (_, iam) = project_iam();
     let worker = iam
         .worker_stack(&queue("shop-requests"), &queue("shop-requests-dlq"), "3")
         .expect("the worker stack resolves");
     // The environment it gives its function: the coordinator's exports, imported.
     assert_eq!(worker.env["RELEASE_VERSION"], "3");
-    assert_eq!(
-        worker.env["REPLY_QUEUE_URL"],
-        format!("http://127.0.0.1:5055/{ACCOUNT}/stepline-t-reply")
-    );
+    assert_eq!(worker.env["REPLY_QUEUE_URL"], queue_url("stepline-t-reply"));
     assert_eq!(worker.env["PAYLOAD_BUCKET"], "stepline-t-payloadbucket");
     assert!(worker.env["REQUEST_DLQ_URL"].ends_with("/shop-requests-dlq"));
     let check = |call: HttpCall| worker.checker.check(&call);
     let send = |queue: &str, operation: &str| {
-        signed(
-            "sqs",
-            Some(&format!("AmazonSQS.{operation}")),
-            json!({"QueueUrl": format!("http://127.0.0.1:5055/{ACCOUNT}/{queue}"),
+        sqs(
+            operation,
+            json!({"QueueUrl": queue_url(queue),
                 "MessageBody": "{}", "ReceiptHandle": "r", "VisibilityTimeout": 30}),
         )
     };
@@ -1199,19 +1101,12 @@ fn a_generated_worker_stack_is_checked_against_its_own_policies() {
     // The coordinator's bucket policy governs its payload writes too: creates only.
     let object =
         "http://127.0.0.1:5055/stepline-t-payloadbucket/payloads/e/abc?x-id=PutObject".to_string();
-    let overwrite = call("s3", None, "PUT", &object, &[], Json::Null);
+    let overwrite = s3_call("PUT", &object, &[]);
     assert!(check(overwrite)
         .unwrap_err()
         .reason
         .contains("PayloadObjectsAreImmutable"));
-    let create = call(
-        "s3",
-        None,
-        "PUT",
-        &object,
-        &[("If-None-Match", "*")],
-        Json::Null,
-    );
+    let create = s3_call("PUT", &object, &[("If-None-Match", "*")]);
     assert_eq!(check(create), Ok(None));
     let table = signed(
         "dynamodb",
@@ -1255,18 +1150,10 @@ fn outside_queues_are_taken_in_the_account_the_stage_s_queues_live_in() {
     iam.take_outside_queues_as_worker_stacks().unwrap();
     let check = |function: &str, call: HttpCall| iam.checker(function).unwrap().check(&call);
     let send_to = |account: &str| {
-        signed(
-            "sqs",
-            Some("AmazonSQS.SendMessage"),
-            json!({"QueueUrl": format!("http://127.0.0.1:5055/{account}/shop-requests"),
-                "MessageBody": "{}"}),
-        )
+        let url = format!("http://127.0.0.1:5055/{account}/shop-requests");
+        sqs("SendMessage", json!({"QueueUrl": url, "MessageBody": "{}"}))
     };
-    let url_of = signed(
-        "sqs",
-        Some("AmazonSQS.GetQueueUrl"),
-        json!({"QueueName": "shop-requests"}),
-    );
+    let url_of = sqs("GetQueueUrl", json!({"QueueName": "shop-requests"}));
     assert_eq!(check("CompletionFunction", url_of.clone()), Ok(None));
     assert_eq!(check("CompletionFunction", send_to(QUEUES)), Ok(None));
     assert!(check("ClaimFunction", url_of).is_err());
