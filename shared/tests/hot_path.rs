@@ -147,19 +147,29 @@ async fn any_process_decides_on_the_sealed_record_without_a_read() {
     );
 }
 
+/// `process` takes the reply `body` without a failure, reading the record from the store to do so.
+async fn handled_by_reading(
+    process: &Coordinator,
+    store: &InMemoryExecutionStore,
+    body: String,
+    read: &str,
+) {
+    let gets = store.gets();
+    assert!(handlers::completion(process, sqs(body))
+        .await
+        .batch_item_failures
+        .is_empty());
+    assert!(store.gets() > gets, "{read}");
+}
+
 #[tokio::test]
 async fn a_seal_that_does_not_hold_or_is_stale_is_never_trusted() {
     // A process of another deployment (another key): the seal does not hold, it reads and advances.
     let (store, sender, _coordinator, id) = setup().await;
     let stranger = common::coordinator_of(def(), store.clone(), sender.clone()).await;
     let mut header = last_request(&sender);
-    let gets = store.gets();
     let answer = reply(&header, ReplyOutcome::Succeeded { output: json!({}) });
-    assert!(handlers::completion(&stranger, sqs(answer))
-        .await
-        .batch_item_failures
-        .is_empty());
-    assert!(store.gets() > gets, "read instead");
+    handled_by_reading(&stranger, &store, answer, "read instead").await;
     assert_eq!(store.snapshot(id).unwrap().step, 1);
 
     // A sealed record tampered with: read instead; the reply's own token still authenticates it.
@@ -176,13 +186,8 @@ async fn a_seal_that_does_not_hold_or_is_stale_is_never_trusted() {
     };
     body.replace_range(middle..=middle, flipped);
     header.reply_token = format!("{token}.{body}");
-    let gets = store.gets();
     let forged = reply(&header, ReplyOutcome::Succeeded { output: json!({}) });
-    assert!(handlers::completion(&other, sqs(forged))
-        .await
-        .batch_item_failures
-        .is_empty());
-    assert!(store.gets() > gets, "read instead");
+    handled_by_reading(&other, &store, forged, "read instead").await;
     assert_eq!(
         store.snapshot(id).unwrap().step,
         1,
@@ -199,12 +204,7 @@ async fn a_seal_that_does_not_hold_or_is_stale_is_never_trusted() {
     record.status = Status::Cancelled;
     record.version += 1;
     store.replace(&record, expected).await.unwrap();
-    let gets = store.gets();
-    assert!(handlers::completion(&other, sqs(stale))
-        .await
-        .batch_item_failures
-        .is_empty());
-    assert!(store.gets() > gets, "the lost race made it read");
+    handled_by_reading(&other, &store, stale, "the lost race made it read").await;
     let after = store.snapshot(id).unwrap();
     assert_eq!(
         (after.status, after.version),

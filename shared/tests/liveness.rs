@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{last_request, reply, sqs, submitted, task_pipeline};
+use common::{last_request, reply, requests_sent, sqs, submitted, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, RecordingSender};
 use stepline::domain::{launch_id, PipelineDef};
@@ -49,19 +49,6 @@ fn received(body: String, count: u32) -> stepline::aws_lambda_events::event::sqs
         .attributes
         .insert("ApproximateReceiveCount".into(), count.to_string());
     event
-}
-
-/// The requests sent since the last look.
-fn requests_sent(sender: &RecordingSender) -> Vec<RequestHeader> {
-    sender
-        .drain()
-        .into_iter()
-        .filter(|(queue, _)| queue == "requests")
-        .map(|(_, m)| {
-            let body: serde_json::Value = serde_json::from_str(&m.body).unwrap();
-            serde_json::from_value(body["header"].clone()).unwrap()
-        })
-        .collect()
 }
 
 fn launch_ids(requests: &[RequestHeader]) -> Vec<Uuid> {

@@ -10,15 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use common::{coordinator_of, sqs, task_pipeline};
+use common::{coordinator_of, requests_sent, sqs, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, RecordingSender};
-use stepline::domain::{launch_id, Execution, PipelineDef, StepError};
+use stepline::domain::{launch_id, PipelineDef, StepError};
 use stepline::envelope::{LaunchWork, ReplyEnvelope, ReplyOutcome, RequestHeader};
-use stepline::ports::{
-    Backoff, DuePage, DueQuery, ExecutionStore, MessageSender, OutMessage, SendError, StoreError,
-};
-use stepline::{handlers, SubmitRequest};
+use stepline::ports::{MessageSender, OutMessage, SendError};
+use stepline::{handlers, Coordinator, SubmitRequest};
 use uuid::Uuid;
 
 /// Records what is sent; fails every send while `down` is set.
@@ -62,20 +60,18 @@ fn submit_request() -> SubmitRequest {
 
 /// The headers of the requests sent so far.
 fn requests(sender: &FlakySender) -> Vec<RequestHeader> {
-    sender
-        .inner
-        .drain()
-        .into_iter()
-        .filter(|(q, _)| q == "requests")
-        .map(|(_, m)| {
-            let body: serde_json::Value = serde_json::from_str(&m.body).unwrap();
-            serde_json::from_value(body["header"].clone()).unwrap()
-        })
-        .collect()
+    requests_sent(&sender.inner)
 }
 
-#[tokio::test]
-async fn a_reply_whose_commit_response_was_lost_still_sends_the_next_request() {
+/// A coordinator over a fresh store and a flaky sender with one execution submitted: the store, the
+/// sender, the coordinator, the execution and its first request.
+async fn submitted() -> (
+    Arc<InMemoryExecutionStore>,
+    Arc<FlakySender>,
+    Coordinator,
+    Uuid,
+    RequestHeader,
+) {
     let store = Arc::new(InMemoryExecutionStore::default());
     let sender = Arc::new(FlakySender::default());
     let coordinator = coordinator_of(def(), store.clone(), sender.clone()).await;
@@ -85,6 +81,12 @@ async fn a_reply_whose_commit_response_was_lost_still_sends_the_next_request() {
         .unwrap()
         .execution;
     let first = requests(&sender).pop().expect("the first request");
+    (store, sender, coordinator, id, first)
+}
+
+#[tokio::test]
+async fn a_reply_whose_commit_response_was_lost_still_sends_the_next_request() {
+    let (store, sender, coordinator, id, first) = submitted().await;
     let reply = ReplyEnvelope::for_request(&first, ReplyOutcome::Succeeded { output: json!({}) });
 
     store.lose_next_response();
@@ -146,90 +148,20 @@ async fn a_duplicate_submit_re_sends_a_first_request_that_may_not_have_gone_out(
     assert!(requests(&sender).is_empty());
 }
 
-/// A store whose next replace is applied, then written over by someone else (a write that keeps the
-/// lease, as an incident note does) before its response, lost, comes back as the SDK retry's conflict.
-#[derive(Default)]
-struct OverwrittenStore {
-    inner: InMemoryExecutionStore,
-    armed: AtomicBool,
-}
-
-#[async_trait]
-impl ExecutionStore for OverwrittenStore {
-    async fn get(&self, id: Uuid) -> Result<Option<Execution>, StoreError> {
-        self.inner.get(id).await
-    }
-    async fn create(&self, record: &Execution) -> Result<(), StoreError> {
-        self.inner.create(record).await
-    }
-    async fn replace(&self, record: &Execution, expected: u64) -> Result<(), StoreError> {
-        self.inner.replace(record, expected).await?;
-        if !self.armed.swap(false, Ordering::SeqCst) {
-            return Ok(());
-        }
-        let mut later = record.clone();
-        later.version += 1;
-        later.write_id = "someone-else".into();
-        self.inner.replace(&later, record.version).await?;
-        Err(StoreError::Conflict)
-    }
-    async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError> {
-        self.inner.due(query).await
-    }
-    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
-        self.inner.defer(id, now, backoff).await
-    }
-    fn shards(&self) -> u32 {
-        self.inner.shards()
-    }
-    async fn put_journal(
-        &self,
-        id: Uuid,
-        chunk: u32,
-        entries: &[stepline::domain::history::Entry],
-    ) -> Result<(), StoreError> {
-        self.inner.put_journal(id, chunk, entries).await
-    }
-    async fn journal(
-        &self,
-        id: Uuid,
-        chunks: u32,
-    ) -> Result<Vec<Option<Vec<stepline::domain::history::Entry>>>, StoreError> {
-        self.inner.journal(id, chunks).await
-    }
-    async fn list(
-        &self,
-        query: stepline::ports::ListQuery,
-    ) -> Result<stepline::ports::ListPage, StoreError> {
-        self.inner.list(query).await
-    }
-    async fn get_many(&self, ids: &[Uuid]) -> Result<Vec<Execution>, StoreError> {
-        self.inner.get_many(ids).await
-    }
-}
-
 #[tokio::test]
 async fn a_lost_write_written_over_before_its_read_back_is_known_by_its_lease_and_its_launch_sent()
 {
-    let store = Arc::new(OverwrittenStore::default());
-    let sender = Arc::new(FlakySender::default());
-    let coordinator = coordinator_of(def(), store.clone(), sender.clone()).await;
-    let id = coordinator
-        .submit(submit_request())
-        .await
-        .unwrap()
-        .execution;
-    let first = requests(&sender).pop().expect("the first request");
+    let (store, sender, coordinator, id, first) = submitted().await;
     // A retryable failure: the retry is scheduled under a fresh lease and its launch work enqueued.
     let error = StepError::new("FLAKY", "try again", true);
     let reply = ReplyEnvelope::for_request(&first, ReplyOutcome::Failed { error });
 
-    store.armed.store(true, Ordering::SeqCst);
+    store.overwrite_after_the_next_replace();
     let response =
         handlers::completion(&coordinator, sqs(serde_json::to_string(&reply).unwrap())).await;
 
     assert!(response.batch_item_failures.is_empty());
-    let record = store.inner.snapshot(id).unwrap();
+    let record = store.snapshot(id).unwrap();
     assert_eq!(record.version, 3, "the reply's write and the one over it");
     let lease = record.lease.clone().expect("the retry's lease");
     let launches: Vec<LaunchWork> = sender

@@ -36,8 +36,8 @@ use stepline::envelope::{
     START_DETAIL_TYPE, WORKER_KIND,
 };
 use stepline::handlers::{self, CancelRequest};
-use stepline::ports::{ActivationRequest, BusEvent, EventPublisher, ReleaseRegistry, SystemClock};
-use stepline::release::{Release, WorkerHealth, WorkerState};
+use stepline::ports::{BusEvent, EventPublisher, SystemClock};
+use stepline::release::{WorkerHealth, WorkerState};
 use stepline::worker::{Heartbeat, StepFunction, Worker};
 use stepline::{Code, Coordinator, Settings, SubmitRequest};
 
@@ -645,75 +645,35 @@ fn rust_values_match_their_schemas_and_required_fields_are_what_rust_requires() 
     }
 }
 
-/// Every `Status`, `LifecycleKind` and `Verdict`: the matches fail to compile when one is added.
-fn statuses() -> Vec<Status> {
-    let all = vec![
-        Status::Queued,
-        Status::Running,
-        Status::WaitingExternal,
-        Status::WaitRetry,
-        Status::Succeeded,
-        Status::Failed,
-        Status::Dlq,
-        Status::Cancelled,
-    ];
-    for status in &all {
-        match status {
-            Status::Queued
-            | Status::Running
-            | Status::WaitingExternal
-            | Status::WaitRetry
-            | Status::Succeeded
-            | Status::Failed
-            | Status::Dlq
-            | Status::Cancelled => {}
+/// Every variant of `$enum`, listed: the match fails to compile when one is added.
+macro_rules! every {
+    ($enum:ident: $($variant:ident),+ $(,)?) => {{
+        let all = vec![$($enum::$variant),+];
+        for value in &all {
+            match value {
+                $($enum::$variant)|+ => {}
+            }
         }
-    }
-    all
+        all
+    }};
+}
+
+/// Every `Status`, `LifecycleKind`, worker state and health, and `Verdict`.
+fn statuses() -> Vec<Status> {
+    every!(Status: Queued, Running, WaitingExternal, WaitRetry, Succeeded, Failed, Dlq, Cancelled)
 }
 
 fn lifecycle_kinds() -> Vec<LifecycleKind> {
-    use LifecycleKind::*;
-    let all = vec![
-        ExecutionStarted,
-        StepSucceeded,
-        StepFailed,
-        AwaitRequested,
-        ExecutionSucceeded,
-        ExecutionFailed,
-        ExecutionCancelled,
-    ];
-    for kind in &all {
-        match kind {
-            ExecutionStarted | StepSucceeded | StepFailed | AwaitRequested | ExecutionSucceeded
-            | ExecutionFailed | ExecutionCancelled => {}
-        }
-    }
-    all
+    every!(LifecycleKind: ExecutionStarted, StepSucceeded, StepFailed, AwaitRequested,
+        ExecutionSucceeded, ExecutionFailed, ExecutionCancelled)
 }
 
 fn worker_states() -> Vec<WorkerState> {
-    let all = vec![WorkerState::Healthy, WorkerState::Draining];
-    for state in &all {
-        match state {
-            WorkerState::Healthy | WorkerState::Draining => {}
-        }
-    }
-    all
+    every!(WorkerState: Healthy, Draining)
 }
 
 fn worker_healths() -> Vec<WorkerHealth> {
-    let all = vec![
-        WorkerHealth::Healthy,
-        WorkerHealth::Stale,
-        WorkerHealth::Draining,
-    ];
-    for health in &all {
-        match health {
-            WorkerHealth::Healthy | WorkerHealth::Stale | WorkerHealth::Draining => {}
-        }
-    }
-    all
+    every!(WorkerHealth: Healthy, Stale, Draining)
 }
 
 /// `ms` as the document writes it: `300,000 ms`.
@@ -730,13 +690,7 @@ fn written_ms(ms: i64) -> String {
 }
 
 fn verdicts() -> Vec<Verdict> {
-    let all = vec![Verdict::Approved, Verdict::Rejected];
-    for verdict in &all {
-        match verdict {
-            Verdict::Approved | Verdict::Rejected => {}
-        }
-    }
-    all
+    every!(Verdict: Approved, Rejected)
 }
 
 fn wire_names<T: serde::Serialize>(values: &[T]) -> BTreeSet<String> {
@@ -1029,28 +983,18 @@ fn sqs(bodies: &[String]) -> SqsEvent {
 }
 
 fn settings() -> Settings {
-    Settings {
-        start_queue: Some("start".into()),
+    let mut settings = Settings {
         instance: "protocol".into(),
         ..Settings::named()
-    }
+    };
+    settings.queues.start = Some("start".into());
+    settings
 }
 
 async fn coordinator(
     definitions: Vec<PipelineDef>,
 ) -> (Coordinator, Arc<RecordingSender>, Arc<Published>) {
-    let registry = Arc::new(InMemoryReleaseRegistry::default());
-    for definition in definitions {
-        let release = Release::new(definition, Vec::new());
-        registry.register(&release).await.expect("registered");
-        let activation = ActivationRequest {
-            pipeline_id: &release.pipeline_id,
-            release_version: &release.release_version,
-            at: 0,
-            reason: "test",
-        };
-        registry.activate(activation).await.expect("activated");
-    }
+    let registry = Arc::new(InMemoryReleaseRegistry::activated(definitions, "test").await);
     let sender = Arc::new(RecordingSender::default());
     let published = Arc::new(Published::default());
     let coordinator = Coordinator::new(

@@ -26,6 +26,21 @@ fn succeeded(output: serde_json::Value) -> ReplyOutcome {
     ReplyOutcome::Succeeded { output }
 }
 
+/// A request for up to `limit` executions of the pipeline `shop`.
+fn shop(limit: usize) -> ListRequest {
+    ListRequest {
+        pipeline_id: "shop".into(),
+        limit,
+        ..Default::default()
+    }
+}
+
+/// The executions `request` lists, in the order listed.
+async fn listed(coordinator: &Coordinator, request: ListRequest) -> Vec<uuid::Uuid> {
+    let page = coordinator.list(request).await.unwrap();
+    page.executions.iter().map(|e| e.execution_id).collect()
+}
+
 #[tokio::test]
 async fn the_history_tells_every_attempt_heartbeat_failure_and_re_drive_in_order() {
     let store = Arc::new(InMemoryExecutionStore::default());
@@ -212,46 +227,23 @@ async fn executions_are_listed_newest_first_by_pipeline_status_and_tenant_a_page
         assert!(coordinator.get(id).await.unwrap().version > version);
     }
 
-    let all = coordinator
-        .list(ListRequest {
-            pipeline_id: "shop".into(),
-            limit: 50,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let listed: Vec<_> = all.executions.iter().map(|e| e.execution_id).collect();
+    let all = coordinator.list(shop(50)).await.unwrap();
+    let every: Vec<_> = all.executions.iter().map(|e| e.execution_id).collect();
     let newest_first: Vec<_> = ids.iter().rev().copied().collect();
-    assert_eq!(listed, newest_first);
+    assert_eq!(every, newest_first);
     assert!(all.next.is_none());
 
-    let cancelled = coordinator
-        .list(ListRequest {
-            pipeline_id: "shop".into(),
-            statuses: vec![Status::Cancelled],
-            limit: 50,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let listed: Vec<_> = cancelled
-        .executions
-        .iter()
-        .map(|e| e.execution_id)
-        .collect();
-    assert_eq!(listed, [ids[4], ids[1]]);
+    let cancelled = ListRequest {
+        statuses: vec![Status::Cancelled],
+        ..shop(50)
+    };
+    assert_eq!(listed(&coordinator, cancelled).await, [ids[4], ids[1]]);
 
-    let odd = coordinator
-        .list(ListRequest {
-            pipeline_id: "shop".into(),
-            tenant: Some("odd".into()),
-            limit: 50,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let listed: Vec<_> = odd.executions.iter().map(|e| e.execution_id).collect();
-    assert_eq!(listed, [ids[5], ids[3], ids[1]]);
+    let odd = ListRequest {
+        tenant: Some("odd".into()),
+        ..shop(50)
+    };
+    assert_eq!(listed(&coordinator, odd).await, [ids[5], ids[3], ids[1]]);
 
     // Pages of 3, each going on from the last.
     let mut paged = Vec::new();
@@ -259,10 +251,8 @@ async fn executions_are_listed_newest_first_by_pipeline_status_and_tenant_a_page
     loop {
         let page = coordinator
             .list(ListRequest {
-                pipeline_id: "shop".into(),
-                limit: 3,
                 after: after.clone(),
-                ..Default::default()
+                ..shop(3)
             })
             .await
             .unwrap();
@@ -277,35 +267,21 @@ async fn executions_are_listed_newest_first_by_pipeline_status_and_tenant_a_page
 
     // A window: created before the fourth execution.
     let fourth = coordinator.get(ids[3]).await.unwrap().created_at;
-    let early = coordinator
-        .list(ListRequest {
-            pipeline_id: "shop".into(),
-            to: Some(fourth),
-            limit: 50,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let listed: Vec<_> = early.executions.iter().map(|e| e.execution_id).collect();
-    assert_eq!(listed, [ids[2], ids[1], ids[0]]);
+    let early = ListRequest {
+        to: Some(fourth),
+        ..shop(50)
+    };
+    assert_eq!(listed(&coordinator, early).await, [ids[2], ids[1], ids[0]]);
     // Another pipeline's executions are not listed; a bad position is a typed error.
-    let other = coordinator
-        .list(ListRequest {
-            pipeline_id: "other".into(),
-            limit: 50,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert!(other.executions.is_empty());
-    let bad = coordinator
-        .list(ListRequest {
-            pipeline_id: "shop".into(),
-            after: Some("nonsense".into()),
-            limit: 5,
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let other = ListRequest {
+        pipeline_id: "other".into(),
+        ..shop(50)
+    };
+    assert!(listed(&coordinator, other).await.is_empty());
+    let bad = ListRequest {
+        after: Some("nonsense".into()),
+        ..shop(5)
+    };
+    let bad = coordinator.list(bad).await.unwrap_err();
     assert_eq!(bad.code().as_str(), "INVALID_REQUEST");
 }

@@ -41,7 +41,7 @@ fn identity() -> Identity {
 fn worker(sender: Arc<RecordingSender>) -> Worker {
     Worker::new(identity(), sender, Arc::new(Echo))
         .with_concurrency(1)
-        .with_announcements(Some(settings().reply_queue))
+        .with_announcements(Some(settings().queues.reply))
 }
 
 /// A batch from the worker's request queue (a message that is no request: dead-lettered, which
@@ -57,7 +57,7 @@ fn announcements(sender: &RecordingSender) -> Vec<String> {
     sender
         .drain()
         .into_iter()
-        .filter(|(queue, m)| *queue == settings().reply_queue && m.body.contains(WORKER_KIND))
+        .filter(|(queue, m)| *queue == settings().queues.reply && m.body.contains(WORKER_KIND))
         .map(|(_, m)| m.body)
         .collect()
 }
@@ -168,7 +168,7 @@ async fn submissions_to_a_release_whose_workers_all_drain_are_refused() {
         execution_id: uuid::Uuid::from_u128(7),
         interaction: "item-0".into(),
         token: "t".into(),
-        complete_to: settings().reply_queue,
+        complete_to: settings().queues.reply,
         unit: None,
         step: 1,
         signature: None,
@@ -227,7 +227,7 @@ async fn an_announcement_without_its_worker_is_dead_lettered_with_its_code() {
     let parked: Vec<_> = sender
         .drain()
         .into_iter()
-        .filter(|(queue, _)| *queue == settings().reply_dlq)
+        .filter(|(queue, _)| *queue == settings().queues.reply_dlq)
         .collect();
     assert_eq!(parked.len(), 1);
     assert!(parked[0]

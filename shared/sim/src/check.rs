@@ -15,13 +15,7 @@ pub(crate) fn check(world: &Shared, config: &SimConfig, claims: Option<&ClaimChe
     // Results, claim-checked ones read back as the API's caller would (before the world is locked:
     // the payload store takes its lock).
     let results: BTreeMap<Uuid, Value> = {
-        let records: Vec<Execution> = world
-            .lock()
-            .expect("world")
-            .records
-            .values()
-            .cloned()
-            .collect();
+        let records = world.lock().expect("world").store.find(|_| true);
         records
             .into_iter()
             .filter_map(|r| {
@@ -39,7 +33,7 @@ pub(crate) fn check(world: &Shared, config: &SimConfig, claims: Option<&ClaimChe
     let plans: Vec<Plan> = w.plans.values().cloned().collect();
     for plan in &plans {
         let id = plan.id;
-        let Some(record) = w.records.get(&id).cloned() else {
+        let Some(record) = w.store.snapshot(id) else {
             violations.push(format!("execution {id} lost"));
             continue;
         };

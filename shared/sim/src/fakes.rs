@@ -134,6 +134,11 @@ pub(crate) fn crashed() -> StoreError {
 pub(crate) struct SimStore(pub(crate) Shared);
 
 impl SimStore {
+    /// The world's table, for the reads that neither fail nor yield.
+    fn store(&self) -> Arc<InMemoryExecutionStore> {
+        self.0.lock().expect("world").store.clone()
+    }
+
     /// A write under a fate: a lost response is the SDK's retry meeting its own version.
     pub(crate) async fn write(
         &self,
@@ -167,7 +172,7 @@ impl ExecutionStore for SimStore {
                 if let Some(invocation) = w.invocation() {
                     invocation.reads.insert(id);
                 }
-                Ok(w.records.get(&id).cloned())
+                Ok(w.store.snapshot(id))
             }
             // A crash after a read: the result never reaches the caller.
             _ => Err(crashed()),
@@ -216,12 +221,7 @@ impl ExecutionStore for SimStore {
         let mut w = self.0.lock().expect("world");
         match w.fate() {
             Fate::Proceed => {
-                let World {
-                    records, deferrals, ..
-                } = &mut *w;
-                let until = records
-                    .get(&id)
-                    .and_then(|r| deferrals.defer(r, now, backoff));
+                let until = w.store.defer_entry(id, now, backoff);
                 w.index(id);
                 Ok(until)
             }
@@ -233,12 +233,7 @@ impl ExecutionStore for SimStore {
         self.0.lock().expect("world").shards
     }
 
-    async fn put_journal(
-        &self,
-        id: Uuid,
-        chunk: u32,
-        entries: &[crate::domain::history::Entry],
-    ) -> Result<(), StoreError> {
+    async fn put_journal(&self, id: Uuid, chunk: u32, entries: &[Entry]) -> Result<(), StoreError> {
         YieldOnce(false).await;
         let mut w = self.0.lock().expect("world");
         let fate = w.fate();
@@ -246,7 +241,7 @@ impl ExecutionStore for SimStore {
             return Err(crashed());
         }
         w.report.counts.journal_chunks += 1;
-        let written = w.journal.insert((id, chunk), entries.to_vec());
+        let written = w.store.put_chunk(id, chunk, entries);
         if written.is_some_and(|was| was != entries) {
             w.violations.push(format!(
                 "journal chunk {chunk} of {id} written over with other entries"
@@ -258,34 +253,16 @@ impl ExecutionStore for SimStore {
         }
     }
 
-    async fn journal(
-        &self,
-        id: Uuid,
-        chunks: u32,
-    ) -> Result<Vec<Option<Vec<crate::domain::history::Entry>>>, StoreError> {
-        let w = self.0.lock().expect("world");
-        Ok((0..chunks)
-            .map(|k| w.journal.get(&(id, k)).cloned())
-            .collect())
+    async fn journal(&self, id: Uuid, chunks: u32) -> Result<Vec<Option<Vec<Entry>>>, StoreError> {
+        self.store().journal(id, chunks).await
     }
 
-    async fn list(
-        &self,
-        query: crate::ports::ListQuery,
-    ) -> Result<crate::ports::ListPage, StoreError> {
-        let w = self.0.lock().expect("world");
-        Ok(crate::adapters::memory::list_page(
-            w.records.values(),
-            &query,
-        ))
+    async fn list(&self, query: ListQuery) -> Result<ListPage, StoreError> {
+        self.store().list(query).await
     }
 
     async fn get_many(&self, ids: &[Uuid]) -> Result<Vec<Execution>, StoreError> {
-        let w = self.0.lock().expect("world");
-        Ok(ids
-            .iter()
-            .filter_map(|id| w.records.get(id).cloned())
-            .collect())
+        self.store().get_many(ids).await
     }
 }
 

@@ -52,7 +52,7 @@ use world::*;
 
 // The library's modules under the names the simulation has always used.
 use stepline::{
-    adapters, cache, claims, coordinator, domain, envelope, handlers, planted, ports, worker,
+    adapters, claims, config, coordinator, domain, envelope, handlers, planted, ports, worker,
 };
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,12 +70,13 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::adapters::dynamodb::{due_key, due_shard};
-use crate::adapters::{InMemoryPayloadStore, InMemoryReleaseRegistry};
+use crate::adapters::{InMemoryExecutionStore, InMemoryPayloadStore, InMemoryReleaseRegistry};
 use crate::claims::ClaimCheck;
 use crate::coordinator::{
     CancelRequest, Coordinator, RedriveRequest, ReplayFilter, ReplayRequest, Settings,
     SubmitRequest,
 };
+use crate::domain::history::Entry;
 use crate::domain::Verdict;
 use crate::domain::{Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError};
 use crate::envelope::{
@@ -85,8 +86,8 @@ use crate::envelope::{
 use crate::planted::Bug;
 use crate::ports::{
     Backoff, BusEvent, Clock, DeadLetter, DeadLetterQueue, DuePage, DueQuery, EventPublisher,
-    ExecutionStore, MessageSender, OutMessage, PayloadStore, ReleaseRegistry, SendError,
-    StoreError,
+    ExecutionStore, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore, ReleaseRegistry,
+    SendError, StoreError,
 };
 use crate::worker::{StepFunction, Worker};
 
@@ -430,8 +431,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         now: 1_800_000_000_000,
         faults: false,
         config: config.clone(),
-        records: BTreeMap::new(),
-        deferrals: Default::default(),
+        store: Arc::new(InMemoryExecutionStore::default().with_item_limit(config.item_limit)),
         index: BTreeMap::new(),
         shards: 2,
         queues,
@@ -447,7 +447,6 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         overheard: Vec::new(),
         cancels: BTreeMap::new(),
         redrives: BTreeMap::new(),
-        journal: BTreeMap::new(),
         published: BTreeSet::new(),
         violations: Vec::new(),
         report: SimReport {
@@ -476,14 +475,16 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
                 Arc::new(SimSender(world.clone())),
                 Arc::new(SimClock(world.clone())),
                 Settings {
-                    launch_queue: LAUNCH.into(),
-                    reply_queue: REPLY.into(),
-                    execution_dlq: EXECUTION_DLQ.into(),
-                    launch_dlq: "launch-dlq".into(),
-                    reply_dlq: "reply-dlq".into(),
-                    await_queue: REPLY.into(),
-                    start_queue: None,
-                    start_dlq: None,
+                    queues: crate::config::Queues {
+                        launch: LAUNCH.into(),
+                        reply: REPLY.into(),
+                        awaits: REPLY.into(),
+                        start: None,
+                        execution_dlq: EXECUTION_DLQ.into(),
+                        launch_dlq: "launch-dlq".into(),
+                        reply_dlq: "reply-dlq".into(),
+                        start_dlq: None,
+                    },
                     lease_ms: i64::from(config.lease_secs) * 1000,
                     claim_limit: config.claim_limit,
                     instance: role.into(),
@@ -630,7 +631,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
         plans
             .iter()
             .filter(|p| p.redrive)
-            .filter_map(|p| w.records.get(&p.id))
+            .filter_map(|p| w.store.snapshot(p.id))
             .filter(|r| r.status == Status::Failed)
             .map(|r| (r.id, r.version))
             .collect()

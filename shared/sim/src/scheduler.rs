@@ -49,7 +49,7 @@ impl Scheduler<'_> {
                         let (key, stale) = w.indexed(id);
                         !stale && key.is_some_and(|(key, _)| key <= w.now)
                     })
-                    .map(|id| (*id, w.records[id].version))
+                    .map(|id| (*id, w.store.read(*id, |r| r.version).expect("record")))
                     .collect();
                 (w.now, due)
             };
@@ -67,7 +67,8 @@ impl Scheduler<'_> {
             let missed: Vec<Uuid> = due
                 .into_iter()
                 .filter(|(e, version)| {
-                    !invocation.reads.contains(e) && w.records[e].version == *version
+                    !invocation.reads.contains(e)
+                        && w.store.read(*e, |r| r.version) == Some(*version)
                 })
                 .map(|(e, _)| e)
                 .collect();
@@ -78,6 +79,11 @@ impl Scheduler<'_> {
             }
             None
         });
+        self.run_alone(id, task);
+    }
+
+    /// Runs `task` as invocation `id`, on no queue's messages.
+    fn run_alone(&mut self, id: u64, task: Task) {
         self.running.push(Running {
             id,
             task,
@@ -105,12 +111,7 @@ impl Scheduler<'_> {
             }
             None
         });
-        self.running.push(Running {
-            id,
-            task,
-            queue: None,
-            receipts: Vec::new(),
-        });
+        self.run_alone(id, task);
     }
 
     /// An operator's bulk replay of the execution DLQ.
@@ -138,12 +139,7 @@ impl Scheduler<'_> {
             }
             None
         });
-        self.running.push(Running {
-            id,
-            task,
-            queue: None,
-            receipts: Vec::new(),
-        });
+        self.run_alone(id, task);
     }
 
     /// An SQS-triggered invocation of a random process of the queue's consumer.
@@ -255,7 +251,8 @@ impl Scheduler<'_> {
         }
         // (A lease no longer in the record was taken over or ended: its launch is moot.)
         for (execution, generation, token) in &invocation.leases {
-            let held = w.records[execution].lease.as_ref().map(|l| l.token) == Some(*token);
+            let token_of = |r: &Execution| r.lease.as_ref().map(|l| l.token);
+            let held = w.store.read(*execution, token_of).flatten() == Some(*token);
             if held && !invocation.launches.contains(&(*execution, *generation)) {
                 w.violations.push(format!(
                     "a live {:?} invocation committed lease {generation} of {execution} and never \
@@ -364,9 +361,9 @@ impl Scheduler<'_> {
             if now - calm_from > SETTLE_WITHIN_MS {
                 let mut w = self.lock();
                 let open: Vec<String> = w
-                    .records
-                    .values()
-                    .filter(|r| !r.status.is_terminal())
+                    .store
+                    .find(|r| !r.status.is_terminal())
+                    .iter()
                     .map(|r| format!("{} {}", r.id, r.status))
                     .collect();
                 w.violations.push(format!(

@@ -59,8 +59,9 @@ pub(crate) struct World {
     pub(crate) now: i64,
     pub(crate) faults: bool,
     pub(crate) config: SimConfig,
-    pub(crate) records: BTreeMap<Uuid, Execution>,
-    pub(crate) deferrals: crate::adapters::memory::Deferrals,
+    /// The table: records, their deferrals and the history journal, under the same conditional
+    /// writes as every in-memory store. The due index beside it (`index`) lags, as DynamoDB's does.
+    pub(crate) store: Arc<InMemoryExecutionStore>,
     pub(crate) index: BTreeMap<Uuid, Vec<IndexEntry>>,
     pub(crate) shards: u32,
     pub(crate) queues: BTreeMap<&'static str, Queue>,
@@ -85,8 +86,6 @@ pub(crate) struct World {
     /// Cancels that reached a result: execution -> committed.
     pub(crate) cancels: BTreeMap<Uuid, bool>,
     pub(crate) redrives: BTreeMap<Uuid, u32>,
-    /// History journal chunks written: (execution, chunk) -> entries.
-    pub(crate) journal: BTreeMap<(Uuid, u32), Vec<crate::domain::history::Entry>>,
     pub(crate) violations: Vec<String>,
     pub(crate) report: SimReport,
 }
@@ -269,16 +268,12 @@ impl World {
         } else {
             self.rng.i64(0..=self.config.index_lag_ms)
         };
-        let key = self
-            .records
-            .get(&id)
-            .and_then(|r| self.deferrals.due_at(r))
-            .map(|due| {
-                (
-                    due_key(due, self.config.due_granularity_ms),
-                    due_shard(id, self.shards),
-                )
-            });
+        let key = self.store.due_at(id).map(|due| {
+            (
+                due_key(due, self.config.due_granularity_ms),
+                due_shard(id, self.shards),
+            )
+        });
         let now = self.now;
         let entries = self.index.entry(id).or_default();
         // Entries hidden behind a visible later one are never read again.
@@ -316,22 +311,18 @@ impl World {
         record: &Execution,
         expected: Option<u64>,
     ) -> Result<(), StoreError> {
-        let size = crate::cache::json_size(record);
-        if size > self.config.item_limit {
-            return Err(StoreError::TooLarge(format!(
-                "a record of {size} bytes exceeds the {} byte limit",
-                self.config.item_limit
-            )));
-        }
-        let previous = self.records.get(&record.id).cloned();
-        match (expected, &previous) {
-            (None, Some(_)) => return Err(StoreError::Conflict),
-            (Some(v), Some(p)) if p.version != v && !self.config.broken_store => {
+        let previous = self.store.snapshot(record.id);
+        let fenced = matches!((expected, &previous), (Some(v), Some(p)) if p.version != v);
+        // A store without the version condition replaces whatever version it holds.
+        let condition = match &previous {
+            Some(p) if expected.is_some() && self.config.broken_store => Some(p.version),
+            _ => expected,
+        };
+        if let Err(refused) = self.store.write(record, condition) {
+            if fenced && matches!(refused, StoreError::Conflict) {
                 self.report.counts.fenced_writes += 1;
-                return Err(StoreError::Conflict);
             }
-            (Some(_), None) => return Err(StoreError::Conflict),
-            _ => {}
+            return Err(refused);
         }
         if let Some(p) = &previous {
             self.observe(p, record);
@@ -350,8 +341,6 @@ impl World {
                     .push((record.id, record.generation, token));
             }
         }
-        self.records.insert(record.id, record.clone());
-        self.deferrals.written(record.id);
         self.index(record.id);
         Ok(())
     }
@@ -363,7 +352,7 @@ impl World {
         let chunks = r.history_base / crate::domain::history::JOURNAL_CHUNK as u64;
         let mut all = Vec::new();
         for k in 0..chunks as u32 {
-            all.extend(self.journal.get(&(r.id, k))?.iter().cloned());
+            all.extend(self.store.chunk(r.id, k)?);
         }
         all.extend(r.history.iter().cloned());
         Some(all)

@@ -150,6 +150,14 @@ fn caught(bug: Bug, config: SimConfig, seeds: u64) -> Option<(u64, String)> {
     })
 }
 
+/// Fan-out schedules only.
+fn fan_outs_only() -> SimConfig {
+    SimConfig {
+        fan_out_every: 1,
+        ..SimConfig::default()
+    }
+}
+
 fn assert_caught(bug: Bug, config: SimConfig) {
     match caught(bug, config, 2_000) {
         Some((seed, violation)) => say(&format!(
@@ -186,12 +194,7 @@ fn the_campaign_catches_a_retry_after_a_lost_response_that_drops_the_send() {
 
 #[test]
 fn the_campaign_catches_a_dropped_fan_out_notice() {
-    // Fan-out schedules only.
-    let config = SimConfig {
-        fan_out_every: 1,
-        ..SimConfig::default()
-    };
-    assert_caught(Bug::DropsFanOutNotices, config);
+    assert_caught(Bug::DropsFanOutNotices, fan_outs_only());
 }
 
 #[test]
@@ -211,31 +214,18 @@ fn the_campaign_catches_an_unauthenticated_message_that_writes() {
 
 #[test]
 fn the_campaign_catches_a_ledger_that_counts_a_child_twice() {
-    // Fan-out schedules only.
-    let config = SimConfig {
-        fan_out_every: 1,
-        ..SimConfig::default()
-    };
-    assert_caught(Bug::LedgerCountsTwice, config);
+    assert_caught(Bug::LedgerCountsTwice, fan_outs_only());
 }
 
 #[test]
 fn without_a_planted_bug_those_schedules_are_clean() {
     // The schedules the planted-bug tests run, as they are: no violation.
-    let report = campaign(0..200, &SimConfig::default(), 2);
-    assert!(
-        report.violations.is_empty(),
-        "{:?}",
-        report.violations.first()
-    );
-    let fan_outs = SimConfig {
-        fan_out_every: 1,
-        ..SimConfig::default()
-    };
-    let report = campaign(0..200, &fan_outs, 2);
-    assert!(
-        report.violations.is_empty(),
-        "{:?}",
-        report.violations.first()
-    );
+    for config in [SimConfig::default(), fan_outs_only()] {
+        let report = campaign(0..200, &config, 2);
+        assert!(
+            report.violations.is_empty(),
+            "{:?}",
+            report.violations.first()
+        );
+    }
 }

@@ -6,8 +6,7 @@ use stepline::adapters::InMemoryReleaseRegistry;
 use stepline::aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use stepline::domain::{PipelineDef, StepDef};
 use stepline::envelope::{ReplyEnvelope, ReplyOutcome, RequestHeader};
-use stepline::ports::{ExecutionStore, MessageSender, ReleaseRegistry, SystemClock};
-use stepline::release::Release;
+use stepline::ports::{ExecutionStore, MessageSender, SystemClock};
 use stepline::{Coordinator, Settings};
 
 /// A pipeline of task steps named `steps`, every one on the `requests` queue.
@@ -35,17 +34,7 @@ pub async fn coordinator_of(
 
 /// A release registry holding `def`'s release, registered and active.
 pub async fn registry_of(def: PipelineDef) -> Arc<InMemoryReleaseRegistry> {
-    let registry = Arc::new(InMemoryReleaseRegistry::default());
-    let release = Release::new(def, Vec::new());
-    registry.register(&release).await.unwrap();
-    let activation = stepline::ports::ActivationRequest {
-        pipeline_id: &release.pipeline_id,
-        release_version: &release.release_version,
-        at: 0,
-        reason: "test",
-    };
-    registry.activate(activation).await.unwrap();
-    registry
+    Arc::new(InMemoryReleaseRegistry::activated([def], "test").await)
 }
 
 /// A coordinator over `store` and a recording sender with one execution of `def` submitted (its
@@ -75,14 +64,21 @@ pub async fn submitted(
 /// The header of the last request sent to the `requests` queue (what a worker would answer).
 #[allow(dead_code)]
 pub fn last_request(sender: &stepline::adapters::RecordingSender) -> RequestHeader {
-    let sent = sender.drain();
-    let (_, request) = sent
-        .iter()
-        .rev()
-        .find(|(q, _)| q == "requests")
-        .expect("a request");
-    let request: serde_json::Value = serde_json::from_str(&request.body).unwrap();
-    serde_json::from_value(request["header"].clone()).unwrap()
+    requests_sent(sender).pop().expect("a request")
+}
+
+/// The headers of the requests sent to the `requests` queue since the last look.
+#[allow(dead_code)]
+pub fn requests_sent(sender: &stepline::adapters::RecordingSender) -> Vec<RequestHeader> {
+    sender
+        .drain()
+        .into_iter()
+        .filter(|(queue, _)| queue == "requests")
+        .map(|(_, m)| {
+            let body: serde_json::Value = serde_json::from_str(&m.body).unwrap();
+            serde_json::from_value(body["header"].clone()).unwrap()
+        })
+        .collect()
 }
 
 /// A worker's reply to `header` with `outcome`, as it travels.

@@ -12,7 +12,7 @@ use crate::domain::fan_out::{block_len, block_of};
 use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord};
 use crate::domain::seal::{SealKey, SealKeys};
-use crate::domain::{ChildEnd, Execution, Tally};
+use crate::domain::{ChildEnd, Execution, PipelineDef, Tally};
 use crate::ports::due_shard;
 use crate::ports::{
     ActivationRequest, Backoff, BlockCount, DueCursor, DuePage, DueQuery, ExecutionStore,
@@ -22,7 +22,8 @@ use crate::ports::{
 
 #[derive(Default)]
 pub struct InMemoryExecutionStore {
-    records: Mutex<HashMap<Uuid, Execution>>,
+    /// Ordered by id, so that a walk over them is the same on every run.
+    records: Mutex<BTreeMap<Uuid, Execution>>,
     deferrals: Mutex<Deferrals>,
     shards: u32,
     /// Reads and writes that reached the store (tests count the calls of a path).
@@ -32,11 +33,13 @@ pub struct InMemoryExecutionStore {
     lose_next: AtomicBool,
     /// Answer the next write as when every attempt's response is lost: applied, then `Unavailable`.
     lose_all_next: AtomicBool,
+    /// Write over the next replace as someone else before its lost response comes back `Conflict`.
+    overwrite_next: AtomicBool,
     /// Records larger than this (JSON bytes) are refused as `TooLarge`, as DynamoDB refuses items
     /// over 400 KB (none: no limit).
     item_limit: Option<usize>,
     /// History journal chunks, by execution and chunk.
-    journal: Mutex<HashMap<(Uuid, u32), Vec<Entry>>>,
+    journal: Mutex<BTreeMap<(Uuid, u32), Vec<Entry>>>,
 }
 
 /// A page of the list index over `records`, as the DynamoDB adapter's index answers it.
@@ -154,6 +157,12 @@ impl InMemoryExecutionStore {
         self.lose_all_next.store(true, Ordering::SeqCst);
     }
 
+    /// The next replace is applied, then written over by someone else (a write that keeps the lease,
+    /// as an incident note does) before its response, lost, comes back as the SDK retry's conflict.
+    pub fn overwrite_after_the_next_replace(&self) {
+        self.overwrite_next.store(true, Ordering::SeqCst);
+    }
+
     /// The outcome of a write that was applied.
     fn answer(&self) -> Result<(), StoreError> {
         if self.lose_all_next.swap(false, Ordering::SeqCst) {
@@ -168,7 +177,68 @@ impl InMemoryExecutionStore {
     }
 
     pub fn snapshot(&self, id: Uuid) -> Option<Execution> {
-        self.records.lock().expect("store").get(&id).cloned()
+        self.read(id, Execution::clone)
+    }
+
+    /// `f` of the record held under `id`, read in place.
+    pub fn read<T>(&self, id: Uuid, f: impl FnOnce(&Execution) -> T) -> Option<T> {
+        self.records.lock().expect("store").get(&id).map(f)
+    }
+
+    /// Writes `record` on the condition DynamoDB's conditional writes check: none held under its id
+    /// (`expected` none, a create), or one at version `expected` (a replace); `Conflict` otherwise.
+    pub fn write(&self, record: &Execution, expected: Option<u64>) -> Result<(), StoreError> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.check_size(record)?;
+        {
+            let mut records = self.records.lock().expect("store");
+            let held = records.get(&record.id).map(|r| r.version);
+            if held != expected {
+                return Err(StoreError::Conflict);
+            }
+            records.insert(record.id, record.clone());
+            self.deferrals.lock().expect("store").written(record.id);
+        }
+        if expected.is_some() && self.overwrite_next.swap(false, Ordering::SeqCst) {
+            let mut later = record.clone();
+            later.version += 1;
+            later.write_id = "someone-else".into();
+            self.write(&later, Some(record.version))?;
+            return Err(StoreError::Conflict);
+        }
+        self.answer()
+    }
+
+    /// Pushes the record's due-index entry back (see [`ExecutionStore::defer`]).
+    pub fn defer_entry(&self, id: Uuid, now: i64, backoff: Backoff) -> Option<i64> {
+        let records = self.records.lock().expect("store");
+        let mut deferrals = self.deferrals.lock().expect("store");
+        deferrals.defer(records.get(&id)?, now, backoff)
+    }
+
+    /// The record's due-index entry, deferrals applied.
+    pub fn due_at(&self, id: Uuid) -> Option<i64> {
+        let records = self.records.lock().expect("store");
+        self.deferrals
+            .lock()
+            .expect("store")
+            .due_at(records.get(&id)?)
+    }
+
+    /// Stores a history journal chunk; answers the entries it replaces, if it was written before.
+    pub fn put_chunk(&self, id: Uuid, chunk: u32, entries: &[Entry]) -> Option<Vec<Entry>> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        let mut journal = self.journal.lock().expect("store");
+        journal.insert((id, chunk), entries.to_vec())
+    }
+
+    /// A history journal chunk, if it was written.
+    pub fn chunk(&self, id: Uuid, chunk: u32) -> Option<Vec<Entry>> {
+        self.journal
+            .lock()
+            .expect("store")
+            .get(&(id, chunk))
+            .cloned()
     }
 
     /// The records `predicate` holds for.
@@ -192,29 +262,11 @@ impl ExecutionStore for InMemoryExecutionStore {
     }
 
     async fn create(&self, record: &Execution) -> Result<(), StoreError> {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.check_size(record)?;
-        let mut records = self.records.lock().expect("store");
-        if records.contains_key(&record.id) {
-            return Err(StoreError::Conflict);
-        }
-        records.insert(record.id, record.clone());
-        self.deferrals.lock().expect("store").written(record.id);
-        self.answer()
+        self.write(record, None)
     }
 
     async fn replace(&self, record: &Execution, expected_version: u64) -> Result<(), StoreError> {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.check_size(record)?;
-        let mut records = self.records.lock().expect("store");
-        match records.get(&record.id) {
-            Some(current) if current.version == expected_version => {
-                records.insert(record.id, record.clone());
-                self.deferrals.lock().expect("store").written(record.id);
-                self.answer()
-            }
-            _ => Err(StoreError::Conflict),
-        }
+        self.write(record, Some(expected_version))
     }
 
     async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError> {
@@ -228,15 +280,7 @@ impl ExecutionStore for InMemoryExecutionStore {
     }
 
     async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
-        let records = self.records.lock().expect("store");
-        let Some(record) = records.get(&id) else {
-            return Ok(None);
-        };
-        Ok(self
-            .deferrals
-            .lock()
-            .expect("store")
-            .defer(record, now, backoff))
+        Ok(self.defer_entry(id, now, backoff))
     }
 
     fn shards(&self) -> u32 {
@@ -244,17 +288,12 @@ impl ExecutionStore for InMemoryExecutionStore {
     }
 
     async fn put_journal(&self, id: Uuid, chunk: u32, entries: &[Entry]) -> Result<(), StoreError> {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        let mut journal = self.journal.lock().expect("store");
-        journal.insert((id, chunk), entries.to_vec());
+        self.put_chunk(id, chunk, entries);
         Ok(())
     }
 
     async fn journal(&self, id: Uuid, chunks: u32) -> Result<Vec<Option<Vec<Entry>>>, StoreError> {
-        let journal = self.journal.lock().expect("store");
-        Ok((0..chunks)
-            .map(|k| journal.get(&(id, k)).cloned())
-            .collect())
+        Ok((0..chunks).map(|k| self.chunk(id, k)).collect())
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage, StoreError> {
@@ -400,6 +439,28 @@ pub struct InMemoryReleaseRegistry {
     releases: Mutex<BTreeMap<(String, String), Release>>,
     activations: Mutex<Vec<Activation>>,
     workers: Mutex<BTreeMap<(String, String), WorkerRecord>>,
+}
+
+impl InMemoryReleaseRegistry {
+    /// A registry with the releases of `definitions` (no artifacts) registered and active from 0.
+    pub async fn activated(
+        definitions: impl IntoIterator<Item = PipelineDef>,
+        reason: &str,
+    ) -> Self {
+        let registry = Self::default();
+        for definition in definitions {
+            let release = Release::new(definition, Vec::new());
+            registry.register(&release).await.expect("registered");
+            let activation = ActivationRequest {
+                pipeline_id: &release.pipeline_id,
+                release_version: &release.release_version,
+                at: 0,
+                reason,
+            };
+            registry.activate(activation).await.expect("activated");
+        }
+        registry
+    }
 }
 
 #[async_trait]

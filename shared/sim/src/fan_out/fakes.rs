@@ -148,25 +148,13 @@ impl ExecutionStore for Store {
     fn shards(&self) -> u32 {
         self.inner.shards()
     }
-    async fn put_journal(
-        &self,
-        id: Uuid,
-        chunk: u32,
-        entries: &[crate::domain::history::Entry],
-    ) -> Result<(), StoreError> {
+    async fn put_journal(&self, id: Uuid, chunk: u32, entries: &[Entry]) -> Result<(), StoreError> {
         faulty(&self.world, self.inner.put_journal(id, chunk, entries)).await
     }
-    async fn journal(
-        &self,
-        id: Uuid,
-        chunks: u32,
-    ) -> Result<Vec<Option<Vec<crate::domain::history::Entry>>>, StoreError> {
+    async fn journal(&self, id: Uuid, chunks: u32) -> Result<Vec<Option<Vec<Entry>>>, StoreError> {
         self.inner.journal(id, chunks).await
     }
-    async fn list(
-        &self,
-        query: crate::ports::ListQuery,
-    ) -> Result<crate::ports::ListPage, StoreError> {
+    async fn list(&self, query: ListQuery) -> Result<ListPage, StoreError> {
         self.inner.list(query).await
     }
     async fn get_many(&self, ids: &[Uuid]) -> Result<Vec<Execution>, StoreError> {

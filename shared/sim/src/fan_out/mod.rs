@@ -26,7 +26,7 @@ use crate::adapters::{
 };
 use crate::claims::ClaimCheck;
 use crate::coordinator::{CancelRequest, Coordinator, RedriveRequest, Settings};
-use crate::domain::release::Release;
+use crate::domain::history::Entry;
 use crate::domain::{
     ChildEnd, Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError, Tally,
 };
@@ -34,8 +34,8 @@ use crate::envelope::{
     Identity, RequestHeader, StartDetail, StartEvent, START_DETAIL_TYPE, START_SOURCE,
 };
 use crate::ports::{
-    ActivationRequest, Backoff, BlockCount, Clock, DuePage, DueQuery, ExecutionStore, FanOutLedger,
-    MessageSender, OutMessage, PayloadStore, ReleaseRegistry, SendError, StoreError,
+    Backoff, BlockCount, Clock, DuePage, DueQuery, ExecutionStore, FanOutLedger, ListPage,
+    ListQuery, MessageSender, OutMessage, PayloadStore, SendError, StoreError,
 };
 use crate::worker::{Heartbeat, StepFunction, Worker};
 
@@ -190,19 +190,9 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
         now: AtomicI64::new(1_800_000_000_000),
         next: AtomicU64::new(1),
     });
-    let registry = Arc::new(InMemoryReleaseRegistry::default());
     let (parent_def, child_def) = pipelines(config);
-    for def in [&parent_def, &child_def] {
-        let release = Release::new(def.clone(), Vec::new());
-        registry.register(&release).await.expect("register");
-        let activation = ActivationRequest {
-            pipeline_id: &def.pipeline_id,
-            release_version: &def.release_version,
-            at: 0,
-            reason: "sim",
-        };
-        registry.activate(activation).await.expect("activate");
-    }
+    let definitions = [parent_def.clone(), child_def.clone()];
+    let registry = Arc::new(InMemoryReleaseRegistry::activated(definitions, "sim").await);
     let claims = ClaimCheck::new(payloads.clone(), BUCKET, 32 * 1024);
     let coordinator = Arc::new(
         Coordinator::new(
@@ -211,14 +201,16 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
             Arc::new(Sender(world.clone())),
             clock.clone(),
             Settings {
-                launch_queue: LAUNCH.into(),
-                reply_queue: REPLY.into(),
-                execution_dlq: "dlq".into(),
-                launch_dlq: "dlq".into(),
-                reply_dlq: "dlq".into(),
-                await_queue: REPLY.into(),
-                start_queue: Some(START.into()),
-                start_dlq: Some("dlq".into()),
+                queues: crate::config::Queues {
+                    launch: LAUNCH.into(),
+                    reply: REPLY.into(),
+                    awaits: REPLY.into(),
+                    start: Some(START.into()),
+                    execution_dlq: "dlq".into(),
+                    launch_dlq: "dlq".into(),
+                    reply_dlq: "dlq".into(),
+                    start_dlq: Some("dlq".into()),
+                },
                 lease_ms: 30_000,
                 claim_limit: 100,
                 instance: "sim".into(),
