@@ -61,8 +61,9 @@ impl PayloadConfig {
 
 /// A queue the coordinator's functions consume: what its messages ask, and where those that cannot
 /// be processed go (its DLQ, reported under its name).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
 #[serde(rename_all = "camelCase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Inbox {
     /// Launch work (and start events sent to the launch queue).
     Launch,
@@ -76,11 +77,7 @@ impl Inbox {
     pub const ALL: [Inbox; 3] = [Inbox::Launch, Inbox::Start, Inbox::Reply];
 
     pub fn name(self) -> &'static str {
-        match self {
-            Inbox::Launch => "launch",
-            Inbox::Start => "start",
-            Inbox::Reply => "reply",
-        }
+        self.into()
     }
 }
 

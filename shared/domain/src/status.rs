@@ -4,8 +4,11 @@
 use serde::{Deserialize, Serialize};
 
 /// Lifecycle of an execution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr, strum::Display,
+)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
 pub enum Status {
     /// Accepted, first step not launched yet (or re-driven and waiting for its new attempt).
     Queued,
@@ -32,22 +35,7 @@ impl Status {
     }
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Queued => "QUEUED",
-            Status::Running => "RUNNING",
-            Status::WaitingExternal => "WAITING_EXTERNAL",
-            Status::WaitRetry => "WAIT_RETRY",
-            Status::Succeeded => "SUCCEEDED",
-            Status::Failed => "FAILED",
-            Status::Dlq => "DLQ",
-            Status::Cancelled => "CANCELLED",
-        }
-    }
-}
-
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 

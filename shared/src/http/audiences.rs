@@ -3,7 +3,10 @@
 /// Who a route is for. A deployment gives each audience a function URL of its own (`API_AUDIENCES`
 /// names what a function serves), so that IAM on each URL separates submitting from operating from
 /// administering releases.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, strum::IntoStaticStr, strum::Display,
+)]
+#[strum(serialize_all = "lowercase")]
 pub enum Audience {
     /// Submit executions; read executions, their results and history, and releases.
     Submit,
@@ -17,17 +20,7 @@ impl Audience {
     pub const ALL: [Audience; 3] = [Audience::Submit, Audience::Operate, Audience::Administer];
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Audience::Submit => "submit",
-            Audience::Operate => "operate",
-            Audience::Administer => "administer",
-        }
-    }
-}
-
-impl std::fmt::Display for Audience {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 

@@ -193,7 +193,8 @@ struct Pinned {
 }
 
 /// Who acts on an execution: recorded in the lease owner (`<role>:<instance>`) and the logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::Display)]
+#[strum(serialize_all = "kebab-case")]
 pub enum Role {
     Launch,
     Completion,
@@ -210,25 +211,7 @@ pub enum Role {
 
 impl Role {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Launch => "launch",
-            Role::Completion => "completion",
-            Role::Interaction => "interaction",
-            Role::FanOut => "fan-out",
-            Role::Claim => "claim",
-            Role::Outbox => "outbox",
-            Role::Incident => "incident",
-            Role::Cancel => "cancel",
-            Role::Redrive => "redrive",
-            Role::Replay => "replay",
-            Role::Submit => "submit",
-        }
-    }
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 

@@ -4,42 +4,13 @@ use super::transitions::{row, Transition, E, WAITING};
 use super::*;
 
 /// The transition rows of fan-out steps (see `transitions`).
+#[rustfmt::skip]
 pub(super) const ROWS: &[Transition] = &[
-    row(
-        WAITING,
-        &[E::FanOutSized],
-        "current unit to size, n > 0 items",
-        "unit sized: n children, its tolerance",
-        &["a_fan_out_over_items_in_an_object_is_sized_before_its_children_start"],
-    ),
-    row(
-        WAITING,
-        &[E::FanOutSized],
-        "current unit to size, no items",
-        "step done: next step launched, or SUCCEEDED",
-        &["a_fan_out_over_items_in_an_object_is_sized_before_its_children_start"],
-    ),
-    row(
-        WAITING,
-        &[E::FanOutSized],
-        "current unit to size, items unreadable",
-        "step failed with the reading's error",
-        &["a_fan_out_over_items_in_an_object_is_sized_before_its_children_start"],
-    ),
-    row(
-        WAITING,
-        &[E::FanOutSettled],
-        "current unit, all counted, failures tolerated",
-        "succeeds, output = input + results (as ok)",
-        &["a_fan_out_resumes_once_when_its_last_child_is_counted"],
-    ),
-    row(
-        WAITING,
-        &[E::FanOutSettled],
-        "current unit, failures beyond tolerance",
-        "step failed: FAN_OUT_FAILED · CancelChildren",
-        &["a_fan_out_fails_when_more_children_fail_than_it_tolerates"],
-    ),
+    row(WAITING, &[E::FanOutSized], "current unit to size, n > 0 items", "unit sized: n children, its tolerance", &["a_fan_out_over_items_in_an_object_is_sized_before_its_children_start"]),
+    row(WAITING, &[E::FanOutSized], "current unit to size, no items", "step done: next step launched, or SUCCEEDED", &["a_fan_out_over_items_in_an_object_is_sized_before_its_children_start"]),
+    row(WAITING, &[E::FanOutSized], "current unit to size, items unreadable", "step failed with the reading's error", &["a_fan_out_over_items_in_an_object_is_sized_before_its_children_start"]),
+    row(WAITING, &[E::FanOutSettled], "current unit, all counted, failures tolerated", "succeeds, output = input + results (as ok)", &["a_fan_out_resumes_once_when_its_last_child_is_counted"]),
+    row(WAITING, &[E::FanOutSettled], "current unit, failures beyond tolerance", "step failed: FAN_OUT_FAILED · CancelChildren", &["a_fan_out_fails_when_more_children_fail_than_it_tolerates"]),
 ];
 
 /// Launches a fan-out step (attempt launch id `id`): an await unit of one child per item, started

@@ -4,120 +4,22 @@ use super::transitions::{row, Transition, E, QUEUED_OR_RETRY, RUNNING, WAITING};
 use super::*;
 
 /// The transition rows of claims and launch work (see `transitions`).
+#[rustfmt::skip]
 pub(super) const ROWS: &[Transition] = &[
-    row(
-        LIVE,
-        &[E::Claim],
-        "due, lease absent or expired",
-        "lease (gen+1) · EnqueueLaunch",
-        &[
-            "claim_of_due_unleased_execution_takes_lease_with_next_generation_and_enqueues_launch",
-            "claim_after_lease_expiry_takes_over_with_next_generation_and_fences_old_launch_work",
-        ],
-    ),
-    row(
-        TERMINAL,
-        &[E::Claim],
-        "due: dead letter/parent notice unsent",
-        "SendDeadLetter/NotifyParent again",
-        &[
-            "claim_of_failed_execution_whose_dead_letter_is_unsent_sends_it_again",
-            "a_child_that_ends_tells_its_parent_until_confirmed",
-        ],
-    ),
-    row(
-        ANY_STATUS,
-        &[E::Claim],
-        "only the outbox due, tries left",
-        "PublishEvents again, next check backed off",
-        &["an_outbox_that_is_never_confirmed_is_retried_less_often_then_dropped_and_noted"],
-    ),
-    row(
-        ANY_STATUS,
-        &[E::Claim],
-        "only the outbox due, none left/events off",
-        "outbox dropped, EVENTS_DROPPED incident",
-        &[
-            "an_outbox_that_is_never_confirmed_is_retried_less_often_then_dropped_and_noted",
-            "an_outbox_is_dropped_at_once_when_lifecycle_events_are_switched_off",
-        ],
-    ),
-    row(
-        QUEUED_OR_RETRY,
-        &[E::LaunchWork],
-        "lease generation+token match, task",
-        "RUNNING, step `launching` · SendRequest",
-        &[
-            "launch_work_starts_first_attempt_of_queued_execution_with_deterministic_launch_id",
-            "launch_work_on_wait_retry_starts_next_attempt_with_new_launch_id",
-        ],
-    ),
-    row(
-        QUEUED_OR_RETRY,
-        &[E::LaunchWork],
-        "lease match, await step",
-        "WAITING_EXTERNAL, await unit · SendAwaitNotice",
-        &["launch_work_of_an_await_step_parks_the_execution_on_an_await_unit"],
-    ),
-    row(
-        QUEUED_OR_RETRY,
-        &[E::LaunchWork],
-        "lease match, fan-out over n > 0 items",
-        "WAITING_EXTERNAL, fan-out unit of n · SendAwaitNotice",
-        &["launch_work_of_a_fan_out_step_waits_on_one_child_per_item"],
-    ),
-    row(
-        QUEUED_OR_RETRY,
-        &[E::LaunchWork],
-        "lease match, fan-out over no items",
-        "step done: next step launched, or SUCCEEDED",
-        &["launch_work_of_a_fan_out_over_no_items_goes_straight_on"],
-    ),
-    row(
-        QUEUED_OR_RETRY,
-        &[E::LaunchWork],
-        "lease match, fan-out, items in an object",
-        "WAITING_EXTERNAL, unit to size · SendAwaitNotice",
-        &["a_fan_out_over_items_in_an_object_is_sized_before_its_children_start"],
-    ),
-    row(
-        RUNNING,
-        &[E::LaunchWork],
-        "lease match, deadline passed, no resend",
-        "same launch re-sent · SendRequest",
-        &["launch_work_on_running_execution_past_deadline_resends_same_launch_id_once"],
-    ),
-    row(
-        RUNNING,
-        &[E::LaunchWork],
-        "lease match, deadline passed, resent",
-        "attempt failed: STEP_TIMEOUT, retryable",
-        &[
-            "launch_work_on_resent_attempt_past_deadline_times_it_out_and_schedules_retry",
-            "step_timeout_on_last_attempt_of_budget_fails_execution",
-        ],
-    ),
-    row(
-        &[Status::Running, Status::WaitingExternal],
-        &[E::LaunchWork],
-        "lease match, nothing due under it",
-        "lease released",
-        &["launch_work_on_running_execution_before_deadline_only_releases_lease"],
-    ),
-    row(
-        WAITING,
-        &[E::LaunchWork],
-        "lease match, due, before the deadline",
-        "SendAwaitNotice again, checked a lease later",
-        &["an_unconfirmed_notice_is_sent_again_by_the_sweeper"],
-    ),
-    row(
-        WAITING,
-        &[E::LaunchWork],
-        "lease match, await deadline passed",
-        "step failed: AWAIT_TIMEOUT, FAILED",
-        &["the_deadline_fails_the_step_with_await_timeout_through_the_sweeper"],
-    ),
+    row(LIVE, &[E::Claim], "due, lease absent or expired", "lease (gen+1) · EnqueueLaunch", &["claim_of_due_unleased_execution_takes_lease_with_next_generation_and_enqueues_launch", "claim_after_lease_expiry_takes_over_with_next_generation_and_fences_old_launch_work"]),
+    row(TERMINAL, &[E::Claim], "due: dead letter/parent notice unsent", "SendDeadLetter/NotifyParent again", &["claim_of_failed_execution_whose_dead_letter_is_unsent_sends_it_again", "a_child_that_ends_tells_its_parent_until_confirmed"]),
+    row(ANY_STATUS, &[E::Claim], "only the outbox due, tries left", "PublishEvents again, next check backed off", &["an_outbox_that_is_never_confirmed_is_retried_less_often_then_dropped_and_noted"]),
+    row(ANY_STATUS, &[E::Claim], "only the outbox due, none left/events off", "outbox dropped, EVENTS_DROPPED incident", &["an_outbox_that_is_never_confirmed_is_retried_less_often_then_dropped_and_noted", "an_outbox_is_dropped_at_once_when_lifecycle_events_are_switched_off"]),
+    row(QUEUED_OR_RETRY, &[E::LaunchWork], "lease generation+token match, task", "RUNNING, step `launching` · SendRequest", &["launch_work_starts_first_attempt_of_queued_execution_with_deterministic_launch_id", "launch_work_on_wait_retry_starts_next_attempt_with_new_launch_id"]),
+    row(QUEUED_OR_RETRY, &[E::LaunchWork], "lease match, await step", "WAITING_EXTERNAL, await unit · SendAwaitNotice", &["launch_work_of_an_await_step_parks_the_execution_on_an_await_unit"]),
+    row(QUEUED_OR_RETRY, &[E::LaunchWork], "lease match, fan-out over n > 0 items", "WAITING_EXTERNAL, fan-out unit of n · SendAwaitNotice", &["launch_work_of_a_fan_out_step_waits_on_one_child_per_item"]),
+    row(QUEUED_OR_RETRY, &[E::LaunchWork], "lease match, fan-out over no items", "step done: next step launched, or SUCCEEDED", &["launch_work_of_a_fan_out_over_no_items_goes_straight_on"]),
+    row(QUEUED_OR_RETRY, &[E::LaunchWork], "lease match, fan-out, items in an object", "WAITING_EXTERNAL, unit to size · SendAwaitNotice", &["a_fan_out_over_items_in_an_object_is_sized_before_its_children_start"]),
+    row(RUNNING, &[E::LaunchWork], "lease match, deadline passed, no resend", "same launch re-sent · SendRequest", &["launch_work_on_running_execution_past_deadline_resends_same_launch_id_once"]),
+    row(RUNNING, &[E::LaunchWork], "lease match, deadline passed, resent", "attempt failed: STEP_TIMEOUT, retryable", &["launch_work_on_resent_attempt_past_deadline_times_it_out_and_schedules_retry", "step_timeout_on_last_attempt_of_budget_fails_execution"]),
+    row(&[Status::Running, Status::WaitingExternal], &[E::LaunchWork], "lease match, nothing due under it", "lease released", &["launch_work_on_running_execution_before_deadline_only_releases_lease"]),
+    row(WAITING, &[E::LaunchWork], "lease match, due, before the deadline", "SendAwaitNotice again, checked a lease later", &["an_unconfirmed_notice_is_sent_again_by_the_sweeper"]),
+    row(WAITING, &[E::LaunchWork], "lease match, await deadline passed", "step failed: AWAIT_TIMEOUT, FAILED", &["the_deadline_fails_the_step_with_await_timeout_through_the_sweeper"]),
 ];
 
 pub(super) fn claim(record: &Execution, ctx: &Context) -> Decision {

@@ -4,52 +4,14 @@ use super::transitions::{row, Transition, E, FAILED, WAITING};
 use super::*;
 
 /// The transition rows of notices sent and await units completed (see `transitions`).
+#[rustfmt::skip]
 pub(super) const ROWS: &[Transition] = &[
-    row(
-        FAILED,
-        &[E::DeadLetterSent],
-        "same dead-letter id, unsent",
-        "marked sent, leaves the due index",
-        &["dead_letter_sent_marks_it_sent_and_takes_the_execution_off_the_due_index"],
-    ),
-    row(
-        WAITING,
-        &[E::AwaitNoticeSent],
-        "same unit, notice unsent",
-        "notice marked sent, due at the deadline",
-        &[
-            "an_await_step_parks_the_execution_with_unguessable_distinct_tokens",
-            "an_unconfirmed_notice_is_sent_again_by_the_sweeper",
-        ],
-    ),
-    row(
-        WAITING,
-        &[E::CompleteInteraction],
-        "right token, approved, others pending",
-        "completion noted, still waiting",
-        &["every_interaction_must_be_approved_before_resuming"],
-    ),
-    row(
-        WAITING,
-        &[E::CompleteInteraction],
-        "right token, approved, the last one",
-        "succeeds, output = input + answers (as ok)",
-        &["approving_resumes_at_the_next_step_with_the_completion_payload"],
-    ),
-    row(
-        WAITING,
-        &[E::CompleteInteraction],
-        "right token, rejected",
-        "step failed: REJECTED, FAILED",
-        &["rejecting_fails_the_execution_with_the_reason"],
-    ),
-    row(
-        TERMINAL,
-        &[E::ParentNotified],
-        "has a parent, not yet told",
-        "parent told, leaves the due index",
-        &["a_child_that_ends_tells_its_parent_until_confirmed"],
-    ),
+    row(FAILED, &[E::DeadLetterSent], "same dead-letter id, unsent", "marked sent, leaves the due index", &["dead_letter_sent_marks_it_sent_and_takes_the_execution_off_the_due_index"]),
+    row(WAITING, &[E::AwaitNoticeSent], "same unit, notice unsent", "notice marked sent, due at the deadline", &["an_await_step_parks_the_execution_with_unguessable_distinct_tokens", "an_unconfirmed_notice_is_sent_again_by_the_sweeper"]),
+    row(WAITING, &[E::CompleteInteraction], "right token, approved, others pending", "completion noted, still waiting", &["every_interaction_must_be_approved_before_resuming"]),
+    row(WAITING, &[E::CompleteInteraction], "right token, approved, the last one", "succeeds, output = input + answers (as ok)", &["approving_resumes_at_the_next_step_with_the_completion_payload"]),
+    row(WAITING, &[E::CompleteInteraction], "right token, rejected", "step failed: REJECTED, FAILED", &["rejecting_fails_the_execution_with_the_reason"]),
+    row(TERMINAL, &[E::ParentNotified], "has a parent, not yet told", "parent told, leaves the due index", &["a_child_that_ends_tells_its_parent_until_confirmed"]),
 ];
 
 pub(super) fn dead_letter_sent(record: &Execution, ctx: &Context, id: Uuid) -> Decision {

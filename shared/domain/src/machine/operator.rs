@@ -4,58 +4,14 @@ use super::transitions::{row, Transition, E, FAILED, NOT_SUCCEEDED, SUCCEEDED};
 use super::*;
 
 /// The transition rows of operators' and parents' requests (see `transitions`).
+#[rustfmt::skip]
 pub(super) const ROWS: &[Transition] = &[
-    row(
-        FAILED,
-        &[E::Redrive],
-        "expected version",
-        "QUEUED, new budget, lease · EnqueueLaunch",
-        &["redrive_of_failed_execution_requeues_it_with_new_budget_audit_note_and_lease"],
-    ),
-    row(
-        LIVE,
-        &[E::Cancel],
-        "",
-        "CANCELLED · NotifyCancel / CancelChildren",
-        &[
-            "cancel_of_running_execution_cancels_it_and_clears_due_time",
-            "cancel_of_waiting_retry_drops_its_lease_and_its_pending_launch_work_is_skipped",
-            "cancel_of_queued_execution_notifies_no_worker",
-            "a_cancelled_execution_takes_no_completion",
-            "a_cancelled_fan_out_cancels_the_children_still_running",
-        ],
-    ),
-    row(
-        LIVE,
-        &[E::CancelFromParent],
-        "the parent's token",
-        "CANCELLED · NotifyCancel if RUNNING",
-        &["a_cancelled_fan_out_cancels_the_children_still_running"],
-    ),
-    row(
-        NOT_SUCCEEDED,
-        &[E::Rejoin],
-        "parent's token, another attempt",
-        "QUEUED, new budget, lease · EnqueueLaunch",
-        &[
-            "a_failed_child_started_again_by_its_parent_runs_again",
-            "a_cancelled_child_started_again_by_its_parent_runs_again",
-        ],
-    ),
-    row(
-        SUCCEEDED,
-        &[E::Rejoin],
-        "parent's token, another attempt",
-        "parent told again · NotifyParent",
-        &["an_ended_child_started_again_by_its_parent_tells_it_again_without_running"],
-    ),
-    row(
-        LIVE,
-        &[E::Rejoin],
-        "parent's token, another attempt",
-        "answers that attempt when it ends",
-        &["a_running_child_started_again_answers_the_new_attempt"],
-    ),
+    row(FAILED, &[E::Redrive], "expected version", "QUEUED, new budget, lease · EnqueueLaunch", &["redrive_of_failed_execution_requeues_it_with_new_budget_audit_note_and_lease"]),
+    row(LIVE, &[E::Cancel], "", "CANCELLED · NotifyCancel / CancelChildren", &["cancel_of_running_execution_cancels_it_and_clears_due_time", "cancel_of_waiting_retry_drops_its_lease_and_its_pending_launch_work_is_skipped", "cancel_of_queued_execution_notifies_no_worker", "a_cancelled_execution_takes_no_completion", "a_cancelled_fan_out_cancels_the_children_still_running"]),
+    row(LIVE, &[E::CancelFromParent], "the parent's token", "CANCELLED · NotifyCancel if RUNNING", &["a_cancelled_fan_out_cancels_the_children_still_running"]),
+    row(NOT_SUCCEEDED, &[E::Rejoin], "parent's token, another attempt", "QUEUED, new budget, lease · EnqueueLaunch", &["a_failed_child_started_again_by_its_parent_runs_again", "a_cancelled_child_started_again_by_its_parent_runs_again"]),
+    row(SUCCEEDED, &[E::Rejoin], "parent's token, another attempt", "parent told again · NotifyParent", &["an_ended_child_started_again_by_its_parent_tells_it_again_without_running"]),
+    row(LIVE, &[E::Rejoin], "parent's token, another attempt", "answers that attempt when it ends", &["a_running_child_started_again_answers_the_new_attempt"]),
 ];
 
 pub(super) fn redrive(

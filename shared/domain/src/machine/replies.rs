@@ -4,79 +4,15 @@ use super::transitions::{row, Transition, E, RUNNING};
 use super::*;
 
 /// The transition rows of workers' replies and heartbeats (see `transitions`).
+#[rustfmt::skip]
 pub(super) const ROWS: &[Transition] = &[
-    row(
-        RUNNING,
-        &[E::Reply],
-        "current launch, ok, steps left",
-        "output kept, next step launched (as above)",
-        &[
-            "successful_reply_on_middle_step_records_output_and_launches_next_step",
-            "an_await_step_parks_the_execution_with_unguessable_distinct_tokens",
-            "a_fan_out_resumes_once_when_its_last_child_is_counted",
-            "a_fan_out_over_no_items_is_done_at_once",
-        ],
-    ),
-    row(
-        RUNNING,
-        &[E::Reply],
-        "current launch, ok, last step",
-        "SUCCEEDED with result, off the due index",
-        &["successful_reply_on_last_step_succeeds_execution_with_result_and_no_due_time"],
-    ),
-    row(
-        RUNNING,
-        &[E::Reply],
-        "current launch, error, retry in ≤ 900 s",
-        "WAIT_RETRY, lease · EnqueueLaunch(delay)",
-        &[
-            "retryable_failure_with_budget_left_waits_for_retry_under_new_lease_and_jittered_delay",
-            "retry_delay_follows_the_context_jitter",
-        ],
-    ),
-    row(
-        RUNNING,
-        &[E::Reply],
-        "current launch, error, retry in > 900 s",
-        "WAIT_RETRY, no lease, due at the retry time",
-        &[
-            "retry_delay_beyond_sqs_limit_is_left_to_the_due_index_without_lease",
-            "retry_delay_of_exactly_900_seconds_is_still_enqueued_and_one_ms_more_is_not",
-        ],
-    ),
-    row(
-        RUNNING,
-        &[E::Reply],
-        "current launch, error, no retry",
-        "FAILED, dead letter marked · SendDeadLetter",
-        &[
-            "retryable_failure_of_last_attempt_in_budget_fails_execution_with_the_error",
-            "non_retryable_failure_fails_execution_at_once",
-            "error_code_listed_non_retryable_in_policy_fails_at_once_although_worker_says_retryable",
-            "terminal_failure_marks_a_dead_letter_in_the_same_commit_and_sends_it",
-        ],
-    ),
-    row(
-        &[Status::Running, Status::WaitRetry, Status::Queued],
-        &[E::Reply],
-        "ok of an unanswered attempt of the step",
-        "adopted: applied like the current one",
-        &[
-            "late_success_of_superseded_attempt_of_current_step_is_adopted",
-            "late_success_of_timed_out_attempt_is_adopted_while_its_retry_waits",
-            "late_success_of_timed_out_attempt_is_adopted_after_a_redrive",
-        ],
-    ),
-    row(
-        RUNNING,
-        &[E::Heartbeat],
-        "current launch, extends the deadline",
-        "deadline extended (≤ 12 step timeouts)",
-        &[
-            "heartbeat_of_current_attempt_extends_its_deadline_and_changes_nothing_else",
-            "heartbeats_extend_an_attempt_only_up_to_its_bound",
-        ],
-    ),
+    row(RUNNING, &[E::Reply], "current launch, ok, steps left", "output kept, next step launched (as above)", &["successful_reply_on_middle_step_records_output_and_launches_next_step", "an_await_step_parks_the_execution_with_unguessable_distinct_tokens", "a_fan_out_resumes_once_when_its_last_child_is_counted", "a_fan_out_over_no_items_is_done_at_once"]),
+    row(RUNNING, &[E::Reply], "current launch, ok, last step", "SUCCEEDED with result, off the due index", &["successful_reply_on_last_step_succeeds_execution_with_result_and_no_due_time"]),
+    row(RUNNING, &[E::Reply], "current launch, error, retry in ≤ 900 s", "WAIT_RETRY, lease · EnqueueLaunch(delay)", &["retryable_failure_with_budget_left_waits_for_retry_under_new_lease_and_jittered_delay", "retry_delay_follows_the_context_jitter"]),
+    row(RUNNING, &[E::Reply], "current launch, error, retry in > 900 s", "WAIT_RETRY, no lease, due at the retry time", &["retry_delay_beyond_sqs_limit_is_left_to_the_due_index_without_lease", "retry_delay_of_exactly_900_seconds_is_still_enqueued_and_one_ms_more_is_not"]),
+    row(RUNNING, &[E::Reply], "current launch, error, no retry", "FAILED, dead letter marked · SendDeadLetter", &["retryable_failure_of_last_attempt_in_budget_fails_execution_with_the_error", "non_retryable_failure_fails_execution_at_once", "error_code_listed_non_retryable_in_policy_fails_at_once_although_worker_says_retryable", "terminal_failure_marks_a_dead_letter_in_the_same_commit_and_sends_it"]),
+    row(&[Status::Running, Status::WaitRetry, Status::Queued], &[E::Reply], "ok of an unanswered attempt of the step", "adopted: applied like the current one", &["late_success_of_superseded_attempt_of_current_step_is_adopted", "late_success_of_timed_out_attempt_is_adopted_while_its_retry_waits", "late_success_of_timed_out_attempt_is_adopted_after_a_redrive"]),
+    row(RUNNING, &[E::Heartbeat], "current launch, extends the deadline", "deadline extended (≤ 12 step timeouts)", &["heartbeat_of_current_attempt_extends_its_deadline_and_changes_nothing_else", "heartbeats_extend_an_attempt_only_up_to_its_bound"]),
 ];
 
 /// Checks a worker's message against the record: the reply token of the launch it names (when the

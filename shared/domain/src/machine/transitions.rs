@@ -179,49 +179,15 @@ const fn concat<const N: usize>(groups: &[&[Transition]]) -> [Transition; N] {
 }
 
 /// The events `decide` handles itself, on any record.
+#[rustfmt::skip]
 const RECORD: &[Transition] = &[
-    row(
-        ANY_STATUS,
-        &[E::Incident],
-        "",
-        "noted on the record (latest ones kept)",
-        &[
-            "incident_is_noted_on_the_record_whatever_its_status_and_changes_nothing_else",
-            "incidents_keep_only_the_latest_ones",
-        ],
-    ),
-    row(
-        ANY_STATUS,
-        &[E::EventsPublished],
-        "outbox holds events up to `through`",
-        "those events leave the outbox",
-        &["events_published_leave_the_outbox_and_a_redelivery_is_a_duplicate"],
-    ),
+    row(ANY_STATUS, &[E::Incident], "", "noted on the record (latest ones kept)", &["incident_is_noted_on_the_record_whatever_its_status_and_changes_nothing_else", "incidents_keep_only_the_latest_ones"]),
+    row(ANY_STATUS, &[E::EventsPublished], "outbox holds events up to `through`", "those events leave the outbox", &["events_published_leave_the_outbox_and_a_redelivery_is_a_duplicate"]),
 ];
 
 /// What `decide` adds to the commit of a row above (rendered as the second doc table).
+#[rustfmt::skip]
 pub const APPENDED: &[Transition] = &[
-    row(
-        LIVE,
-        &[
-            E::Reply,
-            E::LaunchWork,
-            E::CompleteInteraction,
-            E::Cancel,
-            E::CancelFromParent,
-        ],
-        "ends a fan-out child (parent set)",
-        "+ NotifyParent, due until ParentNotified",
-        &[
-            "a_child_that_ends_tells_its_parent_until_confirmed",
-            "a_cancelled_child_tells_its_parent",
-        ],
-    ),
-    row(
-        ANY_STATUS,
-        EventKind::ALL,
-        "lifecycle events on, the change makes some",
-        "+ events in the outbox · PublishEvents",
-        &["a_commit_with_lifecycle_events_on_fills_the_outbox_and_publishes_it"],
-    ),
+    row(LIVE, &[E::Reply, E::LaunchWork, E::CompleteInteraction, E::Cancel, E::CancelFromParent], "ends a fan-out child (parent set)", "+ NotifyParent, due until ParentNotified", &["a_child_that_ends_tells_its_parent_until_confirmed", "a_cancelled_child_tells_its_parent"]),
+    row(ANY_STATUS, EventKind::ALL, "lifecycle events on, the change makes some", "+ events in the outbox · PublishEvents", &["a_commit_with_lifecycle_events_on_fills_the_outbox_and_publishes_it"]),
 ];
