@@ -148,6 +148,7 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
                 step_index: 0,
                 attempt: 1,
                 launch_id: stepline::domain::launch_id(execution, 0, 1),
+                step_key: String::new(),
                 reply_to: reply_to.clone(),
                 deadline: now_ms() + 60_000,
                 reply_token: format!("token-of-{execution}"),

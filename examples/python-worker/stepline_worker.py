@@ -173,6 +173,8 @@ class Request:
         self.step_index: int = header["stepIndex"]
         self.attempt: int = header["attempt"]  # 1-based, counts every attempt of this step
         self.launch_id: str = header["launchId"]  # the idempotency key of this attempt
+        # The step's key for side effects: the same for every attempt and re-drive of this step.
+        self.step_key: str = header.get("stepKey", "")
         self.tenant: str = header["tenant"]
         self.deadline_ms: int = header["deadline"]  # epoch ms; heartbeats keep a longer step alive
         self.identity: dict = header["identity"]

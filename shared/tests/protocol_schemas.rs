@@ -315,6 +315,7 @@ fn header(kind: &str, token: &str) -> RequestHeader {
         step_index: 1,
         attempt: 2,
         launch_id: LAUNCH,
+        step_key: "5b0f3c2a9e8d7f6e1a2b3c4d5e6f7a8b".into(),
         reply_to: "replies".into(),
         deadline: 1_764_633_660_000,
         reply_token: token.into(),
@@ -1208,6 +1209,7 @@ async fn messages_the_worker_runtime_sends_match_their_schemas() {
         let header = RequestHeader {
             step_id: step.into(),
             launch_id: Uuid::from_u128(launch),
+            step_key: String::new(),
             identity,
             ..header(REQUEST_KIND, "7aabd6496b67527eefeb354d9b5afcd9")
         };
@@ -1311,6 +1313,7 @@ async fn the_worker_runtimes_announcements_match_their_schema() {
     let request = |launch: u128| {
         let header = RequestHeader {
             launch_id: Uuid::from_u128(launch),
+            step_key: String::new(),
             ..header(REQUEST_KIND, "7aabd6496b67527eefeb354d9b5afcd9")
         };
         serde_json::to_string(&RequestEnvelope {

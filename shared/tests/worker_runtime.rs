@@ -55,6 +55,7 @@ fn header(launch: u128) -> RequestHeader {
         step_index: 2,
         attempt: 1,
         launch_id: Uuid::from_u128(launch),
+        step_key: String::new(),
         reply_to: REPLY_QUEUE.into(),
         // Far enough that the default heartbeat never fires in a fast test.
         deadline: now_ms() + 600_000,

@@ -75,6 +75,11 @@ pub struct RequestHeader {
     pub step_index: u32,
     pub attempt: u32,
     pub launch_id: Uuid,
+    /// The step's key for its side effects: the same for every attempt of the step and across
+    /// re-drives, and unguessable (see `domain::ids::step_key`). Absent where the execution has no
+    /// secret (created before reply tokens).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub step_key: String,
     /// URL of the queue the reply goes to.
     pub reply_to: String,
     /// Epoch milliseconds after which the coordinator stops waiting for this attempt.
@@ -348,6 +353,7 @@ mod tests {
             step_index: 0,
             attempt: 1,
             launch_id: Uuid::from_u128(2),
+            step_key: String::new(),
             reply_to: "http://q".into(),
             deadline: 5,
             reply_token: "t".into(),

@@ -73,9 +73,33 @@ pub fn fan_out_token(secret: &str, execution: Uuid, step: u32, item: &str) -> St
     hex::encode(&hmac_sha256(secret.as_bytes(), message.as_bytes())[..16])
 }
 
+/// The key of step `step` of `execution` for its side effects: HMAC-SHA256 under the execution's
+/// secret (128 bits, hex). The same for every attempt of the step and across re-drives (the launch id
+/// changes per attempt), so a worker that keys a payment or an email on it does it once however often
+/// the step runs; and only the coordinator can derive it, so nobody can take another execution's key
+/// at a downstream service before it.
+pub fn step_key(secret: &str, execution: Uuid, step: u32) -> String {
+    let message = format!("step/{execution}/{step}");
+    hex::encode(&hmac_sha256(secret.as_bytes(), message.as_bytes())[..16])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_step_key_is_the_steps_alone_and_needs_the_executions_secret() {
+        let (execution, other) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let key = step_key("secret", execution, 0);
+        assert_eq!(key, step_key("secret", execution, 0));
+        assert_eq!(key.len(), 32);
+        assert_ne!(key, step_key("secret", execution, 1));
+        assert_ne!(key, step_key("secret", other, 0));
+        assert_ne!(key, step_key("another secret", execution, 0));
+        // Apart from every token the same secret makes.
+        assert_ne!(key, reply_token("secret", launch_id(execution, 0, 1)));
+        assert_ne!(key, fan_out_token("secret", execution, 0, "0"));
+    }
 
     #[test]
     fn no_submission_or_start_event_names_a_fan_out_child() {

@@ -422,12 +422,15 @@ impl Coordinator {
             step_index: step,
             attempt,
             launch_id,
+            step_key: match record.secret.is_empty() {
+                true => String::new(),
+                false => domain::ids::step_key(&record.secret, record.id, step),
+            },
             reply_to: self.settings.queues.reply.clone(),
             deadline,
-            reply_token: if record.secret.is_empty() {
-                String::new()
-            } else {
-                domain::reply_token(&record.secret, launch_id)
+            reply_token: match record.secret.is_empty() {
+                true => String::new(),
+                false => domain::reply_token(&record.secret, launch_id),
             },
         }
     }
