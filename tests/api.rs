@@ -310,6 +310,83 @@ async fn submit_is_idempotent_and_status_and_result_follow_the_execution() -> an
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_submits_each_item_on_its_own_and_refuses_a_malformed_one_in_its_place(
+) -> anyhow::Result<()> {
+    let stack = on_emulator!(TestStack::new("api-batch", |_| {}).await?);
+    let unknown_pipeline = json!({"pipelineId": "nope", "tenant": "acme", "input": {}});
+    // What submitting that one alone answers.
+    let alone = post(&stack, "/executions", unknown_pipeline.clone()).await;
+    assert!(alone.status >= 400, "{}", alone.body);
+    let batch = json!({"executions": [
+        submission(&stack, 1, Some("batch-1")),
+        submission_with(&stack, "tenant", None),
+        submission(&stack, 2, None),
+        unknown_pipeline,
+        submission(&stack, 1, Some("batch-1")),
+    ]});
+
+    let answer = post(&stack, "/executions:batch", batch).await;
+
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        (&answer.body["submitted"], &answer.body["refused"]),
+        (&json!(3), &json!(2))
+    );
+    let results = answer.body["results"].as_array().unwrap();
+    let indexes: Vec<u64> = results
+        .iter()
+        .map(|r| r["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indexes, [0, 1, 2, 3, 4], "in the order submitted");
+    assert_eq!(results[1]["error"]["code"], "INVALID_BODY");
+    assert!(results[1]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("tenant"));
+    assert_eq!(
+        results[3]["error"]["code"],
+        alone.code(),
+        "as a submission alone"
+    );
+    // The same key twice in one batch names one execution, created once.
+    assert_eq!(results[0]["executionId"], results[4]["executionId"]);
+    let created: Vec<&Value> = [&results[0], &results[4]]
+        .into_iter()
+        .filter(|r| r["duplicate"] == json!(false))
+        .collect();
+    assert_eq!(created.len(), 1, "{results:?}");
+    assert_ne!(results[2]["executionId"], results[0]["executionId"]);
+    // Each one submitted runs: its first request is out.
+    for result in [&results[0], &results[2]] {
+        let id = result["executionId"].as_str().unwrap();
+        let status = get(&stack, &format!("/executions/{id}")).await;
+        assert_eq!(status.body["status"], "RUNNING", "{}", status.body);
+        assert_eq!(status.body["step"], 0);
+    }
+
+    // A batch over the limit is refused whole; the operate endpoint does not serve batches.
+    let too_many: Vec<Value> = (0..=stepline::http::MAX_BATCH_ITEMS)
+        .map(|n| submission(&stack, n, None))
+        .collect();
+    post(&stack, "/executions:batch", json!({"executions": too_many}))
+        .await
+        .refused(400, "INVALID_BODY");
+    let body = json!({"executions": [submission(&stack, 3, None)]}).to_string();
+    let operate = Audiences::only(Audience::Operate);
+    call_at(
+        &stack,
+        "OperatorApiFunction",
+        operate,
+        "POST",
+        "/executions:batch",
+        &body,
+    )
+    .await
+    .refused(403, "NOT_SERVED");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_unknown_requests_are_refused_with_stable_codes() -> anyhow::Result<()> {
     let stack = on_emulator!(TestStack::new("api-bad", |_| {}).await?);
     let unknown = Uuid::new_v4();

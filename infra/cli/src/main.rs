@@ -6,6 +6,7 @@ mod console;
 mod dlq;
 mod init;
 mod render;
+mod submit;
 
 use dlq::*;
 use render::*;
@@ -52,12 +53,17 @@ enum Command {
         #[arg(long)]
         tenant: String,
         /// Input JSON.
-        #[arg(long, default_value = "{}")]
+        #[arg(long, default_value = "{}", conflicts_with = "file")]
         input: String,
+        /// With --file: the prefix of each line's key (`<prefix>/<line>`; default: the file's digest).
         #[arg(long)]
         idempotency_key: Option<String>,
         #[arg(long)]
         release: Option<String>,
+        /// A JSON Lines file: one execution per line, its input; submitted in batches, each line on
+        /// its own key, so that running the file again submits nothing twice.
+        #[arg(long)]
+        file: Option<std::path::PathBuf>,
     },
     /// Status of an execution.
     Status { execution: Uuid },
@@ -266,9 +272,27 @@ async fn main() -> Result<()> {
         Command::Submit {
             pipeline,
             tenant,
+            idempotency_key,
+            release,
+            file: Some(path),
+            ..
+        } => {
+            let request = submit::FileSubmission {
+                pipeline,
+                tenant,
+                release,
+                key_prefix: idempotency_key,
+                path,
+            };
+            submit::submit_file(&api, request, &out).await?;
+        }
+        Command::Submit {
+            pipeline,
+            tenant,
             input,
             idempotency_key,
             release,
+            file: None,
         } => {
             let submitted = api
                 .submit(SubmitRequest {

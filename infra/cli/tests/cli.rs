@@ -257,3 +257,133 @@ async fn list_finds_the_failed_executions_and_history_tells_each_attempt() -> Re
     assert!(human.contains("ended FAILED: INVALID_ORDER"), "{human}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_submits_one_execution_per_line_all_of_which_succeed_and_again_nothing_twice(
+) -> Result<()> {
+    stepline_local::needs_emulator!();
+    let local = stepline_local::LocalStack::up(&stepline_local::fresh_stage("cli-bulk")).await?;
+    let (orders, _) = local.stack.queue("OrderRequestQueue")?;
+    local
+        .release_example(orders, order_worker::RELEASE_VERSION, 60)
+        .await?;
+    let _runner = local.run_workers(vec![(
+        stepline_local::functions::ORDER_WORKER,
+        order_worker::contract(),
+        std::sync::Arc::new(order_worker::OrderSteps),
+    )])?;
+    let stage = local.stack.stage.clone();
+    let count: usize = stepline_local::testing::sized(120, 1000);
+    let dir = std::env::temp_dir().join(&stage);
+    std::fs::create_dir_all(&dir)?;
+    let file = dir.join("orders.jsonl");
+    let mut lines: Vec<String> = (1..=count)
+        .map(|n| order_worker::sample_order(n).to_string())
+        .collect();
+    lines.insert(count / 2, String::new()); // a blank line is no execution
+    std::fs::write(&file, lines.join("\n") + "\n")?;
+    let file = file.to_str().unwrap();
+    let args = [
+        "--json",
+        "submit",
+        "--pipeline",
+        "orders",
+        "--tenant",
+        "bulk",
+        "--file",
+        file,
+    ];
+
+    let first = stepline(&stage, &args);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let results: Vec<Value> = serde_json::from_str(stdout(&first).trim())?;
+    assert_eq!(results.len(), count);
+    assert!(
+        results.iter().all(|r| r["duplicate"] == json!(false)),
+        "{results:?}"
+    );
+    let mut ids: Vec<uuid::Uuid> = results
+        .iter()
+        .map(|r| r["executionId"].as_str().unwrap().parse().unwrap())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), count, "one execution per line");
+
+    // Every one of them runs to its end and succeeds.
+    let api = local.operator()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    let mut running = ids.clone();
+    while !running.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {count} still running",
+            running.len()
+        );
+        let mut still = Vec::new();
+        for id in running {
+            match api.get(id).await?.status {
+                Status::Succeeded => {}
+                status if status.is_terminal() => panic!("{id} ended {status}"),
+                _ => still.push(id),
+            }
+        }
+        running = still;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // The same file again submits nothing: every line names the execution it started.
+    let again = stepline(&stage, &args);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let repeated: Vec<Value> = serde_json::from_str(stdout(&again).trim())?;
+    assert!(repeated.iter().all(|r| r["duplicate"] == json!(true)));
+    assert_eq!(
+        repeated
+            .iter()
+            .map(|r| &r["executionId"])
+            .collect::<Vec<_>>(),
+        results
+            .iter()
+            .map(|r| &r["executionId"])
+            .collect::<Vec<_>>()
+    );
+
+    // A line that is not JSON stops the file before anything is submitted.
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"orderId\": \"late-1\"}\n{not json\n")?;
+    let refused = stepline(
+        &stage,
+        &[
+            "submit",
+            "--pipeline",
+            "orders",
+            "--tenant",
+            "bulk",
+            "--file",
+            bad.to_str().unwrap(),
+        ],
+    );
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("line 2 is not JSON"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    // Its first line's execution (named by the line's key) does not exist.
+    let prefix = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, &std::fs::read(&bad)?);
+    let key = format!("{}/1", prefix.simple());
+    let first_line = stepline::domain::idempotent_id("bulk", "orders", &key);
+    assert!(
+        api.get(first_line).await.is_err(),
+        "nothing of the bad file was submitted"
+    );
+    Ok(())
+}

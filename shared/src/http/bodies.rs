@@ -17,6 +17,27 @@ pub struct SubmitBody {
     pub release_version: Option<String>,
 }
 
+impl SubmitBody {
+    pub fn into_request(self) -> SubmitRequest {
+        SubmitRequest {
+            pipeline_id: self.pipeline_id,
+            release_version: self.release_version,
+            tenant: self.tenant,
+            input: self.input,
+            idempotency_key: self.idempotency_key,
+            parent: None,
+        }
+    }
+}
+
+/// `POST /executions:batch`: up to [`MAX_BATCH_ITEMS`] submissions, each a `POST /executions` body
+/// (read one by one: a malformed item is refused in its place).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubmitBatchBody {
+    pub executions: Vec<Value>,
+}
+
 /// `POST /executions/{id}/cancel`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -58,6 +79,44 @@ pub struct SubmitResponse {
     pub execution_id: Uuid,
     pub duplicate: bool,
     pub version: u64,
+}
+
+/// `POST /executions:batch`: each item's outcome, in the order submitted.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubmitBatchResponse {
+    pub submitted: usize,
+    pub refused: usize,
+    pub results: Vec<BatchItem>,
+}
+
+/// One item of a batch: submitted (created, or the execution its idempotency key names), or refused
+/// with the error a `POST /executions` of it would have answered.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged, rename_all_fields = "camelCase")]
+pub enum BatchItem {
+    Submitted {
+        index: usize,
+        execution_id: Uuid,
+        duplicate: bool,
+        version: u64,
+    },
+    Refused {
+        index: usize,
+        error: ErrorDetail,
+    },
+}
+
+impl BatchItem {
+    pub(super) fn refused(index: usize, error: ApiError) -> Self {
+        BatchItem::Refused {
+            index,
+            error: ErrorDetail {
+                code: error.code(),
+                message: error.to_string(),
+            },
+        }
+    }
 }
 
 /// `GET /executions/{id}`.

@@ -35,6 +35,8 @@ use crate::ports::{Registration, StoreError};
 /// Request bodies larger than this are refused (`413 BODY_TOO_LARGE`): an execution's input is stored
 /// in its DynamoDB item, which is capped at 400 KB.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// The most executions one `POST /executions:batch` submits.
+pub const MAX_BATCH_ITEMS: usize = 100;
 
 /// Why a request was refused. Each variant has a stable code and an HTTP status.
 #[derive(Debug, thiserror::Error)]
@@ -125,10 +127,11 @@ struct ErrorBody {
     error: ErrorDetail,
 }
 
-#[derive(Serialize)]
-struct ErrorDetail {
-    code: Code,
-    message: String,
+/// A refusal's stable code and message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ErrorDetail {
+    pub code: Code,
+    pub message: String,
 }
 
 // ------------------------------------------------------------------------------------------ bodies
@@ -143,6 +146,8 @@ pub use bodies::*;
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Route<'a> {
     Executions,
+    /// `POST /executions:batch`: many submissions, each on its own.
+    SubmitBatch,
     /// `GET /executions`: the listing (`POST` submits).
     ListExecutions,
     History(&'a str),
@@ -165,6 +170,7 @@ impl<'a> Route<'a> {
         let segments: Vec<&str> = path.split('/').collect();
         Some(match segments.as_slice() {
             ["executions"] => Route::Executions,
+            ["executions:batch"] => Route::SubmitBatch,
             ["executions", id] => Route::Execution(id),
             ["executions", id, "result"] => Route::ExecutionResult(id),
             ["executions", id, "history"] => Route::History(id),
@@ -184,7 +190,7 @@ impl<'a> Route<'a> {
     /// served to every audience.
     fn audience(&self) -> Option<Audience> {
         match self {
-            Route::Executions => Some(Audience::Submit),
+            Route::Executions | Route::SubmitBatch => Some(Audience::Submit),
             Route::Cancel(_)
             | Route::Redrive(_)
             | Route::Interactions(_)
@@ -210,6 +216,7 @@ impl<'a> Route<'a> {
             | Route::PipelineReleases(_)
             | Route::ActiveRelease(_) => Method::GET,
             Route::Executions
+            | Route::SubmitBatch
             | Route::Cancel(_)
             | Route::Redrive(_)
             | Route::Interaction(..)
@@ -314,6 +321,7 @@ async fn route(
     }
     match route {
         Route::Executions => submit(coordinator, parse_body(request)?).await,
+        Route::SubmitBatch => submit_batch(coordinator, parse_body(request)?).await,
         Route::Execution(id) => status(coordinator, execution_id(id)?).await,
         Route::ListExecutions => {
             let listing = list_request(request.uri().query().unwrap_or(""))?;
@@ -353,16 +361,7 @@ async fn route(
 // ---------------------------------------------------------------------------------------- handlers
 
 async fn submit(coordinator: &Coordinator, body: SubmitBody) -> Result<Reply, ApiError> {
-    let submitted = coordinator
-        .submit(SubmitRequest {
-            pipeline_id: body.pipeline_id,
-            release_version: body.release_version,
-            tenant: body.tenant,
-            input: body.input,
-            idempotency_key: body.idempotency_key,
-            parent: None,
-        })
-        .await?;
+    let submitted = coordinator.submit(body.into_request()).await?;
     let status = if submitted.duplicate {
         StatusCode::OK
     } else {
@@ -378,6 +377,57 @@ async fn submit(coordinator: &Coordinator, body: SubmitBody) -> Result<Reply, Ap
     );
     reply.location = Some(format!("/executions/{}", submitted.execution));
     Ok(reply)
+}
+
+/// Submits each item of a batch on its own: an item that is malformed or refused is reported in its
+/// place, with its code, and the others go on.
+async fn submit_batch(coordinator: &Coordinator, body: SubmitBatchBody) -> Result<Reply, ApiError> {
+    if body.executions.len() > MAX_BATCH_ITEMS {
+        return Err(ApiError::InvalidBody(format!(
+            "{} executions in one batch: at most {MAX_BATCH_ITEMS}",
+            body.executions.len()
+        )));
+    }
+    let mut results: Vec<Option<BatchItem>> = Vec::with_capacity(body.executions.len());
+    let mut requests = Vec::new();
+    let mut places = Vec::new();
+    for (index, item) in body.executions.into_iter().enumerate() {
+        match serde_json::from_value::<SubmitBody>(item) {
+            Ok(body) => {
+                places.push(index);
+                requests.push(body.into_request());
+                results.push(None);
+            }
+            Err(e) => results.push(Some(BatchItem::refused(
+                index,
+                ApiError::InvalidBody(e.to_string()),
+            ))),
+        }
+    }
+    for (index, submitted) in places
+        .into_iter()
+        .zip(coordinator.submit_many(requests).await)
+    {
+        results[index] = Some(match submitted {
+            Ok(submitted) => BatchItem::Submitted {
+                index,
+                execution_id: submitted.execution,
+                duplicate: submitted.duplicate,
+                version: submitted.version,
+            },
+            Err(e) => BatchItem::refused(index, e.into()),
+        });
+    }
+    let results: Vec<BatchItem> = results.into_iter().flatten().collect();
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, BatchItem::Refused { .. }))
+        .count();
+    Ok(Reply::ok(&SubmitBatchResponse {
+        submitted: results.len() - refused,
+        refused,
+        results,
+    }))
 }
 
 async fn status(coordinator: &Coordinator, id: Uuid) -> Result<Reply, ApiError> {
@@ -729,6 +779,7 @@ mod tests {
         let spec = include_str!("../../../openapi.yaml");
         for path in [
             "/executions:",
+            "/executions:batch:",
             "/executions/{executionId}:",
             "/executions/{executionId}/result:",
             "/executions/{executionId}/history:",

@@ -24,6 +24,9 @@ pub struct Submitted {
     pub version: u64,
 }
 
+/// Submissions of one `submit_many` decided at a time.
+const SUBMIT_CONCURRENCY: usize = 16;
+
 impl Coordinator {
     /// Starts a new execution pinned to the requested (or active) release and enqueues its first launch.
     pub async fn submit(&self, request: SubmitRequest) -> Result<Submitted, CoordinatorError> {
@@ -31,6 +34,36 @@ impl Coordinator {
         let submitted = self.submit_into(&mut outbox, 0, request).await?;
         self.flush(outbox).await;
         Ok(submitted)
+    }
+
+    /// Submits many executions at once, each on its own (its own idempotency key, its own result,
+    /// in order): the first requests of all of them go out together, batched per queue. One that is
+    /// refused loses none of the others.
+    pub async fn submit_many(
+        &self,
+        requests: Vec<SubmitRequest>,
+    ) -> Vec<Result<Submitted, CoordinatorError>> {
+        use futures_util::stream::{self, StreamExt};
+        let keys = self.seal_keys().await;
+        let keys = &keys;
+        // Decided and committed a few at a time, each into its own outbox, merged in order.
+        let decided: Vec<_> = stream::iter(requests.into_iter().enumerate())
+            .map(|(index, request)| async move {
+                let mut outbox = Outbox::sealing_with(keys.clone());
+                let result = self.submit_into(&mut outbox, index, request).await;
+                (result, outbox)
+            })
+            .buffered(SUBMIT_CONCURRENCY)
+            .collect()
+            .await;
+        let mut outbox = Outbox::sealing_with(keys.clone());
+        let mut results = Vec::with_capacity(decided.len());
+        for (result, staged) in decided {
+            results.push(result);
+            outbox.extend(staged);
+        }
+        self.flush(outbox).await;
+        results
     }
 
     /// `submit`, staging the first request (or the request of a duplicate that may not have gone
