@@ -12,7 +12,7 @@ use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, RecordingSender};
 use stepline::envelope::ReplyOutcome;
 use stepline::ports::{Clock, SystemClock};
-use stepline::{handlers, Coordinator, SubmitRequest};
+use stepline::{handlers, Coordinator};
 use uuid::Uuid;
 
 const T0: i64 = 1_800_000_000_000;
@@ -52,16 +52,7 @@ async fn an_entry_kept_early_is_moved_by_the_sweep_that_finds_it_and_claimed_onc
         clock.clone(),
         settings(),
     );
-    let id = coordinator
-        .submit(SubmitRequest {
-            pipeline_id: "due".into(),
-            tenant: "t".into(),
-            input: json!({}),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .execution;
+    let id = common::submit_to(&coordinator, "due").await;
     let created = store.snapshot(id).unwrap();
     let kept = created.due_at().expect("due");
     assert_eq!(created.index_due(), Some(kept));

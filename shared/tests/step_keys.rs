@@ -7,13 +7,13 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{reply, sqs, submitted, task_pipeline};
+use common::{reply, sqs, submit_to, submitted, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, RecordingSender};
 use stepline::domain::{PipelineDef, RetryPolicy, Status, StepError};
 use stepline::envelope::{ReplyOutcome, RequestHeader};
 use stepline::handlers::{self, RedriveRequest};
-use stepline::{Coordinator, SubmitRequest};
+use stepline::Coordinator;
 
 /// Two steps, two attempts each, retried 1 ms after a failure.
 fn def() -> PipelineDef {
@@ -121,16 +121,7 @@ async fn a_step_keeps_its_key_across_retries_and_re_drives_and_no_other_step_sha
     assert_ne!(next.step_key, first.step_key);
 
     // Another execution's first step has another key.
-    let other = coordinator
-        .submit(SubmitRequest {
-            pipeline_id: "keys".into(),
-            tenant: "t".into(),
-            input: json!({}),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .execution;
+    let other = submit_to(&coordinator, "keys").await;
     let theirs = deliver(&coordinator, &sender)
         .await
         .pop()

@@ -282,25 +282,16 @@ async fn a_file_submits_one_execution_per_line_all_of_which_succeed_and_again_no
         .collect();
     lines.insert(count / 2, String::new()); // a blank line is no execution
     std::fs::write(&file, lines.join("\n") + "\n")?;
-    let file = file.to_str().unwrap();
-    let args = [
-        "--json",
-        "submit",
-        "--pipeline",
-        "orders",
-        "--tenant",
-        "bulk",
-        "--file",
-        file,
-    ];
+    let submit_file = |file: &std::path::Path| -> Vec<String> {
+        let args = "submit --pipeline orders --tenant bulk --file";
+        let mut args: Vec<String> = args.split(' ').map(String::from).collect();
+        args.push(file.to_string_lossy().into_owned());
+        args
+    };
+    let args = [vec!["--json".to_string()], submit_file(&file)].concat();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
 
-    let first = stepline(&stage, &args);
-    assert!(
-        first.status.success(),
-        "{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
-    let results: Vec<Value> = serde_json::from_str(stdout(&first).trim())?;
+    let results = submitted(stepline(&stage, &args))?;
     assert_eq!(results.len(), count);
     assert!(
         results.iter().all(|r| r["duplicate"] == json!(false)),
@@ -337,13 +328,7 @@ async fn a_file_submits_one_execution_per_line_all_of_which_succeed_and_again_no
     }
 
     // The same file again submits nothing: every line names the execution it started.
-    let again = stepline(&stage, &args);
-    assert!(
-        again.status.success(),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
-    let repeated: Vec<Value> = serde_json::from_str(stdout(&again).trim())?;
+    let repeated = submitted(stepline(&stage, &args))?;
     assert!(repeated.iter().all(|r| r["duplicate"] == json!(true)));
     assert_eq!(
         repeated
@@ -359,18 +344,9 @@ async fn a_file_submits_one_execution_per_line_all_of_which_succeed_and_again_no
     // A line that is not JSON stops the file before anything is submitted.
     let bad = dir.join("bad.jsonl");
     std::fs::write(&bad, "{\"orderId\": \"late-1\"}\n{not json\n")?;
-    let refused = stepline(
-        &stage,
-        &[
-            "submit",
-            "--pipeline",
-            "orders",
-            "--tenant",
-            "bulk",
-            "--file",
-            bad.to_str().unwrap(),
-        ],
-    );
+    let bad_args = submit_file(&bad);
+    let bad_args: Vec<&str> = bad_args.iter().map(String::as_str).collect();
+    let refused = stepline(&stage, &bad_args);
     assert!(!refused.status.success());
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("line 2 is not JSON"),
@@ -386,4 +362,14 @@ async fn a_file_submits_one_execution_per_line_all_of_which_succeed_and_again_no
         "nothing of the bad file was submitted"
     );
     Ok(())
+}
+
+/// What `submit --file --json` printed, one result per line; it must have succeeded.
+fn submitted(out: Output) -> Result<Vec<Value>> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_str(stdout(&out).trim())?)
 }

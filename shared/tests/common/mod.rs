@@ -61,6 +61,18 @@ pub async fn submitted(
     (sender, coordinator, execution)
 }
 
+/// Submits an execution of `pipeline_id` for tenant `t` with an empty input; its id.
+#[allow(dead_code)]
+pub async fn submit_to(coordinator: &Coordinator, pipeline_id: &str) -> uuid::Uuid {
+    let request = stepline::SubmitRequest {
+        pipeline_id: pipeline_id.into(),
+        tenant: "t".into(),
+        input: serde_json::json!({}),
+        ..Default::default()
+    };
+    coordinator.submit(request).await.unwrap().execution
+}
+
 /// The header of the last request sent to the `requests` queue (what a worker would answer).
 #[allow(dead_code)]
 pub fn last_request(sender: &stepline::adapters::RecordingSender) -> RequestHeader {
