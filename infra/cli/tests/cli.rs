@@ -264,8 +264,10 @@ async fn a_file_submits_one_execution_per_line_all_of_which_succeed_and_again_no
     stepline_local::needs_emulator!();
     let local = stepline_local::LocalStack::up(&stepline_local::fresh_stage("cli-bulk")).await?;
     let (orders, _) = local.stack.queue("OrderRequestQueue")?;
+    // A step waits behind the whole backlog of the file on the one local worker: its deadline is
+    // long enough for that, as a deployment's would be for its workers' concurrency.
     local
-        .release_example(orders, order_worker::RELEASE_VERSION, 60)
+        .release_example(orders, order_worker::RELEASE_VERSION, 900)
         .await?;
     let _runner = local.run_workers(vec![(
         stepline_local::functions::ORDER_WORKER,
@@ -307,7 +309,7 @@ async fn a_file_submits_one_execution_per_line_all_of_which_succeed_and_again_no
 
     // Every one of them runs to its end and succeeds.
     let api = local.operator()?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    let deadline = std::time::Instant::now() + Duration::from_secs(1200);
     let mut running = ids.clone();
     while !running.is_empty() {
         assert!(
