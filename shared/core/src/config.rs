@@ -132,13 +132,14 @@ impl Queues {
         }
     }
 
-    /// The queue `inbox` reads (none: the stack has no start queue).
+    /// The queue `inbox` reads (none: the stack has no such queue).
     pub fn inbox(&self, inbox: Inbox) -> Option<&str> {
-        match inbox {
-            Inbox::Launch => Some(&self.launch),
-            Inbox::Reply => Some(&self.reply),
+        let queue = match inbox {
+            Inbox::Launch => Some(self.launch.as_str()),
+            Inbox::Reply => Some(self.reply.as_str()),
             Inbox::Start => self.start.as_deref(),
-        }
+        };
+        queue.filter(|q| !q.is_empty())
     }
 
     /// Where `inbox`'s messages that cannot be processed go.

@@ -111,10 +111,7 @@ impl BatchItem {
     pub(super) fn refused(index: usize, error: ApiError) -> Self {
         BatchItem::Refused {
             index,
-            error: ErrorDetail {
-                code: error.code(),
-                message: error.to_string(),
-            },
+            error: error.detail(),
         }
     }
 }

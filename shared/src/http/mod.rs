@@ -79,6 +79,14 @@ impl From<StoreError> for ApiError {
 }
 
 impl ApiError {
+    /// Its code and message, as a response shows them.
+    pub fn detail(&self) -> ErrorDetail {
+        ErrorDetail {
+            code: self.code(),
+            message: self.to_string(),
+        }
+    }
+
     /// Stable error code.
     pub fn code(&self) -> Code {
         match self {
@@ -103,10 +111,7 @@ impl ApiError {
     fn into_response(self) -> Response<Body> {
         let status = self.status();
         let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.code(),
-                message: self.to_string(),
-            },
+            error: self.detail(),
         };
         let mut response = json_response(status, &body);
         let headers = response.headers_mut();

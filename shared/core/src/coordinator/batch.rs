@@ -226,7 +226,7 @@ impl Coordinator {
         report: &mut BatchReport,
         returns: &[(String, Option<String>, u32)],
     ) {
-        let Some(queue) = self.settings.queues.inbox(inbox).filter(|q| !q.is_empty()) else {
+        let Some(queue) = self.settings.queues.inbox(inbox) else {
             return;
         };
         let mut by_delay: std::collections::BTreeMap<u32, Vec<String>> = Default::default();

@@ -30,10 +30,8 @@ const SUBMIT_CONCURRENCY: usize = 16;
 impl Coordinator {
     /// Starts a new execution pinned to the requested (or active) release and enqueues its first launch.
     pub async fn submit(&self, request: SubmitRequest) -> Result<Submitted, CoordinatorError> {
-        let mut outbox = Outbox::sealing_with(self.seal_keys().await);
-        let submitted = self.submit_into(&mut outbox, 0, request).await?;
-        self.flush(outbox).await;
-        Ok(submitted)
+        let mut results = self.submit_many(vec![request]).await;
+        results.pop().expect("one result per request")
     }
 
     /// Submits many executions at once, each on its own (its own idempotency key, its own result,
