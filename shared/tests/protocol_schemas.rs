@@ -1307,6 +1307,21 @@ fn announcements(sent: &[(String, stepline::ports::OutMessage)], queue: &str) ->
         .collect()
 }
 
+/// The one announcement among `sent` to `queue` (`what`), valid by the protocol's schema: as sent,
+/// and as read.
+fn the_announcement(
+    protocol: &Protocol,
+    sent: &[(String, stepline::ports::OutMessage)],
+    queue: &str,
+    what: &str,
+) -> (Value, WorkerAnnouncement) {
+    let announced = announcements(sent, queue);
+    assert_eq!(announced.len(), 1, "one {what}: {sent:?}");
+    protocol.assert_valid("worker", &announced[0], what);
+    let read = serde_json::from_value(announced[0].clone()).expect("an announcement");
+    (announced[0].clone(), read)
+}
+
 #[tokio::test]
 async fn the_worker_runtimes_announcements_match_their_schema() {
     let protocol = Protocol::load();
@@ -1342,20 +1357,12 @@ async fn the_worker_runtimes_announcements_match_their_schema() {
             .with_announcements(configured.map(String::from));
         let response = worker.handle(batch(1)).await;
         assert!(response.batch_item_failures.is_empty());
-        let sent = sender.drain();
-        let announced = announcements(&sent, reply_queue);
-        assert_eq!(
-            announced.len(),
-            1,
-            "one announcement at the first batch: {sent:?}"
+        let (_, healthy) = the_announcement(
+            &protocol,
+            &sender.drain(),
+            reply_queue,
+            "announcement the worker runtime sent at its first batch",
         );
-        protocol.assert_valid(
-            "worker",
-            &announced[0],
-            "the announcement the worker runtime sent",
-        );
-        let healthy: WorkerAnnouncement =
-            serde_json::from_value(announced[0].clone()).expect("an announcement");
         assert!(!healthy.worker_id.is_empty());
         assert_eq!(
             WorkerAnnouncement {
@@ -1372,16 +1379,12 @@ async fn the_worker_runtimes_announcements_match_their_schema() {
 
         // Draining: at once, same worker.
         worker.drain().await;
-        let sent = sender.drain();
-        let announced = announcements(&sent, reply_queue);
-        assert_eq!(announced.len(), 1, "{sent:?}");
-        protocol.assert_valid(
-            "worker",
-            &announced[0],
-            "the draining announcement the worker runtime sent",
+        let (sent_draining, draining) = the_announcement(
+            &protocol,
+            &sender.drain(),
+            reply_queue,
+            "draining announcement the worker runtime sent",
         );
-        let draining: WorkerAnnouncement =
-            serde_json::from_value(announced[0].clone()).expect("an announcement");
         assert_eq!(draining.worker_id, healthy.worker_id, "one id per worker");
         assert_eq!(
             WorkerAnnouncement {
@@ -1392,7 +1395,7 @@ async fn the_worker_runtimes_announcements_match_their_schema() {
         );
 
         // The coordinator takes both from its reply queue and lists the worker as draining.
-        for announcement in [to_value(&healthy), announced[0].clone()] {
+        for announcement in [to_value(&healthy), sent_draining] {
             let response =
                 handlers::completion(&coordinator, sqs(&[announcement.to_string()])).await;
             assert!(response.batch_item_failures.is_empty());

@@ -10,14 +10,14 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use aws_sdk_dynamodb::config::interceptors::{
-    BeforeTransmitInterceptorContextRef, FinalizerInterceptorContextRef,
-};
-use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_sdk_dynamodb::config::ConfigBag;
 use aws_sdk_dynamodb::error::BoxError;
 use aws_smithy_types::config_bag::{Storable, StoreReplace};
 use serde::Serialize;
 use serde_json::Value;
+
+use stepline_local::iam::HttpCall;
+use stepline_local::observe::Observer;
 
 use crate::pricing;
 
@@ -186,7 +186,7 @@ impl Meter {
                 .force_path_style(sdk.endpoint_url().is_some())
                 .build(),
         );
-        stepline_local::iam::intercepted_clients(&clients, self.clone())
+        stepline_local::observe::observed_clients(&clients, self.clone())
     }
 
     fn record(&self, started: Instant, target: &str, request: &[u8], status: u16, response: &[u8]) {
@@ -403,48 +403,32 @@ fn index_key(item: &serde_json::Map<String, Value>, key: &[String]) -> Option<Ve
         .collect()
 }
 
-impl Intercept for Meter {
+impl Observer for Meter {
     fn name(&self) -> &'static str {
         "stepline-bench-meter"
     }
 
-    fn read_before_transmit(
-        &self,
-        context: &BeforeTransmitInterceptorContextRef<'_>,
-        _components: &RuntimeComponents,
-        cfg: &mut ConfigBag,
-    ) -> Result<(), BoxError> {
-        let request = context.request();
-        let target = match request.headers().get("x-amz-target") {
+    fn request(&self, call: HttpCall, bag: &mut ConfigBag) -> Result<(), BoxError> {
+        let target = match call.header("x-amz-target") {
             Some(target) => target.to_string(),
             // S3 (REST): named by its method.
-            None => match request.method() {
+            None => match call.method.as_str() {
                 "GET" => "s3.GetObject".to_string(),
                 "PUT" => "s3.PutObject".to_string(),
                 other => format!("s3.{other}"),
             },
         };
-        cfg.interceptor_state().store_put(Started {
+        bag.interceptor_state().store_put(Started {
             at: Instant::now(),
             target,
-            body: request.body().bytes().unwrap_or_default().to_vec(),
+            body: call.body,
         });
         Ok(())
     }
 
-    fn read_after_attempt(
-        &self,
-        context: &FinalizerInterceptorContextRef<'_>,
-        _components: &RuntimeComponents,
-        cfg: &mut ConfigBag,
-    ) -> Result<(), BoxError> {
-        let Some(started) = cfg.load::<Started>() else {
-            return Ok(());
-        };
-        let (status, response) = context.response().map_or((0, &[][..]), |r| {
-            (r.status().as_u16(), r.body().bytes().unwrap_or_default())
-        });
-        self.record(started.at, &started.target, &started.body, status, response);
-        Ok(())
+    fn ended(&self, status: u16, body: &[u8], bag: &ConfigBag) {
+        if let Some(started) = bag.load::<Started>() {
+            self.record(started.at, &started.target, &started.body, status, body);
+        }
     }
 }

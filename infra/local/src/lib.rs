@@ -22,7 +22,7 @@ use stepline_stage::releases::PipelineCode;
 
 pub use runner::{Binding, Runner, RunnerOptions};
 pub use stepline_stage::{
-    example_contract_artifact, functions, iam, read_artifact, releases, stack, template,
+    example_contract_artifact, functions, iam, observe, read_artifact, releases, stack, template,
     workspace_root, Stack, Stage, Template, ORDER_REQUEST_QUEUE,
 };
 

@@ -4,6 +4,7 @@
 //! (`stepline-local`) and the operator CLI (`stepline`); it knows no example pipeline and runs nothing.
 
 pub mod iam;
+pub mod observe;
 pub mod releases;
 pub mod stack;
 pub mod template;

@@ -226,7 +226,10 @@ impl ClaimCheck {
                 self.bucket
             )));
         }
-        Ok(self.store.get_range(bucket, key, start, len).await?)
+        Ok(self
+            .store
+            .get_range(bucket, key, start..start.saturating_add(len))
+            .await?)
     }
 
     /// `value` with every reference in it (at any depth) replaced by the payload it names.

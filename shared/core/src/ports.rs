@@ -9,6 +9,7 @@ use crate::domain::release::{Activation, Release, WorkerRecord};
 use crate::domain::seal::SealKeys;
 use crate::domain::{ChildEnd, Execution, Tally};
 use std::collections::HashMap;
+use std::ops::Range;
 
 /// Store failures the handlers must tell apart.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -119,29 +120,38 @@ pub trait FanOutLedger: Send + Sync {
     async fn set_outcome(
         &self,
         unit: Uuid,
-        item: u32,
-        succeeded: bool,
-        version: u64,
+        outcome: ItemOutcome,
     ) -> Result<Option<BlockCount>, StoreError>;
     /// Adds a completed block and/or a failed item to the unit's head, and takes out an item that
     /// failed before and has now succeeded (`recovered`); returns how many blocks are complete and
     /// how many children failed, after.
-    async fn add_to_head(
-        &self,
-        unit: Uuid,
-        block: Option<u32>,
-        failed: Option<u32>,
-        recovered: Option<u32>,
-    ) -> Result<(u32, u32), StoreError>;
+    async fn add_to_head(&self, unit: Uuid, change: HeadChange) -> Result<(u32, u32), StoreError>;
     /// The children of a unit of `items` counted so far (strongly consistent).
     async fn tally(&self, unit: Uuid, items: u32) -> Result<Tally, StoreError>;
-    /// The kept ends of items `from..to`, in item order (`None` for one not kept).
+    /// The kept ends of `items`, in item order (`None` for one not kept).
     async fn ends(
         &self,
         unit: Uuid,
-        from: u32,
-        to: u32,
+        items: Range<u32>,
     ) -> Result<Vec<Option<ChildEnd>>, StoreError>;
+}
+
+/// An item's one outcome, to set in its block: succeeded or failed, as of the child's record
+/// version `version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemOutcome {
+    pub item: u32,
+    pub succeeded: bool,
+    pub version: u64,
+}
+
+/// What a count adds to a unit's head: a block that is complete, an item that failed, and an item
+/// that failed before and has now succeeded (taken out of the failed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeadChange {
+    pub block: Option<u32>,
+    pub failed: Option<u32>,
+    pub recovered: Option<u32>,
 }
 
 /// A block of the fan-out ledger after an outcome was set in it.
@@ -405,15 +415,18 @@ pub trait PayloadStore: Send + Sync {
     async fn put(&self, bucket: &str, key: &str, bytes: Vec<u8>) -> Result<(), StoreError>;
     /// The bytes under `key` (`Missing` if there are none).
     async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError>;
-    /// At most `len` bytes under `key` from byte `start` on (none past its end): one page of a
-    /// large object, read without holding the whole of it.
+    /// The bytes under `key` in `bytes` (none past its end): one page of a large object. An
+    /// adapter that can read a range reads only that; by default the whole object is read and cut.
     async fn get_range(
         &self,
         bucket: &str,
         key: &str,
-        start: u64,
-        len: u64,
-    ) -> Result<Vec<u8>, StoreError>;
+        bytes: Range<u64>,
+    ) -> Result<Vec<u8>, StoreError> {
+        let object = self.get(bucket, key).await?;
+        let end = (bytes.end as usize).min(object.len());
+        Ok(object[(bytes.start as usize).min(end)..end].to_vec())
+    }
 }
 
 /// The shard of the due index an execution belongs to.

@@ -143,11 +143,6 @@ impl TryFrom<String> for Entry {
         let text_at = |k: usize| at(k).as_str().map(str::to_string).ok_or_else(bad);
         let opt = |k: usize| Some(at(k)).filter(|v| !v.is_null());
         let what = match at(1).as_str().ok_or_else(bad)? {
-            "S" => What::Started {
-                release: text_at(2)?,
-                bytes: num(3)? as usize,
-                input: opt(4),
-            },
             "L" => What::Launched {
                 step: n32(2)?,
                 attempt: n32(3)?,
@@ -188,6 +183,11 @@ impl TryFrom<String> for Entry {
             "E" => What::Ended {
                 status: typed(&v, 2).ok_or_else(bad)?,
                 code: opt(3).and_then(|c| c.as_str().map(str::to_string)),
+            },
+            "S" => What::Started {
+                release: text_at(2)?,
+                bytes: num(3)? as usize,
+                input: opt(4),
             },
             _ => return Err(bad()),
         };

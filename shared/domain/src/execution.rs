@@ -63,11 +63,7 @@ pub struct Receipt {
 
 /// Progress of one step (present once the step was first launched, kept while it is the current step).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(
-    rename_all = "camelCase",
-    into = "StepProgressItem",
-    from = "StepProgressItem"
-)]
+#[serde(into = "StepProgressItem", from = "StepProgressItem")]
 pub struct StepProgress {
     pub status: StepStatus,
     pub launch_id: Uuid,

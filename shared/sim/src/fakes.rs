@@ -88,23 +88,6 @@ impl PayloadStore for SimPayloads {
             _ => Err(self.failed()),
         }
     }
-
-    async fn get_range(
-        &self,
-        bucket: &str,
-        key: &str,
-        start: u64,
-        len: u64,
-    ) -> Result<Vec<u8>, StoreError> {
-        YieldOnce(false).await;
-        let fate = self.world.lock().expect("world").fate();
-        match fate {
-            Fate::Proceed | Fate::LostResponse => {
-                self.inner.get_range(bucket, key, start, len).await
-            }
-            _ => Err(self.failed()),
-        }
-    }
 }
 
 pub(crate) type Shared = Arc<Mutex<World>>;

@@ -25,6 +25,12 @@ fn end(item: u32, status: &str) -> Value {
     json!({"item": item, "executionId": uuid::Uuid::from_u128(u128::from(item)), "status": status})
 }
 
+/// A running child whose step succeeded (at `LAUNCHED_AT + 1`), and what its success does.
+fn child_that_succeeded(m: &Machine) -> (Execution, Vec<Action>) {
+    let paid = ok_reply(0, 1, json!({"paid": true}));
+    m.commit(&m.running_child(), LAUNCHED_AT + 1, 3, &paid)
+}
+
 #[test]
 fn a_fan_out_resumes_once_when_its_last_child_is_counted() {
     let m = Machine::of(fan_out_pipeline());
@@ -195,9 +201,7 @@ fn launch_work_of_a_fan_out_over_no_items_goes_straight_on() {
 #[test]
 fn a_child_that_ends_tells_its_parent_until_confirmed() {
     let m = Machine::of(child_pipeline());
-    let running = m.running_child();
-    let paid = ok_reply(0, 1, json!({"paid": true}));
-    let (done, actions) = m.commit(&running, LAUNCHED_AT + 1, 3, &paid);
+    let (done, actions) = child_that_succeeded(&m);
     assert_eq!(done.status, Status::Succeeded);
     assert_eq!(actions, vec![Action::NotifyParent]);
     assert!(!done.parent_notified);
@@ -417,9 +421,7 @@ fn a_running_child_started_again_answers_the_new_attempt() {
 #[test]
 fn an_ended_child_started_again_by_its_parent_tells_it_again_without_running() {
     let m = Machine::of(child_pipeline());
-    let running = m.running_child();
-    let paid = ok_reply(0, 1, json!({"paid": true}));
-    let (done, _) = m.commit(&running, LAUNCHED_AT + 1, 3, &paid);
+    let (done, _) = child_that_succeeded(&m);
     let (told, _) = m.commit(&done, LAUNCHED_AT + 2, 4, &Event::ParentNotified);
     assert_eq!(told.due_at(), None);
 

@@ -311,31 +311,15 @@ pub(crate) fn requests_base(request: &Request) -> Context {
     context
 }
 
-impl Intercept for Checker {
+impl crate::observe::Observer for Checker {
     fn name(&self) -> &'static str {
         "stepline-iam-check"
     }
 
-    fn read_before_transmit(
-        &self,
-        context: &BeforeTransmitInterceptorContextRef<'_>,
-        _components: &RuntimeComponents,
-        cfg: &mut ConfigBag,
-    ) -> Result<(), BoxError> {
-        let request = context.request();
-        let call = HttpCall {
-            method: request.method().to_string(),
-            uri: request.uri().to_string(),
-            headers: request
-                .headers()
-                .iter()
-                .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
-                .collect(),
-            body: request.body().bytes().unwrap_or_default().to_vec(),
-        };
+    fn request(&self, call: HttpCall, bag: &mut ConfigBag) -> Result<(), BoxError> {
         match self.check(&call) {
             Ok(read) => {
-                cfg.interceptor_state()
+                bag.interceptor_state()
                     .store_or_unset(read.map(ReadWithoutList));
                 Ok(())
             }
@@ -343,14 +327,9 @@ impl Intercept for Checker {
         }
     }
 
-    fn read_before_deserialization(
-        &self,
-        context: &BeforeDeserializationInterceptorContextRef<'_>,
-        _components: &RuntimeComponents,
-        cfg: &mut ConfigBag,
-    ) -> Result<(), BoxError> {
-        if context.response().status().as_u16() == 404 {
-            if let Some(ReadWithoutList(denial)) = cfg.load::<ReadWithoutList>() {
+    fn response(&self, status: u16, bag: &mut ConfigBag) -> Result<(), BoxError> {
+        if status == 404 {
+            if let Some(ReadWithoutList(denial)) = bag.load::<ReadWithoutList>() {
                 return Err(self.record(denial.clone()));
             }
         }
@@ -360,34 +339,7 @@ impl Intercept for Checker {
 
 /// `clients`, each with `checker` on every request (after the interceptors they carry already).
 pub fn checked_clients(clients: &Clients, checker: &Checker) -> Clients {
-    intercepted_clients(clients, checker.clone())
-}
-
-/// `clients`, each with `interceptor` on every request (after the interceptors they carry already).
-/// The one place that lists the services' clients: a new field of `Clients` is one more line here.
-pub fn intercepted_clients(
-    clients: &Clients,
-    interceptor: impl Intercept + Clone + 'static,
-) -> Clients {
-    macro_rules! intercepted {
-        ($client:ident, $sdk:ident) => {
-            $sdk::Client::from_conf(
-                clients
-                    .$client
-                    .config()
-                    .to_builder()
-                    .interceptor(interceptor.clone())
-                    .build(),
-            )
-        };
-    }
-    Clients {
-        dynamodb: intercepted!(dynamodb, aws_sdk_dynamodb),
-        sqs: intercepted!(sqs, aws_sdk_sqs),
-        eventbridge: intercepted!(eventbridge, aws_sdk_eventbridge),
-        s3: intercepted!(s3, aws_sdk_s3),
-        secrets: intercepted!(secrets, aws_sdk_secretsmanager),
-    }
+    crate::observe::observed_clients(clients, checker.clone())
 }
 
 // ---------------------------------------------------------------------------------------- a stage

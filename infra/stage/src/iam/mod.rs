@@ -24,10 +24,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use aws_sdk_dynamodb::config::interceptors::{
-    BeforeDeserializationInterceptorContextRef, BeforeTransmitInterceptorContextRef,
-};
-use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_sdk_dynamodb::config::ConfigBag;
 use aws_sdk_dynamodb::error::BoxError;
 use aws_smithy_types::config_bag::{Storable, StoreReplace};
 use serde_json::{json, Map, Value as Json};

@@ -14,7 +14,7 @@ pub struct HttpCall {
 }
 
 impl HttpCall {
-    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+    pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).map(String::as_str)
     }
 

@@ -2,6 +2,7 @@
 //! semantics as the DynamoDB adapters: `create` fails on an existing id, `replace` on a changed version.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -16,8 +17,8 @@ use crate::domain::{ChildEnd, Execution, PipelineDef, Tally};
 use crate::ports::due_shard;
 use crate::ports::{
     ActivationRequest, Backoff, BlockCount, DueCursor, DuePage, DueQuery, ExecutionStore,
-    FanOutLedger, ListCursor, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore,
-    Registration, ReleaseRegistry, SendError, StoreError, DAY_MS,
+    FanOutLedger, HeadChange, ItemOutcome, ListCursor, ListPage, ListQuery, MessageSender,
+    OutMessage, PayloadStore, Registration, ReleaseRegistry, SendError, StoreError, DAY_MS,
 };
 
 #[derive(Default)]
@@ -359,10 +360,13 @@ impl FanOutLedger for InMemoryFanOutLedger {
     async fn set_outcome(
         &self,
         unit: Uuid,
-        item: u32,
-        succeeded: bool,
-        version: u64,
+        outcome: ItemOutcome,
     ) -> Result<Option<BlockCount>, StoreError> {
+        let ItemOutcome {
+            item,
+            succeeded,
+            version,
+        } = outcome;
         Ok(self.with_unit(unit, |u| {
             if u.outcome_versions.get(&item).is_some_and(|v| *v > version) {
                 return None;
@@ -389,17 +393,11 @@ impl FanOutLedger for InMemoryFanOutLedger {
         }))
     }
 
-    async fn add_to_head(
-        &self,
-        unit: Uuid,
-        block: Option<u32>,
-        failed: Option<u32>,
-        recovered: Option<u32>,
-    ) -> Result<(u32, u32), StoreError> {
+    async fn add_to_head(&self, unit: Uuid, change: HeadChange) -> Result<(u32, u32), StoreError> {
         Ok(self.with_unit(unit, |u| {
-            u.complete_blocks.extend(block);
-            u.failed.extend(failed);
-            if let Some(item) = recovered {
+            u.complete_blocks.extend(change.block);
+            u.failed.extend(change.failed);
+            if let Some(item) = change.recovered {
                 u.failed.remove(&item);
             }
             (u.complete_blocks.len() as u32, u.failed.len() as u32)
@@ -423,12 +421,11 @@ impl FanOutLedger for InMemoryFanOutLedger {
     async fn ends(
         &self,
         unit: Uuid,
-        from: u32,
-        to: u32,
+        items: Range<u32>,
     ) -> Result<Vec<Option<ChildEnd>>, StoreError> {
         let units = self.units.lock().expect("ledger");
         let u = units.get(&unit);
-        Ok((from..to)
+        Ok(items
             .map(|i| u.and_then(|u| u.ends.get(&i).map(|(end, _)| end.clone())))
             .collect())
     }
@@ -661,19 +658,6 @@ impl PayloadStore for InMemoryPayloadStore {
             .get(&(bucket.to_string(), key.to_string()))
             .cloned()
             .ok_or_else(|| StoreError::Missing(format!("{bucket}/{key}")))
-    }
-
-    async fn get_range(
-        &self,
-        bucket: &str,
-        key: &str,
-        start: u64,
-        len: u64,
-    ) -> Result<Vec<u8>, StoreError> {
-        let bytes = self.get(bucket, key).await?;
-        let start = (start as usize).min(bytes.len());
-        let end = start.saturating_add(len as usize).min(bytes.len());
-        Ok(bytes[start..end].to_vec())
     }
 }
 

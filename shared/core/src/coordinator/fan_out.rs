@@ -19,7 +19,7 @@ use crate::domain::{
     UnitProgress,
 };
 use crate::envelope::ChildEnded;
-use crate::ports::{FanOutLedger, OutMessage, StoreError};
+use crate::ports::{FanOutLedger, HeadChange, ItemOutcome, OutMessage, StoreError};
 
 /// Child ends read from the ledger per request batch when a fan-out settles.
 const ENDS_PAGE: u32 = 1000;
@@ -44,10 +44,12 @@ pub async fn count_child(
     }
     let succeeded = end.succeeded();
     let block = block_of(end.item);
-    let Some(after) = ledger
-        .set_outcome(unit, end.item, succeeded, version)
-        .await?
-    else {
+    let outcome = ItemOutcome {
+        item: end.item,
+        succeeded,
+        version,
+    };
+    let Some(after) = ledger.set_outcome(unit, outcome).await? else {
         return Ok(Counted::default());
     };
     let block_done = after.counted >= block_len(block, items);
@@ -55,14 +57,12 @@ pub async fn count_child(
     if succeeded && !block_done && !recovered {
         return Ok(Counted::default());
     }
-    let (blocks, failed) = ledger
-        .add_to_head(
-            unit,
-            block_done.then_some(block),
-            (!succeeded).then_some(end.item),
-            recovered.then_some(end.item),
-        )
-        .await?;
+    let change = HeadChange {
+        block: block_done.then_some(block),
+        failed: (!succeeded).then_some(end.item),
+        recovered: recovered.then_some(end.item),
+    };
+    let (blocks, failed) = ledger.add_to_head(unit, change).await?;
     Ok(Counted {
         complete: blocks >= items.div_ceil(domain::fan_out::BLOCK),
         failed: Some(failed),
@@ -142,7 +142,7 @@ impl Coordinator {
             results.reserve(fan_out.items as usize);
             for from in (0..fan_out.items).step_by(ENDS_PAGE as usize) {
                 let to = (from + ENDS_PAGE).min(fan_out.items);
-                for end in ledger.ends(unit, from, to).await? {
+                for end in ledger.ends(unit, from..to).await? {
                     results.push(serde_json::to_value(end).unwrap_or(Value::Null));
                 }
             }
@@ -400,6 +400,20 @@ mod tests {
         }
     }
 
+    /// Counts item `item`'s end with `status` (of its version `version`) in the unit of `items`.
+    async fn count(
+        ledger: &InMemoryFanOutLedger,
+        items: u32,
+        item: u32,
+        status: Status,
+        version: u64,
+    ) -> Counted {
+        let unit = Uuid::from_u128(9);
+        count_child(ledger, unit, items, &end(item, status), version)
+            .await
+            .unwrap()
+    }
+
     async fn tally(ledger: &InMemoryFanOutLedger, unit: Uuid, items: u32) -> (u32, u32) {
         let t = ledger.tally(unit, items).await.unwrap();
         (t.succeeded, t.failed)
@@ -408,12 +422,8 @@ mod tests {
     #[tokio::test]
     async fn a_child_reported_both_ways_is_counted_once_and_does_not_complete_its_parent() {
         let (ledger, unit) = (InMemoryFanOutLedger::default(), Uuid::from_u128(9));
-        let first = count_child(&ledger, unit, 2, &end(0, Status::Succeeded), 3)
-            .await
-            .unwrap();
-        let second = count_child(&ledger, unit, 2, &end(0, Status::Failed), 3)
-            .await
-            .unwrap();
+        let first = count(&ledger, 2, 0, Status::Succeeded, 3).await;
+        let second = count(&ledger, 2, 0, Status::Failed, 3).await;
         assert!(!first.complete && !second.complete, "item 1 never ended");
         assert_eq!(
             tally(&ledger, unit, 2).await,
@@ -425,28 +435,20 @@ mod tests {
     #[tokio::test]
     async fn a_re_driven_child_replaces_its_failure_and_an_older_end_changes_nothing() {
         let (ledger, unit) = (InMemoryFanOutLedger::default(), Uuid::from_u128(9));
-        let failed = count_child(&ledger, unit, 2, &end(0, Status::Failed), 4)
-            .await
-            .unwrap();
+        let failed = count(&ledger, 2, 0, Status::Failed, 4).await;
         assert_eq!(failed.failed, Some(1));
         // The re-driven child succeeds at a later version: its failure is taken back.
-        let recovered = count_child(&ledger, unit, 2, &end(0, Status::Succeeded), 7)
-            .await
-            .unwrap();
+        let recovered = count(&ledger, 2, 0, Status::Succeeded, 7).await;
         assert_eq!(recovered.failed, Some(0));
         assert!(!recovered.complete);
         // The first end, delivered again late, is stale.
-        let stale = count_child(&ledger, unit, 2, &end(0, Status::Failed), 4)
-            .await
-            .unwrap();
+        let stale = count(&ledger, 2, 0, Status::Failed, 4).await;
         assert_eq!(stale, Counted::default());
         assert_eq!(tally(&ledger, unit, 2).await, (1, 0));
-        let kept = ledger.ends(unit, 0, 1).await.unwrap();
+        let kept = ledger.ends(unit, 0..1).await.unwrap();
         assert_eq!(kept[0].as_ref().map(|e| e.status), Some(Status::Succeeded));
         // The other child completes the unit, counted once each.
-        let last = count_child(&ledger, unit, 2, &end(1, Status::Succeeded), 2)
-            .await
-            .unwrap();
+        let last = count(&ledger, 2, 1, Status::Succeeded, 2).await;
         assert!(last.complete);
         assert_eq!(last.failed, Some(0));
     }
@@ -455,12 +457,13 @@ mod tests {
     async fn counting_the_same_end_again_after_a_crash_changes_nothing() {
         let (ledger, unit) = (InMemoryFanOutLedger::default(), Uuid::from_u128(9));
         for _ in 0..3 {
-            count_child(&ledger, unit, 1, &end(0, Status::Failed), 5)
-                .await
-                .unwrap();
+            count(&ledger, 1, 0, Status::Failed, 5).await;
         }
         assert_eq!(tally(&ledger, unit, 1).await, (0, 1));
-        let (_, failed) = ledger.add_to_head(unit, None, None, None).await.unwrap();
+        let (_, failed) = ledger
+            .add_to_head(unit, HeadChange::default())
+            .await
+            .unwrap();
         assert_eq!(failed, 1);
     }
 }

@@ -284,14 +284,23 @@ mod tests {
         }
     }
 
-    /// A coordinator over `store` and `keys` with two pipelines active: `fan` (a fan-out over its
-    /// input's `items`, each a child of `shop`) and `shop` (one task). A fresh process: it loads its
-    /// keys at its first use.
-    async fn coordinator(
+    /// What the processes of a test share: the store, the sealing keys and the queues.
+    #[derive(Default)]
+    struct Shared {
         store: Arc<InMemoryExecutionStore>,
         keys: Arc<MemoryKeys>,
         sender: Arc<RecordingSender>,
-    ) -> Coordinator {
+    }
+
+    /// A coordinator over `shared` with two pipelines active: `fan` (a fan-out over its input's
+    /// `items`, each a child of `shop`) and `shop` (one task). A fresh process: it loads its keys at
+    /// its first use.
+    async fn coordinator(shared: &Shared) -> Coordinator {
+        let Shared {
+            store,
+            keys,
+            sender,
+        } = shared;
         let registry = Arc::new(InMemoryReleaseRegistry::default());
         for def in [
             PipelineDef::new("fan", "1", [StepDef::fan_out("each", "shop")]),
@@ -307,7 +316,14 @@ mod tests {
             };
             registry.activate(activation).await.unwrap();
         }
-        Coordinator::new(store, registry, sender, Arc::new(SystemClock), settings()).with_keys(keys)
+        Coordinator::new(
+            store.clone(),
+            registry,
+            sender.clone(),
+            Arc::new(SystemClock),
+            settings(),
+        )
+        .with_keys(keys.clone())
     }
 
     /// The requests sent to the `requests` queue since the last call.
@@ -321,16 +337,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_duplicate_submission_re_sends_the_first_request_at_most_once_per_window() {
-        let store = Arc::new(InMemoryExecutionStore::default());
-        let keys = Arc::new(MemoryKeys::default());
-        let sender = Arc::new(RecordingSender::default());
-        let first = coordinator(store.clone(), keys.clone(), sender.clone()).await;
+        let shared = Shared::default();
+        let first = coordinator(&shared).await;
         let keyed = SubmitRequest {
             idempotency_key: Some("order-1".into()),
             ..submission("shop", None)
         };
         let created = first.submit(keyed.clone()).await.unwrap();
-        assert_eq!(requests(&sender), 1);
+        assert_eq!(requests(&shared.sender), 1);
         // The first duplicate re-sends (the first submitter may have died before sending); a
         // hundred more within the window send nothing more.
         for _ in 0..100 {
@@ -338,13 +352,13 @@ mod tests {
             assert!(again.duplicate);
             assert_eq!(again.execution, created.execution);
         }
-        assert_eq!(requests(&sender), 1, "one re-send in the window");
+        assert_eq!(requests(&shared.sender), 1, "one re-send in the window");
         // Another process re-sends once in its own window.
-        let other = coordinator(store.clone(), keys.clone(), sender.clone()).await;
+        let other = coordinator(&shared).await;
         for _ in 0..10 {
             other.submit(keyed.clone()).await.unwrap();
         }
-        assert_eq!(requests(&sender), 1);
+        assert_eq!(requests(&shared.sender), 1);
     }
 
     fn submission(pipeline: &str, parent: Option<ParentLink>) -> SubmitRequest {
@@ -379,22 +393,20 @@ mod tests {
 
     #[tokio::test]
     async fn a_childs_link_signed_under_a_retired_key_is_kept_when_its_parents_record_proves_it() {
-        let store = Arc::new(InMemoryExecutionStore::default());
-        let keys = Arc::new(MemoryKeys::default());
-        let sender = Arc::new(RecordingSender::default());
-        let first = coordinator(store.clone(), keys.clone(), sender.clone()).await;
+        let shared = Shared::default();
+        let first = coordinator(&shared).await;
         let parent = SubmitRequest {
             input: serde_json::json!({"items": [{"n": 1}, {"n": 2}]}),
             ..submission("fan", None)
         };
         first.submit(parent).await.unwrap();
-        let starts = child_starts(&sender);
+        let starts = child_starts(&shared.sender);
         assert_eq!(starts.len(), 2, "the parent fanned out");
         // Two rotations while the children's starts wait in their queue: the key that signed their
         // links is neither current nor previous any more.
-        keys.rotate();
-        keys.rotate();
-        let later = coordinator(store.clone(), keys.clone(), sender.clone()).await;
+        shared.keys.rotate();
+        shared.keys.rotate();
+        let later = coordinator(&shared).await;
         let link = starts[0].parent.clone().expect("a link");
         let child = later.submit(starts[0].clone()).await.unwrap();
         let child = later.get(child.execution).await.unwrap();

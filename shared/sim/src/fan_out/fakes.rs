@@ -175,24 +175,12 @@ impl FanOutLedger for Ledger {
     async fn set_outcome(
         &self,
         unit: Uuid,
-        item: u32,
-        ok: bool,
-        version: u64,
+        outcome: ItemOutcome,
     ) -> Result<Option<BlockCount>, StoreError> {
-        faulty(&self.world, self.inner.set_outcome(unit, item, ok, version)).await
+        faulty(&self.world, self.inner.set_outcome(unit, outcome)).await
     }
-    async fn add_to_head(
-        &self,
-        unit: Uuid,
-        block: Option<u32>,
-        failed: Option<u32>,
-        recovered: Option<u32>,
-    ) -> Result<(u32, u32), StoreError> {
-        faulty(
-            &self.world,
-            self.inner.add_to_head(unit, block, failed, recovered),
-        )
-        .await
+    async fn add_to_head(&self, unit: Uuid, change: HeadChange) -> Result<(u32, u32), StoreError> {
+        faulty(&self.world, self.inner.add_to_head(unit, change)).await
     }
     async fn tally(&self, unit: Uuid, items: u32) -> Result<Tally, StoreError> {
         interleave(&self.world).await;
@@ -202,11 +190,10 @@ impl FanOutLedger for Ledger {
     async fn ends(
         &self,
         unit: Uuid,
-        from: u32,
-        to: u32,
+        items: Range<u32>,
     ) -> Result<Vec<Option<ChildEnd>>, StoreError> {
         alive(&self.world)?;
-        self.inner.ends(unit, from, to).await
+        self.inner.ends(unit, items).await
     }
 }
 

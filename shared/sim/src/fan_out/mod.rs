@@ -12,6 +12,7 @@
 //! every child counted exactly once and every child's end in its results, in item order?
 
 use std::collections::{BTreeMap, VecDeque};
+use std::ops::Range;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -34,8 +35,9 @@ use crate::envelope::{
     Identity, RequestHeader, StartDetail, StartEvent, START_DETAIL_TYPE, START_SOURCE,
 };
 use crate::ports::{
-    Backoff, BlockCount, Clock, DuePage, DueQuery, ExecutionStore, FanOutLedger, ListPage,
-    ListQuery, MessageSender, OutMessage, PayloadStore, SendError, StoreError,
+    Backoff, BlockCount, Clock, DuePage, DueQuery, ExecutionStore, FanOutLedger, HeadChange,
+    ItemOutcome, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore, SendError,
+    StoreError,
 };
 use crate::worker::{Heartbeat, StepFunction, Worker};
 

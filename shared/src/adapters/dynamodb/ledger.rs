@@ -147,10 +147,13 @@ impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
     async fn set_outcome(
         &self,
         unit: Uuid,
-        item: u32,
-        succeeded: bool,
-        version: u64,
+        outcome: ItemOutcome,
     ) -> Result<Option<crate::ports::BlockCount>, StoreError> {
+        let ItemOutcome {
+            item,
+            succeeded,
+            version,
+        } = outcome;
         let block = crate::domain::fan_out::block_of(item);
         let (into, out_of) = if succeeded {
             ("ok", "failed")
@@ -187,19 +190,18 @@ impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
         }))
     }
 
-    async fn add_to_head(
-        &self,
-        unit: Uuid,
-        block: Option<u32>,
-        failed: Option<u32>,
-        recovered: Option<u32>,
-    ) -> Result<(u32, u32), StoreError> {
-        let adds: Vec<(&str, u32)> = block
+    async fn add_to_head(&self, unit: Uuid, change: HeadChange) -> Result<(u32, u32), StoreError> {
+        let adds: Vec<(&str, u32)> = change
+            .block
             .map(|b| ("blocks", b))
             .into_iter()
-            .chain(failed.map(|f| ("failed", f)))
+            .chain(change.failed.map(|f| ("failed", f)))
             .collect();
-        let deletes: Vec<(&str, u32)> = recovered.map(|r| ("failed", r)).into_iter().collect();
+        let deletes: Vec<(&str, u32)> = change
+            .recovered
+            .map(|r| ("failed", r))
+            .into_iter()
+            .collect();
         let head = if adds.is_empty() && deletes.is_empty() {
             self.read_many(vec![ledger_key(unit, None)])
                 .await?
@@ -230,12 +232,11 @@ impl crate::ports::FanOutLedger for DynamoDbExecutionStore {
     async fn ends(
         &self,
         unit: Uuid,
-        from: u32,
-        to: u32,
+        items: Range<u32>,
     ) -> Result<Vec<Option<crate::domain::ChildEnd>>, StoreError> {
         let key = |i: u32| ledger_key(unit, Some(i.to_string()));
-        let mut found = self.read_many((from..to).map(key).collect()).await?;
-        (from..to)
+        let mut found = self.read_many(items.clone().map(key).collect()).await?;
+        items
             .map(|i| {
                 let AttributeValue::S(k) = key(i) else {
                     unreachable!("ledger keys are strings")

@@ -12,6 +12,7 @@
 //! sees it at most one granule late.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata};
@@ -24,8 +25,9 @@ use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord, WorkerState};
 use crate::domain::Execution;
 use crate::ports::{
-    ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, ListCursor, ListPage,
-    ListQuery, Registration, ReleaseRegistry, StoreError, DAY_MS,
+    ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, HeadChange,
+    ItemOutcome, ListCursor, ListPage, ListQuery, Registration, ReleaseRegistry, StoreError,
+    DAY_MS,
 };
 
 /// Name of the due-time GSI (see template.yaml).

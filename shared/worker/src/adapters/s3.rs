@@ -2,12 +2,16 @@
 //! (up to 5 GB) and read with one `GetObject`; a fan-out's items are read in pages (ranged
 //! `GetObject`s). Encryption and expiry are the bucket's (template.yaml).
 
+use std::ops::Range;
+
 use async_trait::async_trait;
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::Client;
 
 use crate::ports::{PayloadStore, StoreError};
+
+type Result<T> = std::result::Result<T, StoreError>;
 
 #[derive(Clone, Debug)]
 pub struct S3PayloadStore {
@@ -36,7 +40,7 @@ where
 
 #[async_trait]
 impl PayloadStore for S3PayloadStore {
-    async fn put(&self, bucket: &str, key: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+    async fn put(&self, bucket: &str, key: &str, bytes: Vec<u8>) -> Result<()> {
         self.client
             .put_object()
             .bucket(bucket)
@@ -50,7 +54,7 @@ impl PayloadStore for S3PayloadStore {
         Ok(())
     }
 
-    async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError> {
+    async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
         let object = self
             .client
             .get_object()
@@ -66,17 +70,11 @@ impl PayloadStore for S3PayloadStore {
         Ok(bytes.into_bytes().to_vec())
     }
 
-    async fn get_range(
-        &self,
-        bucket: &str,
-        key: &str,
-        start: u64,
-        len: u64,
-    ) -> Result<Vec<u8>, StoreError> {
-        if len == 0 {
+    async fn get_range(&self, bucket: &str, key: &str, bytes: Range<u64>) -> Result<Vec<u8>> {
+        if bytes.is_empty() {
             return Ok(Vec::new());
         }
-        let range = format!("bytes={start}-{}", start + len - 1);
+        let range = format!("bytes={}-{}", bytes.start, bytes.end - 1);
         let object = match self
             .client
             .get_object()
