@@ -363,26 +363,6 @@ async fn a_batch_submits_each_item_on_its_own_and_refuses_a_malformed_one_in_its
         assert_eq!(status.body["status"], "RUNNING", "{}", status.body);
         assert_eq!(status.body["step"], 0);
     }
-
-    // A batch over the limit is refused whole; the operate endpoint does not serve batches.
-    let too_many: Vec<Value> = (0..=stepline::http::MAX_BATCH_ITEMS)
-        .map(|n| submission(&stack, n, None))
-        .collect();
-    post(&stack, "/executions:batch", json!({"executions": too_many}))
-        .await
-        .refused(400, "INVALID_BODY");
-    let body = json!({"executions": [submission(&stack, 3, None)]}).to_string();
-    let operate = Audiences::only(Audience::Operate);
-    call_at(
-        &stack,
-        "OperatorApiFunction",
-        operate,
-        "POST",
-        "/executions:batch",
-        &body,
-    )
-    .await
-    .refused(403, "NOT_SERVED");
     Ok(())
 }
 
@@ -396,6 +376,13 @@ async fn malformed_and_unknown_requests_are_refused_with_stable_codes() -> anyho
         let refusal = call_raw(&stack, "POST", "/executions", raw).await;
         refusal.refused(400, "INVALID_BODY");
     }
+    // A batch over the limit is refused whole.
+    let too_many: Vec<Value> = (0..=stepline::http::MAX_BATCH_ITEMS)
+        .map(|n| submission(&stack, n, None))
+        .collect();
+    post(&stack, "/executions:batch", json!({"executions": too_many}))
+        .await
+        .refused(400, "INVALID_BODY");
     // Submissions with a field left out (`None`) or set, each refused with its status and code and,
     // where given, a message naming what is wrong (the serde message names the field).
     for (field, value, status, code, named) in [
@@ -937,6 +924,12 @@ async fn each_endpoint_serves_its_audience_and_refuses_the_others_before_anythin
             Value::Null,
         ),
         (&operator, "POST", "/executions".to_string(), key_k.clone()),
+        (
+            &operator,
+            "POST",
+            "/executions:batch".to_string(),
+            json!({"executions": [key_k.clone()]}),
+        ),
         (
             &operator,
             "POST",

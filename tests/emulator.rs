@@ -19,7 +19,7 @@ use stepline::handlers::{
     self, CancelRequest, MoveRequest, OperatorRequest, OperatorResponse, RedriveRequest,
 };
 use stepline::handlers::{ReplayFilter, ReplayRequest};
-use stepline::ports::{MessageSender, OutMessage, SendError};
+use stepline::ports::{MessageSender, OutMessage, Sent};
 use stepline::worker::{StepFunction, Worker};
 use stepline::SubmitRequest;
 use stepline_local::functions;
@@ -90,7 +90,7 @@ struct DuplicatingSender {
 
 #[async_trait]
 impl MessageSender for DuplicatingSender {
-    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Sent> {
         let doubled: Vec<OutMessage> = messages
             .iter()
             .flat_map(|m| [m.clone(), m.clone()])
@@ -613,7 +613,7 @@ struct DivertingSender {
 
 #[async_trait]
 impl MessageSender for DivertingSender {
-    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Sent> {
         if self.divert.swap(false, Ordering::SeqCst) {
             let parked: Vec<OutMessage> = messages
                 .iter()

@@ -15,7 +15,7 @@ use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, RecordingSender};
 use stepline::domain::{launch_id, PipelineDef, StepError};
 use stepline::envelope::{LaunchWork, ReplyEnvelope, ReplyOutcome, RequestHeader};
-use stepline::ports::{MessageSender, OutMessage, SendError};
+use stepline::ports::{MessageSender, OutMessage, SendError, Sent};
 use stepline::{handlers, Coordinator, SubmitRequest};
 use uuid::Uuid;
 
@@ -28,7 +28,7 @@ struct FlakySender {
 
 #[async_trait]
 impl MessageSender for FlakySender {
-    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Sent> {
         if self.down.load(Ordering::SeqCst) {
             return messages
                 .iter()

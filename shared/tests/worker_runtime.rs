@@ -19,7 +19,7 @@ use stepline::envelope::{
     Identity, ReplyEnvelope, ReplyOutcome, RequestEnvelope, RequestHeader, CANCEL_KIND,
     DETAIL_ATTRIBUTE, REASON_ATTRIBUTE, REQUEST_KIND, SOURCE_ATTRIBUTE,
 };
-use stepline::ports::{MessageSender, OutMessage, SendError};
+use stepline::ports::{MessageSender, OutMessage, SendError, Sent};
 use stepline::worker::{
     default_heartbeat_interval, parse_queue_arn, visibility_timeout_for, Heartbeat, StepFunction,
     VisibilityExtender, Worker,
@@ -178,7 +178,7 @@ struct RefusingSender {
 
 #[async_trait]
 impl MessageSender for RefusingSender {
-    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Sent> {
         if queue == self.refused {
             self.attempts.fetch_add(messages.len(), Ordering::SeqCst);
             return messages

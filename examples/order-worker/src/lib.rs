@@ -55,6 +55,16 @@ fn invalid(message: &str) -> StepError {
     StepError::new("INVALID_ORDER", message, false)
 }
 
+/// An order's total: each line's `qty` times its `unitCents`.
+pub fn total_cents(order: &Value) -> u64 {
+    order["lines"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| l["qty"].as_u64().unwrap_or(0) * l["unitCents"].as_u64().unwrap_or(0))
+        .sum()
+}
+
 #[async_trait]
 impl StepFunction for OrderSteps {
     async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
@@ -70,12 +80,7 @@ impl StepFunction for OrderSteps {
                 Ok(json!({"orderId": input["orderId"], "lines": lines, "valid": true}))
             }
             "price" => {
-                let total: u64 = input["lines"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|l| l["qty"].as_u64().unwrap_or(0) * l["unitCents"].as_u64().unwrap_or(0))
-                    .sum();
+                let total = total_cents(&input);
                 Ok(json!({"orderId": input["orderId"], "totalCents": total}))
             }
             "confirm" => Ok(json!({

@@ -2,11 +2,10 @@
 
 use std::sync::Arc;
 
+use order_worker::{contract, OrderSteps};
+use stepline_worker::lambda::run_worker;
+
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    stepline_worker::lambda::run_worker(
-        order_worker::contract(),
-        Arc::new(order_worker::OrderSteps),
-    )
-    .await
+    run_worker(contract(), Arc::new(OrderSteps)).await
 }

@@ -2,11 +2,10 @@
 
 use std::sync::Arc;
 
+use restaurant_approval::{contract, RestaurantSteps};
+use stepline_worker::lambda::run_worker;
+
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    stepline_worker::lambda::run_worker(
-        restaurant_approval::contract(),
-        Arc::new(restaurant_approval::RestaurantSteps),
-    )
-    .await
+    run_worker(contract(), Arc::new(RestaurantSteps)).await
 }

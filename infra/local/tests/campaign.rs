@@ -111,12 +111,7 @@ async fn drained(local: &LocalStack, timeout: Duration) -> Result<()> {
 fn result_violations(record: &Execution, n: usize) -> Vec<String> {
     let mut violations = Vec::new();
     let order = order(n);
-    let total: u64 = order["lines"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|l| l["qty"].as_u64().unwrap_or(0) * l["unitCents"].as_u64().unwrap_or(0))
-        .sum();
+    let total = order_worker::total_cents(&order);
     let result = record.result.as_ref().map(|r| r.value().clone());
     let receipt = record.steps.last().and_then(|s| s.receipt.as_ref());
     let confirmation = receipt.map(|r| format!("C-{}", &r.launch_id.simple().to_string()[..8]));

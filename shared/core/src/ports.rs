@@ -316,21 +316,19 @@ impl SendError {
     }
 }
 
+/// How sending one message went (or one request about messages of a queue).
+pub type Sent = Result<(), SendError>;
+
 /// Sends messages to a queue, named by URL or by queue name (resolved through the queue service).
 #[async_trait]
 pub trait MessageSender: Send + Sync {
     /// Sends in batches; returns one result per message, in order.
-    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>>;
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Sent>;
 
     /// Makes received messages of `queue` (by receipt handle) visible again in `seconds`, instead of
     /// at the end of the queue's visibility timeout: a message left unacknowledged comes back soon.
     /// A sender that cannot (one with no queue behind it) leaves them to the visibility timeout.
-    async fn redeliver_in(
-        &self,
-        _queue: &str,
-        _receipts: &[String],
-        _seconds: u32,
-    ) -> Result<(), SendError> {
+    async fn redeliver_in(&self, _queue: &str, _receipts: &[String], _seconds: u32) -> Sent {
         Ok(())
     }
 }

@@ -83,39 +83,40 @@ pub struct Entry {
     pub what: What,
 }
 
+impl What {
+    /// The step and attempt an entry of a step's attempt tells of.
+    pub fn attempt(&self) -> Option<(u32, u32)> {
+        match *self {
+            What::Launched { step, attempt }
+            | What::Waiting { step, attempt, .. }
+            | What::Heartbeat { step, attempt, .. }
+            | What::StepSucceeded { step, attempt, .. }
+            | What::StepFailed { step, attempt, .. } => Some((step, attempt)),
+            _ => None,
+        }
+    }
+}
+
 /// How an entry is stored: a compact JSON array, `[after_ms, kind, fields...]`: every byte of the record
 /// is billed on every write while the entry is in it.
 impl From<Entry> for String {
     fn from(e: Entry) -> String {
         let t = e.after_ms;
+        let (step, attempt) = e.what.attempt().unwrap_or_default();
         let v = match e.what {
             What::Started {
                 release,
                 input,
                 bytes,
             } => json!([t, "S", release, bytes, input]),
-            What::Launched { step, attempt } => json!([t, "L", step, attempt]),
-            What::Waiting {
-                step,
-                attempt,
-                interactions,
-            } => json!([t, "W", step, attempt, interactions]),
-            What::Heartbeat {
-                step,
-                attempt,
-                count,
-            } => json!([t, "H", step, attempt, count]),
-            What::StepSucceeded {
-                step,
-                attempt,
-                output,
-                bytes,
-            } => json!([t, "O", step, attempt, bytes, output]),
+            What::Launched { .. } => json!([t, "L", step, attempt]),
+            What::Waiting { interactions, .. } => json!([t, "W", step, attempt, interactions]),
+            What::Heartbeat { count, .. } => json!([t, "H", step, attempt, count]),
+            What::StepSucceeded { output, bytes, .. } => {
+                json!([t, "O", step, attempt, bytes, output])
+            }
             What::StepFailed {
-                step,
-                attempt,
-                code,
-                retryable,
+                code, retryable, ..
             } => json!([t, "F", step, attempt, code, retryable]),
             What::Answered {
                 step,

@@ -283,18 +283,29 @@ pub fn attempts(
     let mut attempts: Vec<AttemptView> = Vec::new();
     for entry in entries {
         let at = created_at + entry.after_ms;
-        let mut launch = None;
+        let launch = entry
+            .what
+            .attempt()
+            .map(|(step, attempt)| (step, attempt, launch_id(execution, step, attempt)));
+        let mut this_attempt = |f: &dyn Fn(&mut AttemptView)| {
+            let Some((step, attempt, _)) = launch else {
+                return;
+            };
+            let mut latest = attempts.iter_mut().rev();
+            if let Some(a) = latest.find(|a| (a.step, a.attempt) == (step, attempt)) {
+                f(a);
+            }
+        };
         match &entry.what {
-            What::Launched { step, attempt } | What::Waiting { step, attempt, .. } => {
-                let id = launch_id(execution, *step, *attempt);
-                launch = Some(id);
+            What::Launched { .. } | What::Waiting { .. } => {
+                let (step, attempt, id) = launch.expect("an attempt's entry");
                 let outcome = match entry.what {
                     What::Waiting { .. } => "WAITING",
                     _ => "RUNNING",
                 };
                 attempts.push(AttemptView {
-                    step: *step,
-                    attempt: *attempt,
+                    step,
+                    attempt,
                     launch_id: id,
                     started_at: at,
                     ended_at: None,
@@ -307,40 +318,19 @@ pub fn attempts(
                     output_bytes: None,
                 });
             }
-            What::Heartbeat {
-                step,
-                attempt,
-                count,
-            } => {
-                launch = Some(launch_id(execution, *step, *attempt));
-                update(&mut attempts, *step, *attempt, |a| a.heartbeats += count);
-            }
-            What::StepSucceeded {
-                step,
-                attempt,
-                output,
-                bytes,
-            } => {
-                launch = Some(launch_id(execution, *step, *attempt));
-                update(&mut attempts, *step, *attempt, |a| {
-                    a.end(at, "SUCCEEDED");
-                    a.output = output.clone();
-                    a.output_bytes = Some(*bytes);
-                });
-            }
+            What::Heartbeat { count, .. } => this_attempt(&|a| a.heartbeats += count),
+            What::StepSucceeded { output, bytes, .. } => this_attempt(&|a| {
+                a.end(at, "SUCCEEDED");
+                a.output = output.clone();
+                a.output_bytes = Some(*bytes);
+            }),
             What::StepFailed {
-                step,
-                attempt,
-                code,
-                retryable,
-            } => {
-                launch = Some(launch_id(execution, *step, *attempt));
-                update(&mut attempts, *step, *attempt, |a| {
-                    a.end(at, "FAILED");
-                    a.code = Some(code.clone());
-                    a.retryable = Some(*retryable);
-                });
-            }
+                code, retryable, ..
+            } => this_attempt(&|a| {
+                a.end(at, "FAILED");
+                a.code = Some(code.clone());
+                a.retryable = Some(*retryable);
+            }),
             What::Ended { .. } | What::Redriven { .. } => {
                 for a in attempts.iter_mut().filter(|a| a.ended_at.is_none()) {
                     a.end(at, "ABANDONED");
@@ -351,20 +341,10 @@ pub fn attempts(
         shown.push(Shown {
             at,
             what: entry.what.clone(),
-            launch_id: launch,
+            launch_id: launch.map(|(_, _, id)| id),
         });
     }
     (shown, attempts)
-}
-
-fn update(attempts: &mut [AttemptView], step: u32, attempt: u32, f: impl FnOnce(&mut AttemptView)) {
-    if let Some(a) = attempts
-        .iter_mut()
-        .rev()
-        .find(|a| (a.step, a.attempt) == (step, attempt))
-    {
-        f(a);
-    }
 }
 
 impl AttemptView {

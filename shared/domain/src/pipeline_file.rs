@@ -185,22 +185,20 @@ steps:
 
     #[test]
     fn a_file_reads_as_the_definition_its_builder_makes() {
-        let built = PipelineDef::new(
-            "shop",
-            "3",
-            [
-                StepDef::task("check", "shop-requests")
-                    .timeout_secs(30)
-                    .retry(RetryPolicy {
-                        max_attempts: 4,
-                        initial_delay_ms: 200,
-                        ..RetryPolicy::default()
-                    })
-                    .non_retryable(["OUT_OF_STOCK"]),
-                StepDef::await_step("approve", "shop-approvals").interactions(["manager"]),
-                StepDef::task("ship", "shop-requests"),
-            ],
-        );
+        let retry = RetryPolicy {
+            max_attempts: 4,
+            initial_delay_ms: 200,
+            ..RetryPolicy::default()
+        };
+        let steps = [
+            StepDef::task("check", "shop-requests")
+                .timeout_secs(30)
+                .retry(retry)
+                .non_retryable(["OUT_OF_STOCK"]),
+            StepDef::await_step("approve", "shop-approvals").interactions(["manager"]),
+            StepDef::task("ship", "shop-requests"),
+        ];
+        let built = PipelineDef::new("shop", "3", steps);
         assert_eq!(parse(SHOP, "3").unwrap(), built);
         assert_eq!(
             contract(SHOP).unwrap().contract_version,

@@ -190,10 +190,8 @@ impl ExecutionStore for SimStore {
                     }
                 }
                 w.report.counts.stale_index_reads += stale.min(1);
-                Ok(crate::adapters::memory::due_page(
-                    entries.into_iter(),
-                    query,
-                ))
+                let page = crate::adapters::memory::due_page(entries.into_iter(), query);
+                Ok(sweep_bug(page))
             }
             _ => Err(crashed()),
         }
@@ -217,6 +215,9 @@ impl ExecutionStore for SimStore {
     }
 
     async fn put_journal(&self, id: Uuid, chunk: u32, entries: &[Entry]) -> Result<(), StoreError> {
+        if planted::active(Bug::SkipsHistoryJournal) {
+            return Ok(());
+        }
         YieldOnce(false).await;
         let mut w = self.0.lock().expect("world");
         let fate = w.fate();
@@ -282,42 +283,60 @@ impl DeadLetterQueue for SimDeadLetterQueue {
     }
 
     async fn delete(&self, handle: &str) -> Result<(), StoreError> {
+        let queue = self.queue;
+        self.on_message(handle, true, |w, id, receipt| w.delete(queue, id, receipt))
+            .await
+    }
+
+    async fn release(&self, handle: &str) -> Result<(), StoreError> {
+        let queue = self.queue;
+        self.on_message(handle, false, |w, id, receipt| {
+            let now = w.now;
+            if let Some(q) = w.queues.get_mut(queue) {
+                for m in q.messages.iter_mut() {
+                    if m.id == id && m.receipt == receipt {
+                        m.visible_at = now;
+                    }
+                }
+            }
+        })
+        .await
+    }
+}
+
+impl SimDeadLetterQueue {
+    /// Does `act` to the received message `handle` names, as the world's next fate has it: done,
+    /// not done, or (`applied_before_a_crash`) done by a call that then crashed.
+    async fn on_message(
+        &self,
+        handle: &str,
+        applied_before_a_crash: bool,
+        act: impl FnOnce(&mut World, u64, u64),
+    ) -> Result<(), StoreError> {
         YieldOnce(false).await;
         let mut w = self.world.lock().expect("world");
-        match w.fate() {
+        let fate = w.fate();
+        let (id, receipt) = parse_handle(handle);
+        match fate {
             Fate::Proceed | Fate::LostResponse => {
-                let (id, receipt) = parse_handle(handle);
-                w.delete(self.queue, id, receipt);
+                act(&mut w, id, receipt);
                 Ok(())
             }
-            Fate::CrashAfter => {
-                let (id, receipt) = parse_handle(handle);
-                w.delete(self.queue, id, receipt);
+            Fate::CrashAfter if applied_before_a_crash => {
+                act(&mut w, id, receipt);
                 Err(crashed())
             }
             _ => Err(crashed()),
         }
     }
+}
 
-    async fn release(&self, handle: &str) -> Result<(), StoreError> {
-        YieldOnce(false).await;
-        let mut w = self.world.lock().expect("world");
-        match w.fate() {
-            Fate::Proceed | Fate::LostResponse => {
-                let (id, receipt) = parse_handle(handle);
-                let now = w.now;
-                if let Some(q) = w.queues.get_mut(self.queue) {
-                    for m in q.messages.iter_mut() {
-                        if m.id == id && m.receipt == receipt {
-                            m.visible_at = now;
-                        }
-                    }
-                }
-                Ok(())
-            }
-            _ => Err(crashed()),
-        }
+/// `page` as the planted `SweepIgnoresLastEvaluatedKey` reads it: without the key of the next page.
+pub(crate) fn sweep_bug(mut page: DuePage) -> DuePage {
+    if planted::active(Bug::SweepIgnoresLastEvaluatedKey) {
+        page.next = None;
     }
+    page
 }
 
 pub(crate) fn parse_handle(handle: &str) -> (u64, u64) {
@@ -329,7 +348,7 @@ pub(crate) struct SimSender(pub(crate) Shared);
 
 #[async_trait]
 impl MessageSender for SimSender {
-    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Sent> {
         YieldOnce(false).await;
         let mut w = self.0.lock().expect("world");
         let fail = || SendError {

@@ -87,7 +87,7 @@ use crate::planted::Bug;
 use crate::ports::{
     Backoff, BusEvent, Clock, DeadLetter, DeadLetterQueue, DuePage, DueQuery, EventPublisher,
     ExecutionStore, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore, ReleaseRegistry,
-    SendError, StoreError,
+    SendError, Sent, StoreError,
 };
 use crate::worker::{StepFunction, Worker};
 

@@ -25,6 +25,14 @@ fn end(item: u32, status: &str) -> Value {
     json!({"item": item, "executionId": uuid::Uuid::from_u128(u128::from(item)), "status": status})
 }
 
+/// The parent's next attempt of the fan-out step starting the child again (its genuine token).
+fn rejoin_next_unit() -> Event {
+    Event::Rejoin {
+        token: "t0".into(),
+        unit: Some(NEXT_UNIT),
+    }
+}
+
 /// A running child whose step succeeded (at `LAUNCHED_AT + 1`), and what its success does.
 fn child_that_succeeded(m: &Machine) -> (Execution, Vec<Action>) {
     let paid = ok_reply(0, 1, json!({"paid": true}));
@@ -340,10 +348,7 @@ fn a_failed_child_started_again_by_its_parent_runs_again() {
         stepline::domain::Rejection::InvalidToken
     );
 
-    let rejoin = Event::Rejoin {
-        token: "t0".into(),
-        unit: Some(NEXT_UNIT),
-    };
+    let rejoin = rejoin_next_unit();
     let (queued, actions) = m.commit(&told, at + 2, 5, &rejoin);
     assert_eq!(queued.status, Status::Queued);
     assert_eq!(queued.budget_base, failed.attempt, "a new retry budget");
@@ -382,10 +387,7 @@ fn a_cancelled_child_started_again_by_its_parent_runs_again() {
     let (cancelled, _) = m.commit(&running, LAUNCHED_AT + 1, 3, &from_parent);
     assert_eq!(cancelled.status, Status::Cancelled);
     let (told, _) = m.commit(&cancelled, LAUNCHED_AT + 2, 4, &Event::ParentNotified);
-    let rejoin = Event::Rejoin {
-        token: "t0".into(),
-        unit: Some(NEXT_UNIT),
-    };
+    let rejoin = rejoin_next_unit();
     let (queued, actions) = m.commit(&told, LAUNCHED_AT + 3, 5, &rejoin);
     assert_eq!(queued.status, Status::Queued);
     assert_eq!(queued.error, None);
@@ -399,10 +401,7 @@ fn a_cancelled_child_started_again_by_its_parent_runs_again() {
 fn a_running_child_started_again_answers_the_new_attempt() {
     let m = Machine::of(child_pipeline());
     let running = m.running_child();
-    let rejoin = Event::Rejoin {
-        token: "t0".into(),
-        unit: Some(NEXT_UNIT),
-    };
+    let rejoin = rejoin_next_unit();
     let (moved, actions) = m.commit(&running, LAUNCHED_AT + 1, 3, &rejoin);
     assert!(actions.is_empty(), "it runs on");
     assert_eq!(moved.parent.as_ref().unwrap().unit, Some(NEXT_UNIT));
@@ -425,10 +424,7 @@ fn an_ended_child_started_again_by_its_parent_tells_it_again_without_running() {
     let (told, _) = m.commit(&done, LAUNCHED_AT + 2, 4, &Event::ParentNotified);
     assert_eq!(told.due_at(), None);
 
-    let rejoin = Event::Rejoin {
-        token: "t0".into(),
-        unit: Some(NEXT_UNIT),
-    };
+    let rejoin = rejoin_next_unit();
     let (again, actions) = m.commit(&told, LAUNCHED_AT + 3, 5, &rejoin);
     assert_eq!(actions, vec![Action::NotifyParent], "told again, not run");
     assert_eq!(again.status, Status::Succeeded);

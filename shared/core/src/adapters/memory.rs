@@ -18,7 +18,7 @@ use crate::ports::due_shard;
 use crate::ports::{
     ActivationRequest, Backoff, BlockCount, DueCursor, DuePage, DueQuery, ExecutionStore,
     FanOutLedger, HeadChange, ItemOutcome, ListCursor, ListPage, ListQuery, MessageSender,
-    OutMessage, PayloadStore, Registration, ReleaseRegistry, SendError, StoreError, DAY_MS,
+    OutMessage, PayloadStore, Registration, ReleaseRegistry, SendError, Sent, StoreError, DAY_MS,
 };
 
 #[derive(Default)]
@@ -581,7 +581,7 @@ impl RecordingSender {
 
 #[async_trait]
 impl MessageSender for RecordingSender {
-    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Sent> {
         let mut sent = self.sent.lock().expect("sender");
         let mut fail_next = self.fail_next.lock().expect("sender");
         messages
@@ -600,12 +600,7 @@ impl MessageSender for RecordingSender {
             .collect()
     }
 
-    async fn redeliver_in(
-        &self,
-        queue: &str,
-        receipts: &[String],
-        seconds: u32,
-    ) -> Result<(), SendError> {
+    async fn redeliver_in(&self, queue: &str, receipts: &[String], seconds: u32) -> Sent {
         let mut redeliveries = self.redeliveries.lock().expect("sender");
         for receipt in receipts {
             redeliveries.push((queue.to_string(), receipt.clone(), seconds));

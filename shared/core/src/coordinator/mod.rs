@@ -642,9 +642,7 @@ impl Coordinator {
             }
             // History the record no longer holds goes to the journal first (see `domain::history`).
             if let Some((chunk, entries)) = domain::history::spill(&record, &mut next) {
-                if !crate::planted!(SkipsHistoryJournal) {
-                    self.store.put_journal(record.id, chunk, &entries).await?;
-                }
+                self.store.put_journal(record.id, chunk, &entries).await?;
             }
             // A lease this decision takes is fresh: its token names this write alone.
             let lease = |r: &Execution| r.lease.as_ref().map(|l| l.token);

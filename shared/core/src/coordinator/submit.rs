@@ -335,6 +335,27 @@ mod tests {
             .count()
     }
 
+    /// The child starts a fan-out parent sent to the start queue since the last look, as
+    /// submissions (what the launch function makes of them).
+    fn child_starts(sender: &RecordingSender) -> Vec<SubmitRequest> {
+        sender
+            .drain()
+            .into_iter()
+            .filter(|(queue, _)| queue == "start")
+            .map(|(_, message)| {
+                let event: crate::envelope::StartEvent =
+                    serde_json::from_str(&message.body).unwrap();
+                SubmitRequest {
+                    pipeline_id: event.detail.pipeline_id,
+                    tenant: event.detail.tenant,
+                    input: event.detail.input,
+                    parent: event.detail.parent,
+                    ..Default::default()
+                }
+            })
+            .collect()
+    }
+
     #[tokio::test]
     async fn a_duplicate_submission_re_sends_the_first_request_at_most_once_per_window() {
         let shared = Shared::default();
@@ -368,27 +389,6 @@ mod tests {
             parent,
             ..Default::default()
         }
-    }
-
-    /// The child starts a fan-out parent sent to the start queue since the last look, as
-    /// submissions (what the launch function makes of them).
-    fn child_starts(sender: &RecordingSender) -> Vec<SubmitRequest> {
-        sender
-            .drain()
-            .into_iter()
-            .filter(|(queue, _)| queue == "start")
-            .map(|(_, message)| {
-                let event: crate::envelope::StartEvent =
-                    serde_json::from_str(&message.body).unwrap();
-                SubmitRequest {
-                    pipeline_id: event.detail.pipeline_id,
-                    tenant: event.detail.tenant,
-                    input: event.detail.input,
-                    parent: event.detail.parent,
-                    ..Default::default()
-                }
-            })
-            .collect()
     }
 
     #[tokio::test]

@@ -60,10 +60,8 @@ impl Coordinator {
                 self.claim_page(&page.ids, now, &mut report).await;
                 longest_page = longest_page.max(self.clock.now_ms() - started);
                 match page.next {
-                    Some(cursor) if !crate::planted!(SweepIgnoresLastEvaluatedKey) => {
-                        after = Some(cursor)
-                    }
-                    _ => break,
+                    Some(cursor) => after = Some(cursor),
+                    None => break,
                 }
             }
         }

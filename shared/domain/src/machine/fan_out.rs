@@ -25,9 +25,10 @@ pub(super) fn launch_fan_out(
     id: Uuid,
     deadline: i64,
 ) -> Vec<Action> {
-    let step = next.step;
     // Items held in an object are counted by the coordinator before any child starts (`FanOutSized`).
-    let fan_out = match next.step_input(step).is_some_and(items_in_an_object) {
+    let in_an_object = next.step_input(next.step).is_some_and(items_in_an_object);
+    let step = next.step;
+    let fan_out = match in_an_object {
         true => None,
         false => {
             let items = fan_out_items(next, step) as u32;

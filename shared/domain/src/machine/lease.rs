@@ -69,9 +69,8 @@ pub(super) fn claim(record: &Execution, ctx: &Context) -> Decision {
         return commit(next, actions);
     }
     // (A held lease makes the record due at its expiry, so a due record's lease has expired.)
-    let mut next = bump(record, ctx);
-    let action = take_lease(&mut next, ctx, 0);
-    commit(next, vec![action])
+    let next = bump(record, ctx);
+    commit_leased(next, ctx)
 }
 
 pub(super) fn launch_work(
@@ -279,6 +278,12 @@ pub(super) fn take_lease(next: &mut Execution, ctx: &Context, delay_ms: i64) -> 
         token: ctx.token,
         delay_secs: (delay_ms.max(0) as u64).div_ceil(1000) as u32,
     }
+}
+
+/// Commits `next` with a fresh lease taken now, and the launch work that carries it.
+pub(super) fn commit_leased(mut next: Execution, ctx: &Context) -> Decision {
+    let action = take_lease(&mut next, ctx, 0);
+    commit(next, vec![action])
 }
 
 pub(super) fn step_timeout_ms(def: &PipelineDef, step: u32) -> i64 {

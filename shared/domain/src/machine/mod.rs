@@ -98,7 +98,9 @@ mod start;
 
 pub use fan_out::{child_notice, fan_out_items, items_in_an_object};
 use fan_out::{launch_fan_out, settle_fan_out, size_fan_out};
-use lease::{claim, fail_attempt, launch_attempt, launch_work, step_timeout_ms, take_lease};
+use lease::{
+    claim, commit_leased, fail_attempt, launch_attempt, launch_work, step_timeout_ms, take_lease,
+};
 use notices::{await_notice_sent, complete_interaction, dead_letter_sent, notice_check};
 use operator::{cancel, redrive, rejoin};
 use replies::{apply_outcome, authenticate, heartbeat, reply};

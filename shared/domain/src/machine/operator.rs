@@ -49,8 +49,7 @@ pub(super) fn reopen(record: &Execution, ctx: &Context, reason: &str) -> Decisio
     next.error = None;
     next.dead_letter = None;
     next.wake_at = Some(ctx.now);
-    let action = take_lease(&mut next, ctx, 0);
-    commit(next, vec![action])
+    commit_leased(next, ctx)
 }
 
 /// A fan-out child started again by its parent's next attempt of the step (`unit`): a child that

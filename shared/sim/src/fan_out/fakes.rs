@@ -139,7 +139,7 @@ impl ExecutionStore for Store {
     }
     async fn due(&self, query: DueQuery) -> Result<DuePage, StoreError> {
         alive(&self.world)?;
-        self.inner.due(query).await
+        self.inner.due(query).await.map(crate::fakes::sweep_bug)
     }
     async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
         alive(&self.world)?;
@@ -149,6 +149,9 @@ impl ExecutionStore for Store {
         self.inner.shards()
     }
     async fn put_journal(&self, id: Uuid, chunk: u32, entries: &[Entry]) -> Result<(), StoreError> {
+        if planted::active(Bug::SkipsHistoryJournal) {
+            return Ok(());
+        }
         faulty(&self.world, self.inner.put_journal(id, chunk, entries)).await
     }
     async fn journal(&self, id: Uuid, chunks: u32) -> Result<Vec<Option<Vec<Entry>>>, StoreError> {
@@ -170,6 +173,10 @@ pub(super) struct Ledger {
 #[async_trait]
 impl FanOutLedger for Ledger {
     async fn keep(&self, unit: Uuid, end: &ChildEnd, version: u64) -> Result<bool, StoreError> {
+        // The planted bug drops every seventh child's end as if it were stale.
+        if planted::active(Bug::DropsFanOutNotices) && end.item % 7 == 3 {
+            return Ok(false);
+        }
         faulty(&self.world, self.inner.keep(unit, end, version)).await
     }
     async fn set_outcome(
@@ -201,7 +208,7 @@ pub(super) struct Sender(pub(super) Shared);
 
 #[async_trait]
 impl MessageSender for Sender {
-    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Sent> {
         let mut w = self.0.lock().expect("world");
         let mut results = Vec::new();
         for message in messages {

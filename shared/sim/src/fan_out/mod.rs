@@ -34,9 +34,10 @@ use crate::domain::{
 use crate::envelope::{
     Identity, RequestHeader, StartDetail, StartEvent, START_DETAIL_TYPE, START_SOURCE,
 };
+use crate::planted::{self, Bug};
 use crate::ports::{
     Backoff, BlockCount, Clock, DuePage, DueQuery, ExecutionStore, FanOutLedger, HeadChange,
-    ItemOutcome, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore, SendError,
+    ItemOutcome, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore, SendError, Sent,
     StoreError,
 };
 use crate::worker::{Heartbeat, StepFunction, Worker};

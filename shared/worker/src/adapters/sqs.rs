@@ -15,7 +15,9 @@ use aws_sdk_sqs::types::{
 };
 use aws_sdk_sqs::Client;
 
-use crate::ports::{DeadLetter, DeadLetterQueue, MessageSender, OutMessage, SendError, StoreError};
+use crate::ports::{
+    DeadLetter, DeadLetterQueue, MessageSender, OutMessage, SendError, Sent, StoreError,
+};
 use crate::worker::VisibilityExtender;
 
 use super::batches::{split, MAX_BATCH_BYTES, MAX_ENTRIES};
@@ -114,7 +116,7 @@ impl SqsSender {
 
 #[async_trait]
 impl MessageSender for SqsSender {
-    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Result<(), SendError>> {
+    async fn send(&self, queue: &str, messages: &[OutMessage]) -> Vec<Sent> {
         let fail = |reason: String| SendError::new(queue, reason);
         let url = match self.resolve(queue).await {
             Ok(url) => url,
@@ -150,7 +152,7 @@ impl MessageSender for SqsSender {
                     entry.build().expect("id and body are set")
                 })
                 .collect();
-            let mut chunk_results: Vec<Result<(), SendError>> = vec![Ok(()); chunk.len()];
+            let mut chunk_results: Vec<Sent> = vec![Ok(()); chunk.len()];
             match self
                 .client
                 .send_message_batch()
@@ -182,12 +184,7 @@ impl MessageSender for SqsSender {
         results
     }
 
-    async fn redeliver_in(
-        &self,
-        queue: &str,
-        receipts: &[String],
-        seconds: u32,
-    ) -> Result<(), SendError> {
+    async fn redeliver_in(&self, queue: &str, receipts: &[String], seconds: u32) -> Sent {
         let url = self.resolve(queue).await?;
         for chunk in receipts.chunks(MAX_BATCH) {
             let entries = chunk
