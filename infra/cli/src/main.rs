@@ -263,9 +263,9 @@ async fn main() -> Result<()> {
         } => return init::init(&name, lang, dir, stepline_path),
         _ => {}
     }
-    let stage = Stage::find(&cli.stage)
+    let stage = Stage::reach(&cli.stage)
         .await
-        .with_context(|| format!("finding stage {}", cli.stage))?;
+        .with_context(|| format!("reaching stage {}", cli.stage))?;
     let api = stage.operator()?;
     let out = Output { json: cli.json };
     match cli.command {

@@ -2,11 +2,17 @@
 //! operator set (the active release, the parameters the stage was created with) survives a runner
 //! restart and commands that only read the stage.
 
+use std::sync::{Arc, Mutex};
+
 use anyhow::Result;
+use aws_sdk_dynamodb::config::ConfigBag;
+use aws_sdk_dynamodb::error::BoxError;
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::Value;
 use stepline::SubmitRequest;
-use stepline_local::{fresh_stage, LocalStack};
+use stepline_local::iam::HttpCall;
+use stepline_local::observe::{observed_clients, Observer};
+use stepline_local::{fresh_stage, LocalStack, Stage};
 
 mod support;
 
@@ -154,5 +160,87 @@ async fn release_commands_on_a_missing_stage_fail_and_create_nothing() -> Result
             .is_some_and(|s| s.is_resource_not_found_exception()));
         assert!(missing, "table {table}: {found:?}");
     }
+    Ok(())
+}
+
+/// The calls a set of clients made: each named by its operation (`DynamoDB_20120810.PutItem`,
+/// `AmazonSQS.SendMessage`) or, for a REST call, by its method and path.
+#[derive(Debug, Clone, Default)]
+struct Calls(Arc<Mutex<Vec<String>>>);
+
+impl Observer for Calls {
+    fn name(&self) -> &'static str {
+        "calls"
+    }
+
+    fn request(&self, call: HttpCall, _: &mut ConfigBag) -> Result<(), BoxError> {
+        let named = match call.header("x-amz-target") {
+            Some(target) => target.to_string(),
+            None => format!("{} {}", call.method, call.uri),
+        };
+        self.0.lock().expect("calls").push(named);
+        Ok(())
+    }
+}
+
+impl Calls {
+    fn taken(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().expect("calls"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_reaches_a_stage_by_its_names_and_a_submit_makes_only_the_calls_it_needs(
+) -> Result<()> {
+    stepline_local::needs_emulator!();
+    let stage = fresh_stage("reach");
+    let local = LocalStack::up(&stage).await?;
+    let (queue, _) = local.stack.queue(stepline_local::ORDER_REQUEST_QUEUE)?;
+    local
+        .release_example(queue, order_worker::RELEASE_VERSION, 30)
+        .await?;
+
+    // The operator CLI's way in: the stage by the names its template gives, and the URLs of the
+    // queues its configuration names alone (launch, reply, start, and the four DLQs).
+    let calls = Calls::default();
+    let sdk = stepline::aws::sdk_config().await;
+    let clients = observed_clients(&stepline::aws::Clients::new(&sdk), calls.clone());
+    let reached = Stage::reach_on(&stage, sdk, clients).await?;
+    let api = reached.operator()?;
+    assert_eq!(
+        calls.taken(),
+        ["AmazonSQS.GetQueueUrl"; 7],
+        "reaching the stage"
+    );
+
+    // A submit: the pipeline's active release read, the record created, its first request sent
+    // (the request queue's URL looked up once, by the name the release gives).
+    let submitted = api
+        .submit(SubmitRequest {
+            pipeline_id: order_worker::PIPELINE_ID.into(),
+            tenant: "t".into(),
+            input: order_worker::sample_order(1),
+            ..Default::default()
+        })
+        .await?;
+    // A process's first submit also reads the release it pins and the workers' announcements (a
+    // draining release takes no new executions); a warm one has both cached.
+    let made = calls.taken();
+    let expected = [
+        "DynamoDB_20120810.Query",
+        "DynamoDB_20120810.GetItem",
+        "DynamoDB_20120810.Query",
+        "DynamoDB_20120810.PutItem",
+        "AmazonSQS.GetQueueUrl",
+        "AmazonSQS.SendMessageBatch",
+    ];
+    assert_eq!(made, expected, "a submit's calls");
+    let record = api.get(submitted.execution).await?;
+    assert_eq!(
+        record.status,
+        stepline::domain::Status::Running,
+        "{record:#?}"
+    );
+
     Ok(())
 }

@@ -70,6 +70,25 @@ impl Stage {
         Ok(Self::on(sdk, stack, None))
     }
 
+    /// Reaches a deployed stage by the names its template gives (see [`Stack::by_names`]): the
+    /// operator CLI's way in, so that a command makes only the calls it needs.
+    pub async fn reach(stage: &str) -> Result<Self> {
+        let sdk = stepline::aws::sdk_config().await;
+        let clients = Clients::new(&sdk);
+        Self::reach_on(stage, sdk, clients).await
+    }
+
+    /// [`Stage::reach`] on `clients`. The one lookup it makes: the URLs of the queues the operator's
+    /// configuration names (they go into messages: a request's `replyTo`), one `GetQueueUrl` each.
+    pub async fn reach_on(stage: &str, sdk: SdkConfig, clients: Clients) -> Result<Self> {
+        let template = Template::embedded();
+        let mut stack = Stack::by_names(&template, stage)?;
+        stack
+            .resolve_queues_of(&clients.sqs, &template, functions::REDRIVE)
+            .await?;
+        Ok(Self::on(sdk, stack, None).with_clients(clients))
+    }
+
     /// Provisions with template parameters overridden (e.g. shorter leases for tests).
     pub async fn up_with(stage: &str, overrides: &BTreeMap<String, String>) -> Result<Self> {
         let sdk = stepline::aws::sdk_config().await;

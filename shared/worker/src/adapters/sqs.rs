@@ -76,20 +76,22 @@ fn message_bytes(message: &OutMessage) -> usize {
     message.body.len() + attributes
 }
 
-pub struct SqsSender {
+/// Queue URLs by the names queues are configured with: a URL stands for itself; a name is resolved
+/// (`GetQueueUrl`) at its first use, once.
+struct QueueUrls {
     client: Client,
     urls: Mutex<HashMap<String, String>>,
 }
 
-impl SqsSender {
-    pub fn new(client: Client) -> Self {
+impl QueueUrls {
+    fn new(client: Client) -> Self {
         Self {
             client,
             urls: Mutex::new(HashMap::new()),
         }
     }
 
-    async fn resolve(&self, queue: &str) -> Result<String, SendError> {
+    async fn url(&self, queue: &str) -> Result<String, String> {
         if queue.starts_with("https://") || queue.starts_with("http://") {
             return Ok(queue.to_string());
         }
@@ -102,15 +104,34 @@ impl SqsSender {
             .queue_name(queue)
             .send()
             .await
-            .map_err(|e| SendError::new(queue, DisplayErrorContext(&e).to_string()))?;
-        let url = out
-            .queue_url
-            .ok_or_else(|| SendError::new(queue, "GetQueueUrl returned no URL"))?;
+            .map_err(|e| DisplayErrorContext(&e).to_string())?;
+        let url = out.queue_url.ok_or("GetQueueUrl returned no URL")?;
         self.urls
             .lock()
             .expect("url cache")
             .insert(queue.to_string(), url.clone());
         Ok(url)
+    }
+}
+
+pub struct SqsSender {
+    client: Client,
+    urls: QueueUrls,
+}
+
+impl SqsSender {
+    pub fn new(client: Client) -> Self {
+        Self {
+            urls: QueueUrls::new(client.clone()),
+            client,
+        }
+    }
+
+    async fn resolve(&self, queue: &str) -> Result<String, SendError> {
+        self.urls
+            .url(queue)
+            .await
+            .map_err(|reason| SendError::new(queue, reason))
     }
 }
 
@@ -223,17 +244,27 @@ impl MessageSender for SqsSender {
 /// A DLQ read through SQS: received messages stay hidden for `hold_secs` unless deleted or released.
 pub struct SqsDeadLetterQueue {
     client: Client,
-    url: String,
+    /// The queue's URL, or its name (resolved at the first use).
+    queue: String,
+    urls: QueueUrls,
     hold_secs: i32,
 }
 
 impl SqsDeadLetterQueue {
-    pub fn new(client: Client, url: impl Into<String>) -> Self {
+    pub fn new(client: Client, queue: impl Into<String>) -> Self {
         Self {
+            urls: QueueUrls::new(client.clone()),
             client,
-            url: url.into(),
+            queue: queue.into(),
             hold_secs: 120,
         }
+    }
+
+    async fn url(&self) -> Result<String, StoreError> {
+        self.urls
+            .url(&self.queue)
+            .await
+            .map_err(|reason| StoreError::Unavailable(format!("{}: {reason}", self.queue)))
     }
 }
 
@@ -250,7 +281,7 @@ impl DeadLetterQueue for SqsDeadLetterQueue {
         let out = self
             .client
             .receive_message()
-            .queue_url(&self.url)
+            .queue_url(self.url().await?)
             .max_number_of_messages(max.clamp(1, MAX_BATCH) as i32)
             .visibility_timeout(self.hold_secs)
             .wait_time_seconds(1)
@@ -288,7 +319,7 @@ impl DeadLetterQueue for SqsDeadLetterQueue {
     async fn delete(&self, handle: &str) -> Result<(), StoreError> {
         self.client
             .delete_message()
-            .queue_url(&self.url)
+            .queue_url(self.url().await?)
             .receipt_handle(handle)
             .send()
             .await
@@ -299,7 +330,7 @@ impl DeadLetterQueue for SqsDeadLetterQueue {
     async fn release(&self, handle: &str) -> Result<(), StoreError> {
         self.client
             .change_message_visibility()
-            .queue_url(&self.url)
+            .queue_url(self.url().await?)
             .receipt_handle(handle)
             .visibility_timeout(0)
             .send()
