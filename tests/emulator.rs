@@ -216,6 +216,7 @@ async fn redrive_runs_a_failed_execution_to_success_once_the_fault_is_gone() -> 
             execution_id: id,
             expected_version: failed.version - 1,
             reason: "stale view".into(),
+            release_version: None,
         },
     )
     .await
@@ -229,6 +230,7 @@ async fn redrive_runs_a_failed_execution_to_success_once_the_fault_is_gone() -> 
             execution_id: id,
             expected_version: failed.version,
             reason: "pricing service restored".into(),
+            release_version: None,
         },
     )
     .await?;

@@ -265,6 +265,7 @@ async fn redrive(api: &stepline::Coordinator, id: Uuid) -> anyhow::Result<()> {
             execution_id: id,
             expected_version: api.get(id).await?.version,
             reason: "the bank is back".into(),
+            release_version: None,
         };
         match handlers::redrive(api, request).await {
             Err(e) if e.code() == "VERSION_CONFLICT" => continue,

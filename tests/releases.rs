@@ -10,8 +10,10 @@ use async_trait::async_trait;
 use order_worker::OrderSteps;
 use serde_json::Value;
 use stepline::contract::Contract;
+use stepline::domain::history::What;
 use stepline::domain::{PipelineDef, Status, StepError};
 use stepline::envelope::{RequestHeader, REASON_ATTRIBUTE};
+use stepline::handlers::RedriveRequest;
 use stepline::ports::{Registration, StoreError};
 use stepline::release::Release;
 use stepline::worker::StepFunction;
@@ -338,5 +340,147 @@ async fn release_descriptors_are_immutable() -> anyhow::Result<()> {
             .await,
         Err(CoordinatorError::UnknownRelease { .. })
     ));
+    Ok(())
+}
+
+/// Release 1's steps with a bug: pricing fails for good on an order of three espressos.
+struct BuggyPricing;
+
+#[async_trait]
+impl StepFunction for BuggyPricing {
+    async fn run(&self, request: &RequestHeader, input: Value) -> Result<Value, StepError> {
+        if request.step_id == "price" && input["lines"][0]["qty"] == 3 {
+            return Err(StepError::new("PRICING_BUG", "three of a kind", false));
+        }
+        OrderSteps.run(request, input).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_executions_move_onto_a_fixed_release_and_succeed_while_the_others_never_notice(
+) -> anyhow::Result<()> {
+    let mut stack = on_emulator!(TestStack::new("e2e-hotfix", |_| {}).await?);
+    let (v2_queue, v2_dlq) = v2_queues(&stack).await?;
+    let v1 = stack.pipeline.clone();
+    // Release 2, the fix: the same steps and contract, its fixed code behind its own queue.
+    let mut fixed = v1.clone();
+    fixed.release_version = "2".into();
+    for step in &mut fixed.steps {
+        step.queue = v2_queue.name.clone();
+    }
+    // Release 3 changes the retry policy of every step: not a fix an execution can continue on.
+    let mut other = release_two(&v1, &v2_queue.name);
+    other.release_version = "3".into();
+    let registry = stack.api.registry().clone();
+    for def in [&fixed, &other] {
+        registry
+            .register(&Release::new(def.clone(), Vec::new()))
+            .await?;
+    }
+    let v1_worker = stack.local.worker_binding(
+        functions::ORDER_WORKER,
+        &Contract::of(&v1),
+        Arc::new(BuggyPricing),
+    )?;
+    let v2_steps = Recording::new(0);
+    start_beside_release_two(
+        &mut stack,
+        vec![v1_worker],
+        (&fixed, &v2_queue, &v2_dlq),
+        v2_steps.clone(),
+    )?;
+
+    // Orders 2 and 5 have three espressos: they fail at pricing on release 1; the others succeed.
+    let mut ids = Vec::new();
+    for n in 0..6 {
+        ids.push(stack.submit(order_worker::sample_order(n)).await?);
+    }
+    let mut ended = Vec::new();
+    for id in &ids {
+        ended.push(stack.wait_terminal(*id).await?);
+    }
+    let (failed, succeeded): (Vec<_>, Vec<_>) =
+        ended.into_iter().partition(|r| r.status == Status::Failed);
+    assert_eq!(failed.len(), 2, "{failed:#?}");
+    assert!(failed
+        .iter()
+        .all(|r| r.error.as_ref().unwrap().code == "PRICING_BUG" && r.step == 1));
+    assert!(succeeded.iter().all(|r| r.status == Status::Succeeded));
+
+    // A re-drive as an operator makes it: on the record as it is now (a failed execution's record
+    // still moves as its dead-letter envelope is confirmed sent), again if it moved meanwhile.
+    let redrive = |id: Uuid, release: &'static str| {
+        let api = &stack.api;
+        async move {
+            for _ in 0..20 {
+                let record = api.get(id).await?;
+                let request = RedriveRequest {
+                    execution_id: id,
+                    expected_version: record.version,
+                    reason: format!("pricing fixed in release {release}"),
+                    release_version: Some(release.into()),
+                };
+                match api.redrive(request).await {
+                    Err(e) if e.code().as_str() == "VERSION_CONFLICT" => continue,
+                    outcome => return outcome,
+                }
+            }
+            panic!("execution {id} kept changing under 20 re-drives");
+        }
+    };
+    // Onto release 3: refused with its code, the reasons and the diff; nothing moves.
+    let refused = redrive(failed[0].id, "3").await.unwrap_err();
+    assert_eq!(refused.code().as_str(), "INCOMPATIBLE_RELEASE");
+    let message = refused.to_string();
+    assert!(
+        message.contains("validate (before it) changed its contract: retry")
+            && message.contains("\"to\":\"3\""),
+        "{message}"
+    );
+    let unmoved = stack.api.get(failed[0].id).await?;
+    assert_eq!(
+        (unmoved.status, unmoved.release_version.as_str()),
+        (Status::Failed, "1")
+    );
+    assert!(unmoved.redrives.is_empty());
+
+    // Onto release 2: both move, run on release 2's workers, and succeed.
+    for record in &failed {
+        let moved = redrive(record.id, "2").await?;
+        assert_eq!(moved.status, Status::Queued);
+    }
+    for record in &failed {
+        let done = stack.wait_terminal(record.id).await?;
+        assert_eq!(done.status, Status::Succeeded, "{done:#?}");
+        assert_eq!(done.release_version, "2");
+        let note = done.redrives.last().unwrap();
+        assert_eq!(
+            (note.from_release.as_deref(), note.to_release.as_deref()),
+            (Some("1"), Some("2"))
+        );
+        let history = stack.api.history(record.id).await?;
+        assert!(
+            history.entries.iter().any(|e| matches!(
+                &e.what,
+                What::Redriven { release: Some(r), .. } if r == "2"
+            )),
+            "{history:#?}"
+        );
+    }
+    let moved: BTreeSet<Uuid> = failed.iter().map(|r| r.id).collect();
+    assert_eq!(
+        v2_steps.ran(),
+        moved,
+        "release 2 ran the moved executions alone"
+    );
+    // The others never noticed: they ended on release 1, never re-driven.
+    for record in &succeeded {
+        let now = stack.api.get(record.id).await?;
+        assert_eq!(
+            (now.status, now.release_version.as_str()),
+            (Status::Succeeded, "1")
+        );
+        assert!(now.redrives.is_empty());
+    }
     Ok(())
 }

@@ -88,6 +88,7 @@ async fn an_error_too_large_for_the_record_fails_with_item_too_large_naming_the_
             execution_id: id,
             expected_version: version,
             reason: "smaller outputs deployed".into(),
+            release_version: None,
         })
         .await
         .unwrap();

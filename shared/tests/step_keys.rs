@@ -93,6 +93,7 @@ async fn a_step_keeps_its_key_across_retries_and_re_drives_and_no_other_step_sha
             execution_id: id,
             expected_version: record.version,
             reason: "card replaced".into(),
+            release_version: None,
         })
         .await
         .unwrap();

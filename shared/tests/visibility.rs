@@ -71,6 +71,7 @@ async fn the_history_tells_every_attempt_heartbeat_failure_and_re_drive_in_order
         execution_id: id,
         expected_version: version,
         reason: "restocked".into(),
+        release_version: None,
     };
     handlers::redrive(&coordinator, redrive).await.unwrap();
     let launches: Vec<_> = sender
@@ -144,7 +145,7 @@ async fn the_history_tells_every_attempt_heartbeat_failure_and_re_drive_in_order
     assert_eq!(history.attempts[2].output, Some(json!({"b": 2})));
     assert!(matches!(
         &history.entries[8].what,
-        What::Redriven { reason, from: Status::Failed } if reason == "restocked"
+        What::Redriven { reason, from: Status::Failed, release: None } if reason == "restocked"
     ));
     let states: Vec<&str> = history.steps.iter().map(|s| s.state).collect();
     assert_eq!(states, ["SUCCEEDED", "SUCCEEDED", "SUCCEEDED"]);

@@ -185,6 +185,7 @@ impl Console {
                         execution_id: id,
                         expected_version: version,
                         reason: non_empty(reason, "re-driven from the console"),
+                        release_version: None,
                     },
                 )
                 .await?;

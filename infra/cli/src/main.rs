@@ -136,6 +136,10 @@ enum Command {
         /// The version you looked at (default: the current one).
         #[arg(long)]
         expected_version: Option<u64>,
+        /// Continue on this release of the pipeline (a hotfix): refused unless it keeps the steps
+        /// before the failed one and the failed step's input, and has every step after it.
+        #[arg(long)]
+        release: Option<String>,
     },
     /// Check a pipeline file (YAML or JSON) and print its contract version.
     Validate {
@@ -430,6 +434,7 @@ async fn main() -> Result<()> {
             execution,
             reason,
             expected_version,
+            release,
         } => {
             let expected_version = match expected_version {
                 Some(v) => v,
@@ -441,6 +446,7 @@ async fn main() -> Result<()> {
                     execution_id: execution,
                     expected_version,
                     reason,
+                    release_version: release,
                 },
             )
             .await?;

@@ -91,6 +91,9 @@ catalogue! {
     ReceiptConflict = "RECEIPT_CONFLICT" => 409,
     VersionConflict = "VERSION_CONFLICT" => 409,
     NotRedrivable = "NOT_REDRIVABLE" => 409,
+    /// A re-drive onto a release that cannot continue the execution from its step (the message
+    /// says why, with the two releases' diff).
+    IncompatibleRelease = "INCOMPATIBLE_RELEASE" => 409,
     AlreadyTerminal = "ALREADY_TERMINAL" => 409,
     NotWaiting = "NOT_WAITING" => 409,
     UnknownInteraction = "UNKNOWN_INTERACTION" => 404,
@@ -246,6 +249,7 @@ mod tests {
             Code::ReceiptConflict,
             Code::VersionConflict,
             Code::NotRedrivable,
+            Code::IncompatibleRelease,
             Code::AlreadyTerminal,
             Code::NotWaiting,
             Code::UnknownInteraction,

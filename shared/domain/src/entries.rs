@@ -22,10 +22,7 @@ pub enum What {
         bytes: usize,
     },
     /// A step's attempt was launched (its request saved with its launch id).
-    Launched {
-        step: u32,
-        attempt: u32,
-    },
+    Launched { step: u32, attempt: u32 },
     /// An await step's attempt began waiting (on its interactions, or a fan-out's children).
     Waiting {
         step: u32,
@@ -33,11 +30,7 @@ pub enum What {
         interactions: u32,
     },
     /// Heartbeats of a running attempt (consecutive ones counted in one entry, at the last one).
-    Heartbeat {
-        step: u32,
-        attempt: u32,
-        count: u32,
-    },
+    Heartbeat { step: u32, attempt: u32, count: u32 },
     StepSucceeded {
         step: u32,
         attempt: u32,
@@ -60,11 +53,12 @@ pub enum What {
     Redriven {
         reason: String,
         from: Status,
+        /// The release it was moved onto (a re-drive onto a fixed release).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        release: Option<String>,
     },
     /// A message about the execution went to a DLQ.
-    Incident {
-        code: String,
-    },
+    Incident { code: String },
     /// The execution's dead-letter envelope was written (sent to the execution DLQ after the commit).
     DeadLettered,
     /// The execution ended (SUCCEEDED, FAILED, DLQ or CANCELLED).
@@ -123,7 +117,16 @@ impl From<Entry> for String {
                 interaction,
                 verdict,
             } => json!([t, "A", step, interaction, verdict]),
-            What::Redriven { reason, from } => json!([t, "R", reason, from]),
+            What::Redriven {
+                reason,
+                from,
+                release: None,
+            } => json!([t, "R", reason, from]),
+            What::Redriven {
+                reason,
+                from,
+                release: Some(release),
+            } => json!([t, "R", reason, from, release]),
             What::Incident { code } => json!([t, "I", code]),
             What::DeadLettered => json!([t, "D"]),
             What::Ended { status, code } => json!([t, "E", status, code]),
@@ -178,6 +181,7 @@ impl TryFrom<String> for Entry {
             "R" => What::Redriven {
                 reason: text_at(2)?,
                 from: typed(&v, 3).ok_or_else(bad)?,
+                release: opt(4).and_then(|r| r.as_str().map(str::to_string)),
             },
             "I" => What::Incident { code: text_at(2)? },
             "D" => What::DeadLettered,

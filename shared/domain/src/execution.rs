@@ -368,6 +368,12 @@ pub struct RedriveNote {
     pub reason: String,
     pub from_status: Status,
     pub from_version: u64,
+    /// A re-drive onto another release (a hotfix): the release the execution was pinned to, and
+    /// the one it was moved onto.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_release: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_release: Option<String>,
 }
 
 /// The execution record.

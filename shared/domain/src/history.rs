@@ -150,6 +150,7 @@ pub fn observe(before: &Execution, next: &mut Execution, cause: Cause<'_>, now: 
             found.push(What::Redriven {
                 reason: note.reason.clone(),
                 from: note.from_status,
+                release: note.to_release.clone(),
             });
         }
     }
@@ -433,7 +434,16 @@ pub fn describe(what: &What, step_name: impl Fn(u32) -> String) -> String {
                 Verdict::Rejected => "rejected",
             }
         ),
-        What::Redriven { reason, from } => format!("re-driven from {from}: {reason}"),
+        What::Redriven {
+            reason,
+            from,
+            release: None,
+        } => format!("re-driven from {from}: {reason}"),
+        What::Redriven {
+            reason,
+            from,
+            release: Some(release),
+        } => format!("re-driven from {from} onto release {release}: {reason}"),
         What::Incident { code } => format!("incident {code} (a message went to a DLQ)"),
         What::DeadLettered => "dead-lettered (envelope to the execution DLQ)".into(),
         What::Ended { status, code } => match code {

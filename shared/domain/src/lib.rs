@@ -47,8 +47,8 @@ pub use ids::{
 };
 pub use machine::{
     child_notice, creation_actions, decide, oversized_reply, reply_actions, start, start_launched,
-    Action, Context, Decision, Event, EventKind, NewExecution, Outcome, Rejection, Sender, Skip,
-    Transition, TRANSITIONS,
+    Action, Context, Decision, Event, EventKind, NewExecution, Outcome, Pin, Rejection, Sender,
+    Skip, Transition, TRANSITIONS,
 };
 pub use payload::Payload;
 pub use pipeline::{PipelineDef, Problem, RetryPolicy, StepDef, StepKind};

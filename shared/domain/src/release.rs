@@ -259,6 +259,79 @@ pub fn diff(from: &Release, to: &Release) -> ReleaseDiff {
 }
 
 /// The fields of two versions of a step that differ (and its position, when it moved).
+/// Why an execution cannot continue on another release from its failed step (see
+/// [`continues_on`]): each reason, and the two releases' diff.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Incompatible {
+    pub reasons: Vec<String>,
+    pub diff: Box<ReleaseDiff>,
+}
+
+/// Whether an execution of release `from` that stopped at step index `step` can continue on release
+/// `to` from that step (a hotfix): the same pipeline; every step before it at the same place with
+/// its contract unchanged (kind, types, retry policy: what they produced stays what it was); the
+/// step itself at the same place, of the same kind, taking the same input type; and every step
+/// after it still there.
+pub fn continues_on(from: &Release, to: &Release, step: usize) -> Result<(), Incompatible> {
+    let mut reasons = Vec::new();
+    if from.pipeline_id != to.pipeline_id {
+        reasons.push(format!(
+            "release {} is of pipeline {}, not {}",
+            to.release_version, to.pipeline_id, from.pipeline_id
+        ));
+    }
+    let (before, after) = (&from.definition.steps, &to.definition.steps);
+    for (index, old) in before.iter().enumerate() {
+        let new = after.get(index).filter(|new| new.id == old.id);
+        if index < step {
+            match new {
+                None => reasons.push(format!("step {} (before it) is not at its place", old.id)),
+                Some(new) => {
+                    let changed: Vec<String> = field_changes(old, new, false)
+                        .into_iter()
+                        .filter(|f| f.contract)
+                        .map(|f| f.field)
+                        .collect();
+                    if !changed.is_empty() {
+                        reasons.push(format!(
+                            "step {} (before it) changed its contract: {}",
+                            old.id,
+                            changed.join(", ")
+                        ));
+                    }
+                }
+            }
+        } else if index == step {
+            match new {
+                None => reasons.push(format!("step {} is not at its place", old.id)),
+                Some(new) if new.kind != old.kind || new.input_type != old.input_type => reasons
+                    .push(format!(
+                        "step {} changed its kind or input type: it must take what the steps \
+                         before it produced",
+                        old.id
+                    )),
+                Some(_) => {}
+            }
+        } else if !after.iter().any(|new| new.id == old.id) {
+            reasons.push(format!("step {} (after it) is gone", old.id));
+        }
+    }
+    if step >= before.len() {
+        reasons.push(format!(
+            "release {} has no step {step}",
+            from.release_version
+        ));
+    }
+    match reasons.is_empty() {
+        true => Ok(()),
+        false => Err(Incompatible {
+            reasons,
+            diff: Box::new(diff(from, to)),
+        }),
+    }
+}
+
 fn field_changes(
     from: &super::pipeline::StepDef,
     to: &super::pipeline::StepDef,
@@ -509,5 +582,56 @@ mod tests {
             "a stale one is gone"
         );
         assert!(!served(&[gone, draining], "1", now));
+    }
+
+    /// A three-step pipeline's release `version`, its steps changed by `change`.
+    fn shop(version: &str, change: impl FnOnce(&mut Vec<StepDef>)) -> Release {
+        let mut steps = vec![
+            StepDef::task("check", "q").types("order/1", "checked/1"),
+            StepDef::task("price", "q").types("checked/1", "priced/1"),
+            StepDef::task("ship", "q"),
+        ];
+        change(&mut steps);
+        Release::new(PipelineDef::new("shop", version, steps), Vec::new())
+    }
+
+    #[test]
+    fn a_release_continues_an_execution_only_where_it_keeps_what_came_before() {
+        let one = shop("1", |_| {});
+        // A fix of the failed step itself (its retry policy, its code behind the same queue), and a
+        // step added after it: continues.
+        let fixed = shop("2", |steps| {
+            steps[1].retry.max_attempts = 9;
+            steps.push(StepDef::task("notify", "q"));
+        });
+        assert_eq!(continues_on(&one, &fixed, 1), Ok(()));
+
+        let refused = |to: &Release, step: usize| {
+            let refused = continues_on(&one, to, step).expect_err("incompatible");
+            assert_eq!(
+                refused.diff.to, to.release_version,
+                "the diff comes with it"
+            );
+            refused.reasons.join("; ")
+        };
+        // A step before it changed what it produces.
+        let before = shop("3", |steps| steps[0].output_type = "checked/2".into());
+        assert!(refused(&before, 1).contains("check (before it) changed its contract"));
+        // The failed step takes another input.
+        let input = shop("4", |steps| steps[1].input_type = "checked/2".into());
+        assert!(refused(&input, 1).contains("price changed its kind or input type"));
+        // A step after it is gone; the steps moved.
+        let gone = shop("5", |steps| {
+            steps.pop();
+        });
+        assert!(refused(&gone, 1).contains("ship (after it) is gone"));
+        let moved = shop("6", |steps| steps.swap(0, 1));
+        assert!(refused(&moved, 1).contains("is not at its place"));
+        // Another pipeline.
+        let mut other = shop("7", |_| {});
+        other.pipeline_id = "other".into();
+        assert!(refused(&other, 1).contains("of pipeline other"));
+        // From the first step, what came before is nothing: only the step and those after count.
+        assert_eq!(continues_on(&one, &before, 0), Ok(()));
     }
 }

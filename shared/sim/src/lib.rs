@@ -641,6 +641,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
             execution_id: id,
             expected_version: version,
             reason: "operator re-drive in the sim".into(),
+            release_version: None,
         }));
         let mut w = world.lock().expect("world");
         match result {

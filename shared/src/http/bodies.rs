@@ -51,6 +51,9 @@ pub struct CancelBody {
 pub struct RedriveBody {
     pub expected_version: u64,
     pub reason: String,
+    /// Continue on this release of the pipeline instead (a hotfix; see `RedriveRequest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_version: Option<String>,
 }
 
 /// `POST /executions/{id}/interactions/{interactionId}`.

@@ -502,6 +502,7 @@ async fn redrive(
         execution_id: id,
         expected_version: body.expected_version,
         reason: body.reason,
+        release_version: body.release_version,
     };
     Ok(Reply::ok(&coordinator.redrive(request).await?))
 }

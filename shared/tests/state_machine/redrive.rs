@@ -1,6 +1,7 @@
 //! `Redrive`: an operator re-queues a failed execution with a new attempt budget.
 
-use stepline::domain::{launch_id, RedriveNote, Rejection, Status};
+use stepline::domain::history::What;
+use stepline::domain::{launch_id, Event, Pin, RedriveNote, Rejection, Status};
 
 use crate::fixtures::*;
 
@@ -35,6 +36,8 @@ fn redrive_of_failed_execution_requeues_it_with_new_budget_audit_note_and_lease(
             reason: "gateway fixed".to_string(),
             from_status: Status::Failed,
             from_version: 7,
+            from_release: None,
+            to_release: None,
         }]
     );
     assert_eq!(next.generation, 4);
@@ -84,4 +87,60 @@ fn redrive_of_execution_that_is_not_failed_is_rejected_as_not_redrivable() {
         assert_eq!(rejection, Rejection::NotRedrivable(record.status));
         assert_eq!(rejection.code(), "NOT_REDRIVABLE");
     }
+}
+
+#[test]
+fn redrive_onto_another_release_moves_the_pin_and_notes_both_releases() {
+    let m = Machine::of(three_steps());
+    let failed = m.exhausted();
+    let pinned = failed.release_version.clone();
+    let at = T0 + 100_000;
+    let onto = Pin {
+        release_version: "2".into(),
+        contract_version: "c2".into(),
+    };
+    let event = Event::Redrive {
+        expected_version: 7,
+        reason: "pricing fixed in release 2".into(),
+        onto: Some(onto.clone()),
+    };
+
+    let (next, actions) = m.commit(&failed, at, 50, &event);
+
+    assert_eq!(next.status, Status::Queued);
+    assert_eq!(
+        (
+            next.release_version.as_str(),
+            next.contract_version.as_str()
+        ),
+        ("2", "c2"),
+        "its later launches run release 2"
+    );
+    assert_eq!(next.step, failed.step, "from the step it stopped at");
+    assert_eq!(next.budget_base, 3, "a new budget, as any re-drive");
+    let note = next.redrives.last().expect("an audit note");
+    assert_eq!(
+        (note.from_release.as_deref(), note.to_release.as_deref()),
+        (Some(pinned.as_str()), Some("2"))
+    );
+    assert_eq!(note.reason, "pricing fixed in release 2");
+    assert_eq!(enqueued(&actions), (4, token(50), 0));
+    let told = next
+        .history
+        .iter()
+        .any(|e| matches!(&e.what, What::Redriven { release: Some(r), .. } if r == "2"));
+    assert!(told, "its history tells of the move: {:?}", next.history);
+
+    // Onto the release it is pinned to: a plain re-drive, nothing moved.
+    let same = Event::Redrive {
+        expected_version: 7,
+        reason: "again".into(),
+        onto: Some(Pin {
+            release_version: pinned.clone(),
+            contract_version: failed.contract_version.clone(),
+        }),
+    };
+    let (again, _) = m.commit(&failed, at, 50, &same);
+    assert_eq!(again.release_version, pinned);
+    assert_eq!(again.redrives.last().unwrap().to_release, None);
 }

@@ -247,6 +247,7 @@ impl Coordinator {
             let event = Event::Redrive {
                 expected_version: record.version,
                 reason: reason.to_string(),
+                onto: None,
             };
             match self.apply(record.id, &event, Role::Replay).await {
                 Ok(_) => return Ok(Outcome::Replayed),

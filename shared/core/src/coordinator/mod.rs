@@ -84,6 +84,15 @@ pub enum CoordinatorError {
     },
     #[error("invalid request: {0}")]
     Invalid(String),
+    #[error(
+        "release {release_version} cannot continue the execution from its step: {}; the diff: {}",
+        incompatible.reasons.join("; "),
+        serde_json::to_string(&incompatible.diff).unwrap_or_default()
+    )]
+    IncompatibleRelease {
+        release_version: String,
+        incompatible: Box<crate::domain::release::Incompatible>,
+    },
     #[error("inconsistent release descriptor: {0}")]
     InvalidRelease(String),
     #[error("pipeline {pipeline_id} release {release_version} is already registered with another descriptor")]
@@ -110,6 +119,7 @@ impl CoordinatorError {
             CoordinatorError::NoActiveRelease(_) => Code::NoActiveRelease,
             CoordinatorError::ReleaseDraining { .. } => Code::ReleaseDraining,
             CoordinatorError::Invalid(_) => Code::InvalidRequest,
+            CoordinatorError::IncompatibleRelease { .. } => Code::IncompatibleRelease,
             CoordinatorError::InvalidRelease(_) => Code::InvalidRelease,
             CoordinatorError::ReleaseConflict { .. } => Code::ReleaseConflict,
             CoordinatorError::Rejected(r) => r.code(),

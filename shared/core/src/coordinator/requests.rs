@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{Applied, Coordinator, CoordinatorError, Role};
-use crate::domain::{Event, Execution, Status};
+use crate::domain::release;
+use crate::domain::{Event, Execution, Pin, Status};
 use crate::envelope::InteractionMessage;
 
 /// Cancellation of one execution.
@@ -24,6 +25,10 @@ pub struct RedriveRequest {
     /// The version the operator looked at; the re-drive is refused if the record changed since.
     pub expected_version: u64,
     pub reason: String,
+    /// Another release of the pipeline to continue on (a hotfix), from the step the execution
+    /// stopped at; refused (`INCOMPATIBLE_RELEASE`) unless it can (`release::continues_on`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_version: Option<String>,
 }
 
 /// An execution after a cancel or a re-drive.
@@ -64,12 +69,46 @@ impl Coordinator {
         require_reason(&request.reason, "a re-drive")?;
         // The audit trail: the record keeps only the latest re-drive notes.
         tracing::info!(execution_id = %request.execution_id, expected_version = request.expected_version, reason = %request.reason, "re-drive requested");
+        let onto = match &request.release_version {
+            Some(to) => Some(self.hotfix_pin(request.execution_id, to).await?),
+            None => None,
+        };
         let event = Event::Redrive {
             expected_version: request.expected_version,
             reason: request.reason,
+            onto,
         };
         self.operate(request.execution_id, event, Role::Redrive)
             .await
+    }
+
+    /// Release `to` of execution `id`'s pipeline, as the pin it moves onto, if `to` can continue
+    /// the execution from its step. (Checked on the record as read: the re-drive's expected version
+    /// makes sure it is the record the move is applied to.)
+    async fn hotfix_pin(&self, id: Uuid, to: &str) -> Result<Pin, CoordinatorError> {
+        let record = self.get(id).await?;
+        let pipeline_id = &record.pipeline_id;
+        let release = |version: String| async move {
+            self.registry
+                .get(pipeline_id, &version)
+                .await?
+                .ok_or_else(|| CoordinatorError::UnknownRelease {
+                    pipeline_id: pipeline_id.clone(),
+                    release_version: version,
+                })
+        };
+        let from = release(record.release_version.clone()).await?;
+        let onto = release(to.to_string()).await?;
+        release::continues_on(&from, &onto, record.step as usize).map_err(|incompatible| {
+            CoordinatorError::IncompatibleRelease {
+                release_version: to.to_string(),
+                incompatible: Box::new(incompatible),
+            }
+        })?;
+        Ok(Pin {
+            release_version: onto.release_version,
+            contract_version: onto.contract_version,
+        })
     }
 
     /// An operator's event on one execution, applied and carried out.

@@ -158,6 +158,13 @@ pub enum Outcome {
     Failed(StepError),
 }
 
+/// A release an execution is pinned to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pin {
+    pub release_version: String,
+    pub contract_version: String,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// The sweeper found the execution due.
@@ -175,10 +182,12 @@ pub enum Event {
         fingerprint: String,
         outcome: Outcome,
     },
-    /// Operator re-drive of a FAILED or DLQ execution.
+    /// Operator re-drive of a FAILED or DLQ execution; `onto`: moved onto another release of its
+    /// pipeline, checked beforehand to continue it from its step (`release::continues_on`).
     Redrive {
         expected_version: u64,
         reason: String,
+        onto: Option<Pin>,
     },
     Cancel {
         reason: String,
@@ -565,7 +574,8 @@ fn transition(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
         Event::Redrive {
             expected_version,
             reason,
-        } => redrive(record, ctx, *expected_version, reason),
+            onto,
+        } => redrive(record, ctx, *expected_version, reason, onto.as_ref()),
         Event::Cancel { reason } => cancel(record, def, ctx, reason),
         Event::CancelFromParent { token, reason } => {
             let Some(parent) = &record.parent else {

@@ -6,7 +6,7 @@ use super::*;
 /// The transition rows of operators' and parents' requests (see `transitions`).
 #[rustfmt::skip]
 pub(super) const ROWS: &[Transition] = &[
-    row(FAILED, &[E::Redrive], "expected version", "QUEUED, new budget, lease · EnqueueLaunch", &["redrive_of_failed_execution_requeues_it_with_new_budget_audit_note_and_lease"]),
+    row(FAILED, &[E::Redrive], "expected version", "QUEUED, new budget, lease · EnqueueLaunch", &["redrive_of_failed_execution_requeues_it_with_new_budget_audit_note_and_lease", "redrive_onto_another_release_moves_the_pin_and_notes_both_releases"]),
     row(LIVE, &[E::Cancel], "", "CANCELLED · NotifyCancel / CancelChildren", &["cancel_of_running_execution_cancels_it_and_clears_due_time", "cancel_of_waiting_retry_drops_its_lease_and_its_pending_launch_work_is_skipped", "cancel_of_queued_execution_notifies_no_worker", "a_cancelled_execution_takes_no_completion", "a_cancelled_fan_out_cancels_the_children_still_running"]),
     row(LIVE, &[E::CancelFromParent], "the parent's token", "CANCELLED · NotifyCancel if RUNNING", &["a_cancelled_fan_out_cancels_the_children_still_running"]),
     row(NOT_SUCCEEDED, &[E::Rejoin], "parent's token, another attempt", "QUEUED, new budget, lease · EnqueueLaunch", &["a_failed_child_started_again_by_its_parent_runs_again", "a_cancelled_child_started_again_by_its_parent_runs_again"]),
@@ -19,6 +19,7 @@ pub(super) fn redrive(
     ctx: &Context,
     expected_version: u64,
     reason: &str,
+    onto: Option<&Pin>,
 ) -> Decision {
     if !matches!(record.status, Status::Failed | Status::Dlq) {
         return Decision::Reject(Rejection::NotRedrivable(record.status));
@@ -29,7 +30,20 @@ pub(super) fn redrive(
             actual: record.version,
         });
     }
-    reopen(record, ctx, reason)
+    let Some(pin) = onto.filter(|pin| pin.release_version != record.release_version) else {
+        return reopen(record, ctx, reason);
+    };
+    let mut moved = record.clone();
+    moved.release_version = pin.release_version.clone();
+    moved.contract_version = pin.contract_version.clone();
+    let mut decision = reopen(&moved, ctx, reason);
+    if let Decision::Commit { record: next, .. } = &mut decision {
+        if let Some(note) = next.redrives.last_mut() {
+            note.from_release = Some(record.release_version.clone());
+            note.to_release = Some(pin.release_version.clone());
+        }
+    }
+    decision
 }
 
 /// A FAILED or DLQ execution queued again: a new attempt of its step with a new retry budget, under
@@ -41,6 +55,8 @@ pub(super) fn reopen(record: &Execution, ctx: &Context, reason: &str) -> Decisio
         reason: truncated(reason, MAX_INCIDENT_DETAIL),
         from_status: record.status,
         from_version: record.version,
+        from_release: None,
+        to_release: None,
     });
     let excess = next.redrives.len().saturating_sub(MAX_REDRIVE_NOTES);
     next.redrives.drain(..excess);

@@ -451,6 +451,7 @@ async fn redrive_failed_children(
             execution_id: child.id,
             expected_version: child.version,
             reason: "operator re-drive while the parent waits".into(),
+            release_version: None,
         };
         if coordinator.redrive(request).await.is_err() {
             redriven.remove(&child.id);
