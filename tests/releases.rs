@@ -382,19 +382,12 @@ async fn failed_executions_move_onto_a_fixed_release_and_succeed_while_the_other
         &Contract::of(&v1),
         Arc::new(BuggyPricing),
     )?;
-    let v2_steps = Recording::new(0);
-    start_beside_release_two(
-        &mut stack,
-        vec![v1_worker],
-        (&fixed, &v2_queue, &v2_dlq),
-        v2_steps.clone(),
-    )?;
+    let fixed_steps = Recording::new(0);
+    let releases = (&fixed, &v2_queue, &v2_dlq);
+    start_beside_release_two(&mut stack, vec![v1_worker], releases, fixed_steps.clone())?;
 
     // Orders 2 and 5 have three espressos: they fail at pricing on release 1; the others succeed.
-    let mut ids = Vec::new();
-    for n in 0..6 {
-        ids.push(stack.submit(order_worker::sample_order(n)).await?);
-    }
+    let ids = stack.submit_orders(6).await?;
     let mut ended = Vec::new();
     for id in &ids {
         ended.push(stack.wait_terminal(*id).await?);
@@ -469,7 +462,7 @@ async fn failed_executions_move_onto_a_fixed_release_and_succeed_while_the_other
     }
     let moved: BTreeSet<Uuid> = failed.iter().map(|r| r.id).collect();
     assert_eq!(
-        v2_steps.ran(),
+        fixed_steps.ran(),
         moved,
         "release 2 ran the moved executions alone"
     );

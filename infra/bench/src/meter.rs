@@ -409,18 +409,9 @@ impl Observer for Meter {
     }
 
     fn request(&self, call: HttpCall, bag: &mut ConfigBag) -> Result<(), BoxError> {
-        let target = match call.header("x-amz-target") {
-            Some(target) => target.to_string(),
-            // S3 (REST): named by its method.
-            None => match call.method.as_str() {
-                "GET" => "s3.GetObject".to_string(),
-                "PUT" => "s3.PutObject".to_string(),
-                other => format!("s3.{other}"),
-            },
-        };
         bag.interceptor_state().store_put(Started {
             at: Instant::now(),
-            target,
+            target: call.operation(),
             body: call.body,
         });
         Ok(())

@@ -61,7 +61,7 @@ pub(crate) async fn dlq(
         DlqAction::Replay { filter } => {
             let response =
                 handlers::operator(api, &dlqs, OperatorRequest::Replay(filter.request())).await?;
-            out.show(&serde_json::to_value(&response)?, || {
+            out.show(&response, || {
                 serde_json::to_string_pretty(&response).unwrap_or_default()
             });
         }
@@ -77,7 +77,7 @@ pub(crate) async fn dlq(
                 replay: filter.request(),
             });
             let response = handlers::operator(api, &dlqs, request).await?;
-            out.show(&serde_json::to_value(&response)?, || {
+            out.show(&response, || {
                 serde_json::to_string_pretty(&response).unwrap_or_default()
             });
         }

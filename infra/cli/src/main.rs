@@ -308,7 +308,7 @@ async fn main() -> Result<()> {
                     parent: None,
                 })
                 .await?;
-            out.show(&serde_json::to_value(&submitted)?, || {
+            out.show(&submitted, || {
                 format!(
                     "{} {}",
                     submitted.execution,
@@ -360,11 +360,11 @@ async fn main() -> Result<()> {
                     after,
                 })
                 .await?;
-            out.show(&serde_json::to_value(&page)?, || listing(&page));
+            out.show(&page, || listing(&page));
         }
         Command::History { execution } => {
             let history = api.history(execution).await?;
-            out.show(&serde_json::to_value(&history)?, || story(&history));
+            out.show(&history, || story(&history));
         }
         Command::Console { port } => return console::serve(stage, api, port).await,
         Command::Watch {
@@ -426,9 +426,7 @@ async fn main() -> Result<()> {
                 },
             )
             .await?;
-            out.show(&serde_json::to_value(&response)?, || {
-                format!("{execution} {}", response.status)
-            });
+            out.show(&response, || format!("{execution} {}", response.status));
         }
         Command::Redrive {
             execution,
@@ -440,17 +438,14 @@ async fn main() -> Result<()> {
                 Some(v) => v,
                 None => api.get(execution).await?.version,
             };
-            let response = handlers::redrive(
-                &api,
-                RedriveRequest {
-                    execution_id: execution,
-                    expected_version,
-                    reason,
-                    release_version: release,
-                },
-            )
-            .await?;
-            out.show(&serde_json::to_value(&response)?, || {
+            let request = RedriveRequest {
+                execution_id: execution,
+                expected_version,
+                reason,
+                release_version: release,
+            };
+            let response = handlers::redrive(&api, request).await?;
+            out.show(&response, || {
                 format!(
                     "{execution} {} (version {})",
                     response.status, response.version

@@ -7,9 +7,10 @@ pub(crate) struct Output {
 }
 
 impl Output {
-    pub(crate) fn show(&self, value: &Value, human: impl FnOnce() -> String) {
+    /// Prints `value` as JSON (`--json`), or `human`'s text.
+    pub(crate) fn show(&self, value: &impl serde::Serialize, human: impl FnOnce() -> String) {
         if self.json {
-            println!("{value}");
+            println!("{}", serde_json::to_value(value).unwrap_or_default());
         } else {
             println!("{}", human());
         }

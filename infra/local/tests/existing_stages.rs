@@ -29,6 +29,16 @@ fn stepline(stage: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A submission of the example's sample order for `tenant`.
+fn sample_submission(tenant: &str) -> SubmitRequest {
+    SubmitRequest {
+        pipeline_id: order_worker::PIPELINE_ID.into(),
+        tenant: tenant.into(),
+        input: order_worker::sample_order(1),
+        ..Default::default()
+    }
+}
+
 async fn active_release(local: &LocalStack) -> Result<Option<String>> {
     let api = local.operator()?;
     Ok(api
@@ -80,14 +90,7 @@ async fn a_restarted_runner_keeps_the_release_an_operator_activated() -> Result<
         [order_worker::RELEASE_VERSION, "2"],
         "the restart appended an activation"
     );
-    let submitted = api
-        .submit(SubmitRequest {
-            pipeline_id: order_worker::PIPELINE_ID.into(),
-            tenant: "restart".into(),
-            input: order_worker::sample_order(1),
-            ..Default::default()
-        })
-        .await?;
+    let submitted = api.submit(sample_submission("restart")).await?;
     // Pinned at submission; the example worker of release 1 running here would refuse its requests,
     // which is the release identity check working, not this test's concern.
     let record = api.get(submitted.execution).await?;
@@ -163,8 +166,7 @@ async fn release_commands_on_a_missing_stage_fail_and_create_nothing() -> Result
     Ok(())
 }
 
-/// The calls a set of clients made: each named by its operation (`DynamoDB_20120810.PutItem`,
-/// `AmazonSQS.SendMessage`) or, for a REST call, by its method and path.
+/// The calls a set of clients made, each named by its operation (`DynamoDB_20120810.PutItem`).
 #[derive(Debug, Clone, Default)]
 struct Calls(Arc<Mutex<Vec<String>>>);
 
@@ -174,11 +176,7 @@ impl Observer for Calls {
     }
 
     fn request(&self, call: HttpCall, _: &mut ConfigBag) -> Result<(), BoxError> {
-        let named = match call.header("x-amz-target") {
-            Some(target) => target.to_string(),
-            None => format!("{} {}", call.method, call.uri),
-        };
-        self.0.lock().expect("calls").push(named);
+        self.0.lock().expect("calls").push(call.operation());
         Ok(())
     }
 }
@@ -215,14 +213,7 @@ async fn the_cli_reaches_a_stage_by_its_names_and_a_submit_makes_only_the_calls_
 
     // A submit: the pipeline's active release read, the record created, its first request sent
     // (the request queue's URL looked up once, by the name the release gives).
-    let submitted = api
-        .submit(SubmitRequest {
-            pipeline_id: order_worker::PIPELINE_ID.into(),
-            tenant: "t".into(),
-            input: order_worker::sample_order(1),
-            ..Default::default()
-        })
-        .await?;
+    let submitted = api.submit(sample_submission("t")).await?;
     // A process's first submit also reads the release it pins and the workers' announcements (a
     // draining release takes no new executions); a warm one has both cached.
     let made = calls.taken();

@@ -59,37 +59,6 @@ fn redrive_of_failed_execution_requeues_it_with_new_budget_audit_note_and_lease(
 }
 
 #[test]
-fn redrive_with_stale_expected_version_is_rejected_as_version_mismatch() {
-    let m = Machine::of(three_steps());
-    let failed = m.exhausted();
-    for expected in [6, 8] {
-        let event = redrive(expected, "retry");
-        let rejection = m.rejected(&failed, T0 + 100_000, 50, &event);
-        assert_eq!(
-            rejection,
-            Rejection::VersionMismatch {
-                expected,
-                actual: 7,
-            }
-        );
-        assert_eq!(rejection.code(), "VERSION_CONFLICT");
-    }
-}
-
-#[test]
-fn redrive_of_execution_that_is_not_failed_is_rejected_as_not_redrivable() {
-    let m = Machine::of(three_steps());
-    let (queued, _) = m.started();
-    let (waiting, _) = m.timed_out();
-    for record in [m.running(), queued, waiting, m.succeeded(), m.cancelled()] {
-        let event = redrive(record.version, "retry");
-        let rejection = m.rejected(&record, T0 + 100_000, 50, &event);
-        assert_eq!(rejection, Rejection::NotRedrivable(record.status));
-        assert_eq!(rejection.code(), "NOT_REDRIVABLE");
-    }
-}
-
-#[test]
 fn redrive_onto_another_release_moves_the_pin_and_notes_both_releases() {
     let m = Machine::of(three_steps());
     let failed = m.exhausted();
@@ -143,4 +112,35 @@ fn redrive_onto_another_release_moves_the_pin_and_notes_both_releases() {
     let (again, _) = m.commit(&failed, at, 50, &same);
     assert_eq!(again.release_version, pinned);
     assert_eq!(again.redrives.last().unwrap().to_release, None);
+}
+
+#[test]
+fn redrive_with_stale_expected_version_is_rejected_as_version_mismatch() {
+    let m = Machine::of(three_steps());
+    let failed = m.exhausted();
+    for expected in [6, 8] {
+        let event = redrive(expected, "retry");
+        let rejection = m.rejected(&failed, T0 + 100_000, 50, &event);
+        assert_eq!(
+            rejection,
+            Rejection::VersionMismatch {
+                expected,
+                actual: 7,
+            }
+        );
+        assert_eq!(rejection.code(), "VERSION_CONFLICT");
+    }
+}
+
+#[test]
+fn redrive_of_execution_that_is_not_failed_is_rejected_as_not_redrivable() {
+    let m = Machine::of(three_steps());
+    let (queued, _) = m.started();
+    let (waiting, _) = m.timed_out();
+    for record in [m.running(), queued, waiting, m.succeeded(), m.cancelled()] {
+        let event = redrive(record.version, "retry");
+        let rejection = m.rejected(&record, T0 + 100_000, 50, &event);
+        assert_eq!(rejection, Rejection::NotRedrivable(record.status));
+        assert_eq!(rejection.code(), "NOT_REDRIVABLE");
+    }
 }

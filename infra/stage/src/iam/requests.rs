@@ -14,6 +14,20 @@ pub struct HttpCall {
 }
 
 impl HttpCall {
+    /// The operation the call asks for: its `X-Amz-Target` (`DynamoDB_20120810.PutItem`,
+    /// `AmazonSQS.SendMessage`), or for S3 (REST) one named by its method (`s3.GetObject`,
+    /// `s3.PutObject`, `s3.<METHOD>`).
+    pub fn operation(&self) -> String {
+        match self.header("x-amz-target") {
+            Some(target) => target.to_string(),
+            None => match self.method.as_str() {
+                "GET" => "s3.GetObject".to_string(),
+                "PUT" => "s3.PutObject".to_string(),
+                other => format!("s3.{other}"),
+            },
+        }
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).map(String::as_str)
     }
