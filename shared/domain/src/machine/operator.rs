@@ -30,33 +30,30 @@ pub(super) fn redrive(
             actual: record.version,
         });
     }
-    let Some(pin) = onto.filter(|pin| pin.release_version != record.release_version) else {
-        return reopen(record, ctx, reason);
-    };
-    let mut moved = record.clone();
-    moved.release_version = pin.release_version.clone();
-    moved.contract_version = pin.contract_version.clone();
-    let mut decision = reopen(&moved, ctx, reason);
-    if let Decision::Commit { record: next, .. } = &mut decision {
-        if let Some(note) = next.redrives.last_mut() {
-            note.from_release = Some(record.release_version.clone());
-            note.to_release = Some(pin.release_version.clone());
-        }
-    }
-    decision
+    let onto = onto.filter(|pin| pin.release_version != record.release_version);
+    reopen(record, ctx, reason, onto)
 }
 
 /// A FAILED or DLQ execution queued again: a new attempt of its step with a new retry budget, under
-/// the same pinned release, noted with `reason`.
-pub(super) fn reopen(record: &Execution, ctx: &Context, reason: &str) -> Decision {
+/// the same pinned release or (`onto`) moved onto another, noted with `reason`.
+pub(super) fn reopen(
+    record: &Execution,
+    ctx: &Context,
+    reason: &str,
+    onto: Option<&Pin>,
+) -> Decision {
     let mut next = bump(record, ctx);
+    if let Some(pin) = onto {
+        next.release_version = pin.release_version.clone();
+        next.contract_version = pin.contract_version.clone();
+    }
     next.redrives.push(RedriveNote {
         at: ctx.now,
         reason: truncated(reason, MAX_INCIDENT_DETAIL),
         from_status: record.status,
         from_version: record.version,
-        from_release: None,
-        to_release: None,
+        from_release: onto.map(|_| record.release_version.clone()),
+        to_release: onto.map(|pin| pin.release_version.clone()),
     });
     let excess = next.redrives.len().saturating_sub(MAX_REDRIVE_NOTES);
     next.redrives.drain(..excess);
@@ -91,7 +88,7 @@ pub(super) fn rejoin(
         // Every child that did not succeed runs again: a failed one, and one cancelled (its parent's
         // fan-out failed beyond its tolerance, or the parent was cancelled, before it ended).
         Status::Failed | Status::Dlq | Status::Cancelled => {
-            reopen(record, ctx, "the parent ran its fan-out again")
+            reopen(record, ctx, "the parent ran its fan-out again", None)
         }
         status if status.is_terminal() => {
             let mut next = bump(record, ctx);
