@@ -6,15 +6,21 @@ the second silently overwrites the first: a lost update that DynamoDB never allo
 DeleteMessage rebuilds the queue's message list without the lock SendMessage appends under, so a
 message sent at that moment can vanish. Both were seen losing fan-out notices on a busy machine.
 
-This launcher serialises DynamoDB's item operations behind one lock (moto runs under the GIL anyway,
-so nothing is lost in speed) and runs SQS deletes under the queue's own message lock, then starts
-moto's server with the arguments given. Usage: python moto_server.py -H 127.0.0.1 -p 5055
+Its request handlers also read an item's old image (what `ReturnValues: ALL_OLD` answers) before
+calling the backend, outside any lock: two updates of one item could then both answer the image from
+before either, as if neither had seen the other. That lost the last child of a fan-out block, and
+its parent waited for ever.
+
+This launcher serialises DynamoDB's item operations, in the backend and in their request handlers,
+behind one lock (moto runs under the GIL anyway, so nothing is lost in speed) and runs SQS deletes
+under the queue's own message lock, then starts moto's server with the arguments given. Usage: python moto_server.py -H 127.0.0.1 -p 5055
 """
 
 import functools
 import threading
 
 from moto.dynamodb.models import DynamoDBBackend
+from moto.dynamodb.responses import DynamoHandler
 from moto.sqs.models import Queue
 
 _dynamodb_lock = threading.RLock()
@@ -48,8 +54,10 @@ def _serialised(method):
 
 
 for _name in _DYNAMODB_ITEM_OPERATIONS:
-    if hasattr(DynamoDBBackend, _name):
-        setattr(DynamoDBBackend, _name, _serialised(getattr(DynamoDBBackend, _name)))
+    # The handler reads the old image and the backend writes: both under the lock (it is reentrant).
+    for _class in (DynamoDBBackend, DynamoHandler):
+        if hasattr(_class, _name):
+            setattr(_class, _name, _serialised(getattr(_class, _name)))
 
 _queue_delete = Queue.delete_message
 

@@ -8,9 +8,11 @@ use std::sync::Arc;
 
 use futures_util::future::join_all;
 use serde_json::json;
+use stepline::adapters::DynamoDbExecutionStore;
 use stepline::domain::{Incident, PipelineDef, Status, Verdict};
 use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
 use stepline::handlers;
+use stepline::ports::{FanOutLedger, ItemOutcome};
 use stepline_suite::{await_step, on_emulator, TestStack};
 
 /// A value of many small nested fields, as a parent with many interactions holds: the emulator spends
@@ -133,6 +135,45 @@ async fn interactions_completed_at_once_are_all_recorded() -> anyhow::Result<()>
             .as_object()
             .map_or(0, |m| m.len());
         assert_eq!(answered, INTERACTIONS);
+    }
+    Ok(())
+}
+
+/// Children of one ledger block ending at the same moment: each count must see the block as it was
+/// just before its own write, so exactly one of them finds the block complete. An emulator whose
+/// update returned an older item than the one it changed let two counts both miss the last child, and
+/// the csv demo's parent waited for ever with every payment counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn children_of_one_block_counted_at_once_let_exactly_one_complete_it() -> anyhow::Result<()> {
+    let stack = on_emulator!(TestStack::new("atomic-count", |_| {}).await?);
+    let ledger = DynamoDbExecutionStore::new(
+        stack.local.clients.dynamodb.clone(),
+        stack.local.stack.table("ExecutionTable")?,
+        4,
+    );
+    const ROUNDS: usize = 20;
+    const CHILDREN: u32 = 40;
+    for round in 0..ROUNDS {
+        let unit = uuid::Uuid::new_v4();
+        let counts = (0..CHILDREN).map(|item| {
+            let ledger = &ledger;
+            let outcome = ItemOutcome {
+                item,
+                succeeded: item % 3 != 0,
+                version: 1,
+            };
+            async move { ledger.set_outcome(unit, outcome).await }
+        });
+        let mut seen = Vec::new();
+        for count in join_all(counts).await {
+            seen.push(count?.expect("a first outcome is always set").counted);
+        }
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            (1..=CHILDREN).collect::<Vec<_>>(),
+            "round {round}: each count must see the children counted before it, once"
+        );
     }
     Ok(())
 }

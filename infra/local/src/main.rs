@@ -111,7 +111,7 @@ enum Command {
 }
 
 /// How the example pipeline is registered and how its worker behaves.
-#[derive(clap::Args, Clone, Copy)]
+#[derive(clap::Args, Clone)]
 struct PipelineArgs {
     /// Timeout of each step of the example pipeline.
     #[arg(long, default_value_t = 60)]
@@ -119,6 +119,10 @@ struct PipelineArgs {
     /// Makes the example worker take this long per step (to watch progress, or to kill it mid-run).
     #[arg(long, default_value_t = 0)]
     worker_delay_ms: u64,
+    /// Makes the example worker never finish this step (to kill a runner while every execution is
+    /// still mid-run, however fast the machine).
+    #[arg(long)]
+    worker_hold_step: Option<String>,
 }
 
 impl Default for PipelineArgs {
@@ -126,6 +130,7 @@ impl Default for PipelineArgs {
         Self {
             step_timeout_secs: 60,
             worker_delay_ms: 0,
+            worker_hold_step: None,
         }
     }
 }
@@ -274,8 +279,8 @@ async fn main() -> Result<()> {
             // Workers attach from other processes (`stepline-local attach`): their request queues
             // are taken for worker stacks' as they are named.
             local.take_outside_queues_as_worker_stacks()?;
-            release_order_example(&local, pipeline).await?;
-            let _runner = start(&local, &functions, pipeline)?;
+            release_order_example(&local, &pipeline).await?;
+            let _runner = start(&local, &functions, &pipeline)?;
             eprintln!("running stage {stage}; Ctrl-C to stop");
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -290,7 +295,7 @@ async fn main() -> Result<()> {
 
 /// Registers the order example on the stage's request queue, activating it only on a stage where it
 /// has no active release yet.
-async fn release_order_example(local: &LocalStack, pipeline: PipelineArgs) -> Result<()> {
+async fn release_order_example(local: &LocalStack, pipeline: &PipelineArgs) -> Result<()> {
     let (queue, _) = local.stack.queue("OrderRequestQueue")?;
     local
         .release_example(
@@ -306,7 +311,7 @@ async fn release_order_example(local: &LocalStack, pipeline: PipelineArgs) -> Re
 fn start(
     local: &LocalStack,
     only: &[String],
-    pipeline: PipelineArgs,
+    pipeline: &PipelineArgs,
 ) -> Result<stepline_local::Runner> {
     let wanted = |name: &str| only.is_empty() || only.iter().any(|f| f == name);
     for name in only {
@@ -325,7 +330,10 @@ fn start(
         })
         .collect();
     if wanted("worker") {
-        let steps = Arc::new(SlowSteps(Duration::from_millis(pipeline.worker_delay_ms)));
+        let steps = Arc::new(SlowSteps {
+            delay: Duration::from_millis(pipeline.worker_delay_ms),
+            hold: pipeline.worker_hold_step.clone(),
+        });
         bindings.push(local.worker_binding(
             functions::ORDER_WORKER,
             &order_worker::contract(),
@@ -335,8 +343,11 @@ fn start(
     local.run(bindings, RunnerOptions::default())
 }
 
-/// The example steps, optionally slowed down.
-struct SlowSteps(Duration);
+/// The example steps, optionally slowed down, and one of them optionally never finished.
+struct SlowSteps {
+    delay: Duration,
+    hold: Option<String>,
+}
 
 #[async_trait::async_trait]
 impl StepFunction for SlowSteps {
@@ -345,7 +356,10 @@ impl StepFunction for SlowSteps {
         request: &RequestHeader,
         input: serde_json::Value,
     ) -> Result<serde_json::Value, StepError> {
-        tokio::time::sleep(self.0).await;
+        tokio::time::sleep(self.delay).await;
+        if self.hold.as_deref() == Some(request.step_id.as_str()) {
+            std::future::pending::<()>().await;
+        }
         OrderSteps.run(request, input).await
     }
 }
@@ -449,8 +463,8 @@ async fn demo(
     pipeline: PipelineArgs,
 ) -> Result<()> {
     let demo = Demo::provision(stage, "demo", timeout).await?;
-    release_order_example(&demo.local, pipeline).await?;
-    let _runner = start(&demo.local, &[], pipeline)?;
+    release_order_example(&demo.local, &pipeline).await?;
+    let _runner = start(&demo.local, &[], &pipeline)?;
 
     let mut ids = Vec::new();
     let mut orders = Vec::new();

@@ -165,7 +165,10 @@ async fn a_runner_killed_with_sigkill_mid_run_and_restarted_finishes_every_execu
     let (local, api) = stack("proc-kill").await?;
     let stage = local.stack.stage.clone();
     let slow = ["--worker-delay-ms", "150"];
-    let mut first = runner(&stage, "", "first", &slow)?;
+    // The first runner never finishes the last step, so however fast or slow the machine, the kill
+    // comes while every execution is mid-run; the second runner finishes what it left.
+    let held = ["--worker-delay-ms", "150", "--worker-hold-step", "confirm"];
+    let mut first = runner(&stage, "", "first", &held)?;
     let mut ids = Vec::new();
     for n in 0..12 {
         ids.push(submit(&api, n).await?);
@@ -198,7 +201,7 @@ async fn a_runner_killed_with_sigkill_mid_run_and_restarted_finishes_every_execu
         }
         count
     };
-    assert!(unfinished > 0, "the runner was killed after the run ended");
+    assert_eq!(unfinished, ids.len(), "an execution finished past a held step");
 
     let _second = runner(&stage, "", "second", &slow)?;
     let records = wait_all(&api, &ids, Duration::from_secs(120), POLL).await?;
