@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 mod support;
 
-use support::{wait_all, RunProcess};
+use support::{wait_all, wait_at_rest, RunProcess};
 
 /// How often a wait asks for the executions' records.
 const POLL: Duration = Duration::from_millis(250);
@@ -200,8 +200,11 @@ async fn rounds_of_killed_and_paused_processes_end_every_execution_as_planned() 
         ids.len()
     );
 
-    let records = wait_all(&api, &ids, Duration::from_secs(240), POLL).await?;
+    wait_all(&api, &ids, Duration::from_secs(240), POLL).await?;
     drained(&local, Duration::from_secs(60)).await?;
+    // A failed execution's dead letter goes out after its end (again from the sweeper when the
+    // process that ended it was killed first): judge each execution once it is at rest.
+    let records = wait_at_rest(&api, &ids, Duration::from_secs(120), POLL).await?;
     for (_, process) in &mut processes {
         process.kill();
     }

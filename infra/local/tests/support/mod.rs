@@ -118,22 +118,50 @@ pub async fn wait_all(
     timeout: Duration,
     poll: Duration,
 ) -> Result<Vec<Execution>> {
+    let records = wait_for(api, ids, timeout, poll, |r| r.status.is_terminal()).await?;
+    let open: Vec<_> = records
+        .iter()
+        .filter(|r| !r.status.is_terminal())
+        .map(|r| (r.id, r.status, r.step))
+        .collect();
+    if !open.is_empty() {
+        bail!("not finished within {timeout:?}: {open:?}");
+    }
+    Ok(records)
+}
+
+/// Waits until every execution is at rest: terminal, and off the due index (a failed execution's
+/// dead letter, sent after its end, confirmed). Returns the records as they are at the deadline
+/// otherwise, for the caller to judge.
+pub async fn wait_at_rest(
+    api: &Coordinator,
+    ids: &[Uuid],
+    timeout: Duration,
+    poll: Duration,
+) -> Result<Vec<Execution>> {
+    wait_for(api, ids, timeout, poll, |r| {
+        r.status.is_terminal() && r.due_at().is_none()
+    })
+    .await
+}
+
+/// Asks for every execution's record every `poll` until each satisfies `done` or `timeout` passes;
+/// returns the last records read.
+async fn wait_for(
+    api: &Coordinator,
+    ids: &[Uuid],
+    timeout: Duration,
+    poll: Duration,
+    done: impl Fn(&Execution) -> bool,
+) -> Result<Vec<Execution>> {
     let deadline = Instant::now() + timeout;
     loop {
         let mut records = Vec::new();
         for id in ids {
             records.push(api.get(*id).await?);
         }
-        if records.iter().all(|r| r.status.is_terminal()) {
+        if records.iter().all(&done) || Instant::now() > deadline {
             return Ok(records);
-        }
-        if Instant::now() > deadline {
-            let open: Vec<_> = records
-                .iter()
-                .filter(|r| !r.status.is_terminal())
-                .map(|r| (r.id, r.status, r.step))
-                .collect();
-            bail!("not finished within {timeout:?}: {open:?}");
         }
         tokio::time::sleep(poll).await;
     }
