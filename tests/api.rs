@@ -731,7 +731,7 @@ async fn interactions_are_listed_and_completed_once() -> anyhow::Result<()> {
     assert_eq!(list[0]["interactionId"], "manager");
     assert_eq!(list[0]["completed"], false);
     assert!(!list[0]["idempotencyKey"].as_str().unwrap().is_empty());
-    assert!(list[0]["deadline"].as_i64().unwrap() > stack.api.now());
+    assert!(list[0]["deadline"].as_i64().unwrap() > stack.api.now().millis());
     let token = list[0]["token"].as_str().unwrap().to_string();
     let status = get(&stack, &format!("/executions/{id}")).await;
     assert_eq!(status.body["status"], "WAITING_EXTERNAL");

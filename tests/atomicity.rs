@@ -9,7 +9,7 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use serde_json::json;
 use stepline::adapters::DynamoDbExecutionStore;
-use stepline::domain::{Incident, PipelineDef, Status, Verdict};
+use stepline::domain::{Incident, PipelineDef, Status, Timestamp, Verdict};
 use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
 use stepline::handlers;
 use stepline::ports::{FanOutLedger, ItemOutcome};
@@ -39,7 +39,7 @@ async fn racing_conditional_writes_on_one_execution_let_exactly_one_win() -> any
             next.version += 1;
             next.incidents = (0..60)
                 .map(|i| Incident {
-                    at: i,
+                    at: Timestamp::from_millis(i),
                     code: format!("W{writer}"),
                     detail: format!("round {round} writer {writer} incident {i}"),
                 })

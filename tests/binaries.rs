@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Result};
 use serde_json::Value;
-use stepline::domain::Status;
+use stepline::domain::{Status, Timestamp};
 use stepline_local::runtime_api::{fixture, sqs_event};
 use stepline_suite::{binaries, on_emulator, TestStack};
 
@@ -150,7 +150,7 @@ async fn every_function_binary_serves_real_events_under_the_runtime_api() -> Res
                 launch_id: stepline::domain::launch_id(execution, 0, 1),
                 step_key: String::new(),
                 reply_to: reply_to.clone(),
-                deadline: now_ms() + 60_000,
+                deadline: Timestamp::from_millis(now_ms() + 60_000),
                 reply_token: format!("token-of-{execution}"),
             },
             payload: &input,

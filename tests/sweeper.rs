@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use stepline::adapters::dynamodb::due_shard;
 use stepline::config::CoordinatorConfig;
+use stepline::domain::Timestamp;
 use stepline::handlers;
 use stepline::ports::{Clock, SystemClock};
 use stepline::{ClaimReport, Coordinator, SubmitRequest};
@@ -27,7 +28,7 @@ struct TickingClock {
 impl TickingClock {
     fn new(step_ms: i64) -> Arc<Self> {
         Arc::new(Self {
-            now: AtomicI64::new(SystemClock.now_ms() + 600_000),
+            now: AtomicI64::new(SystemClock.now().millis() + 600_000),
             step_ms,
         })
     }
@@ -38,8 +39,8 @@ impl TickingClock {
 }
 
 impl Clock for TickingClock {
-    fn now_ms(&self) -> i64 {
-        self.now.fetch_add(self.step_ms, Ordering::SeqCst) + self.step_ms
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(self.now.fetch_add(self.step_ms, Ordering::SeqCst) + self.step_ms)
     }
     fn token(&self) -> Uuid {
         SystemClock.token()
@@ -91,7 +92,12 @@ async fn a_backlog_is_recovered_page_by_page_each_sweep_stopping_before_its_dead
         anyhow::ensure!(sweeps.len() < 30, "not recovered: {sweeps:?}");
         // A budget far smaller than the backlog needs: several sweeps must share the work.
         let deadline = clock.peek() + 4_000;
-        let report = handlers::claim_within(&claim, scheduled_event(), Some(deadline)).await?;
+        let report = handlers::claim_within(
+            &claim,
+            scheduled_event(),
+            Some(Timestamp::from_millis(deadline)),
+        )
+        .await?;
         assert!(
             clock.peek() < deadline,
             "sweep {} ran past its deadline: {report:?}",

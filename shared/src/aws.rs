@@ -72,7 +72,9 @@ pub fn coordinator_on(
     // The fan-out ledger lives in the execution table.
     let store = Arc::new(
         DynamoDbExecutionStore::new(dynamodb.clone(), &config.execution_table, config.due_shards)
-            .with_due_granularity(i64::from(config.due_granularity_seconds) * 1000),
+            .with_due_granularity(std::time::Duration::from_secs(u64::from(
+                config.due_granularity_seconds,
+            ))),
     );
     let mut coordinator = Coordinator::new(
         store.clone(),

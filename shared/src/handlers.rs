@@ -18,7 +18,7 @@ use crate::coordinator::{
 pub use crate::coordinator::{
     CancelRequest, RedriveRequest, RedriveResponse, ReplayFilter, ReplayReport, ReplayRequest,
 };
-use crate::domain::{Event, Outcome, Sender};
+use crate::domain::{Event, Outcome, Sender, Timestamp};
 use crate::envelope::{
     fingerprint, ChildCancel, InteractionMessage, LaunchWork, ReplyEnvelope, ReplyOutcome,
     StartEvent, CANCEL_CHILD_KIND, CHILD_ENDED_KIND, INTERACTION_KIND, REPLY_KIND, WORKER_KIND,
@@ -34,11 +34,11 @@ pub async fn claim(
     claim_within(coordinator, event, None).await
 }
 
-/// A sweep that stops in time before `deadline` (epoch milliseconds: the Lambda invocation's).
+/// A sweep that stops in time before `deadline` (the Lambda invocation's).
 pub async fn claim_within(
     coordinator: &Coordinator,
     _event: EventBridgeEvent<Value>,
-    deadline: Option<i64>,
+    deadline: Option<Timestamp>,
 ) -> Result<ClaimReport, CoordinatorError> {
     let report = coordinator.claim_due(deadline).await?;
     tracing::info!(

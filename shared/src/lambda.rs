@@ -16,6 +16,7 @@ pub use stepline_worker::lambda::{run_worker, serve_worker, Error};
 use crate::aws;
 use crate::config::CoordinatorConfig;
 use crate::coordinator::{Coordinator, CoordinatorError};
+use crate::domain::Timestamp;
 use crate::handlers::DeadLetterQueues;
 
 /// Everything a coordinator function needs, built once per container.
@@ -45,16 +46,18 @@ where
 }
 
 /// Serves the claim function (an EventBridge schedule); the handler gets the invocation's deadline
-/// (epoch milliseconds) to stop in time.
+/// to stop in time.
 pub async fn serve_schedule<H, F, R>(handler: H) -> Result<(), Error>
 where
-    H: Fn(Arc<Function>, EventBridgeEvent<Value>, Option<i64>) -> F,
+    H: Fn(Arc<Function>, EventBridgeEvent<Value>, Option<Timestamp>) -> F,
     F: Future<Output = Result<R, CoordinatorError>>,
     R: Serialize,
 {
     let function = function()?;
     lambda_runtime::run(service_fn(|event: LambdaEvent<EventBridgeEvent<Value>>| {
-        let deadline = i64::try_from(event.context.deadline).ok();
+        let deadline = i64::try_from(event.context.deadline)
+            .ok()
+            .map(Timestamp::from_millis);
         let output = handler(function.clone(), event.payload, deadline);
         async move { output.await.map_err(diagnostic) }
     }))

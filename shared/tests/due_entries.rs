@@ -10,6 +10,7 @@ use std::sync::Arc;
 use common::{last_request, registry_of, reply, settings, sqs, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, RecordingSender};
+use stepline::domain::Timestamp;
 use stepline::envelope::ReplyOutcome;
 use stepline::ports::{Clock, SystemClock};
 use stepline::{handlers, Coordinator};
@@ -28,8 +29,8 @@ impl SetClock {
 }
 
 impl Clock for SetClock {
-    fn now_ms(&self) -> i64 {
-        self.0.load(Ordering::SeqCst)
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(self.0.load(Ordering::SeqCst))
     }
     fn token(&self) -> Uuid {
         SystemClock.token()
@@ -70,11 +71,14 @@ async fn an_entry_kept_early_is_moved_by_the_sweep_that_finds_it_and_claimed_onc
     sender.drain(); // step b's request
     let hopped = store.snapshot(id).unwrap();
     assert_eq!(hopped.step, 1);
-    assert_eq!(hopped.due_at(), Some(T0 + 10_000 + TIMEOUT_MS));
+    assert_eq!(
+        hopped.due_at(),
+        Some(Timestamp::from_millis(T0 + 10_000 + TIMEOUT_MS))
+    );
     assert_eq!(hopped.index_due(), Some(kept), "the entry stayed");
 
     // A sweep finds it at its entry, before it is due: it moves the entry and takes no lease.
-    clock.set(kept + 1);
+    clock.set(kept.millis() + 1);
     let report = coordinator.claim_due(None).await.unwrap();
     assert_eq!(
         (report.claimed, report.moved),

@@ -27,7 +27,7 @@ use stepline::adapters::{
 use stepline::aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use stepline::domain::execution::LifecycleKind;
 use stepline::domain::payload::PayloadRef;
-use stepline::domain::{ParentLink, PipelineDef, Status, StepDef, StepError, Verdict};
+use stepline::domain::{ParentLink, PipelineDef, Status, StepDef, StepError, Timestamp, Verdict};
 use stepline::envelope::{
     AwaitNotice, DeadLetterEnvelope, Identity, InteractionMessage, NoticeInteraction, RawRequest,
     ReplyEnvelope, ReplyOutcome, RequestEnvelope, RequestHeader, StartDetail, StartEvent,
@@ -317,7 +317,7 @@ fn header(kind: &str, token: &str) -> RequestHeader {
         launch_id: LAUNCH,
         step_key: "5b0f3c2a9e8d7f6e1a2b3c4d5e6f7a8b".into(),
         reply_to: "replies".into(),
-        deadline: 1_764_633_660_000,
+        deadline: Timestamp::from_millis(1_764_633_660_000),
         reply_token: token.into(),
     }
 }
@@ -427,7 +427,7 @@ fn values() -> Vec<Values> {
                 step_id: "approve".into(),
                 step_index: 2,
                 await_unit_id: UNIT,
-                deadline: 1_764_720_000_000,
+                deadline: Timestamp::from_millis(1_764_720_000_000),
                 interactions: vec![NoticeInteraction {
                     id: "manager".into(),
                     idempotency_key: format!("{UNIT}/manager"),
@@ -445,7 +445,7 @@ fn values() -> Vec<Values> {
                 step_id: String::new(),
                 step_index: 0,
                 await_unit_id: UNIT,
-                deadline: 0,
+                deadline: Timestamp::from_millis(0),
                 interactions: Vec::new(),
                 input: Value::Null,
                 complete_to: String::new(),
@@ -478,7 +478,7 @@ fn values() -> Vec<Values> {
                 step_id: "price".into(),
                 attempt: 3,
                 error: Some(full_error()),
-                failed_at: 1_764_633_600_000,
+                failed_at: Timestamp::from_millis(1_764_633_600_000),
                 version: 9,
             })],
             minimal: vec![to_value(&DeadLetterEnvelope {
@@ -493,7 +493,7 @@ fn values() -> Vec<Values> {
                 step_id: String::new(),
                 attempt: 0,
                 error: None,
-                failed_at: 0,
+                failed_at: Timestamp::from_millis(0),
                 version: 0,
             })],
             objects: &["", "/error"],
@@ -816,11 +816,11 @@ fn enumerations_and_constants_match_the_types() {
             "protocol.md names `{health}`"
         );
     }
-    for ms in [
-        stepline::release::ANNOUNCE_EVERY_MS,
-        stepline::release::STALE_AFTER_MS,
+    for span in [
+        stepline::release::ANNOUNCE_EVERY,
+        stepline::release::STALE_AFTER,
     ] {
-        let written = written_ms(ms);
+        let written = written_ms(span.as_millis() as i64);
         assert!(document.contains(&written), "protocol.md says {written}");
     }
 }

@@ -7,14 +7,14 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
 use stepline::adapters::RecordingSender;
 use stepline::aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use stepline::domain::payload::PayloadRef;
-use stepline::domain::StepError;
+use stepline::domain::{StepError, Timestamp};
 use stepline::envelope::{
     Identity, ReplyEnvelope, ReplyOutcome, RequestEnvelope, RequestHeader, CANCEL_KIND,
     DETAIL_ATTRIBUTE, REASON_ATTRIBUTE, REQUEST_KIND, SOURCE_ATTRIBUTE,
@@ -38,13 +38,6 @@ fn identity() -> Identity {
     }
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
 fn header(launch: u128) -> RequestHeader {
     RequestHeader {
         kind: REQUEST_KIND.into(),
@@ -58,7 +51,7 @@ fn header(launch: u128) -> RequestHeader {
         step_key: String::new(),
         reply_to: REPLY_QUEUE.into(),
         // Far enough that the default heartbeat never fires in a fast test.
-        deadline: now_ms() + 600_000,
+        deadline: Timestamp::now() + Duration::from_secs(600),
         reply_token: format!("token-{launch}"),
     }
 }
@@ -659,7 +652,7 @@ async fn the_default_heartbeat_follows_the_deadline() {
     let (worker, sender, _, extender) = extending_worker(None);
     let mut h = header(31);
     // A third of 3.3 s: one beat at ~1.1 s into a 1.6 s step.
-    h.deadline = now_ms() + 3_300;
+    h.deadline = Timestamp::now() + Duration::from_millis(3_300);
 
     worker
         .handle(event(vec![request("m1", &h, &json!({"sleep_ms": 1_600}))]))
@@ -673,7 +666,7 @@ async fn the_default_heartbeat_follows_the_deadline() {
 async fn heartbeats_can_be_turned_off() {
     let (worker, sender, _, extender) = extending_worker(Some(Heartbeat::Off));
     let mut h = header(32);
-    h.deadline = now_ms(); // the default would beat every second
+    h.deadline = Timestamp::now(); // the default would beat every second
 
     worker
         .handle(event(vec![request("m1", &h, &json!({"sleep_ms": 1_200}))]))
@@ -686,15 +679,18 @@ async fn heartbeats_can_be_turned_off() {
 #[test]
 fn the_default_interval_is_a_third_of_the_time_left_and_at_least_a_second() {
     assert_eq!(
-        default_heartbeat_interval(31_000, 1_000),
+        default_heartbeat_interval(
+            Timestamp::from_millis(31_000),
+            Timestamp::from_millis(1_000)
+        ),
         Duration::from_secs(10)
     );
     assert_eq!(
-        default_heartbeat_interval(3_000, 1_500),
+        default_heartbeat_interval(Timestamp::from_millis(3_000), Timestamp::from_millis(1_500)),
         Duration::from_secs(1)
     );
     assert_eq!(
-        default_heartbeat_interval(1_000, 9_000),
+        default_heartbeat_interval(Timestamp::from_millis(1_000), Timestamp::from_millis(9_000)),
         Duration::from_secs(1)
     );
     assert_eq!(visibility_timeout_for(Duration::from_secs(10)), 50);

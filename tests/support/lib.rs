@@ -276,7 +276,7 @@ impl TestStack {
         Ok(stepline::aws::coordinator_on(
             &self.local.function_clients(function)?,
             &config,
-            Arc::new(ShiftedClock(offset.as_millis() as i64)),
+            Arc::new(ShiftedClock(offset)),
         ))
     }
 

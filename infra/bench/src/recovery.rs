@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 
 /// How far ahead of the wall clock the sweeps run: past every step deadline of the example pipeline.
-const AHEAD_MS: i64 = 600_000;
+const AHEAD: Duration = Duration::from_secs(600);
 /// Submits and reads in flight at once: a busy API, without swamping the emulator.
 const IN_FLIGHT: usize = 16;
 const WORKER_QUEUE: &str = "OrderRequestQueue";
@@ -232,11 +232,12 @@ async fn sweep(
     local: &LocalStack,
     budget_ms: i64,
 ) -> Result<(Sweep, Vec<LaunchWork>)> {
-    let deadline = claim.now() + budget_ms;
+    let deadline = claim.now() + Duration::from_millis(budget_ms.max(0) as u64);
     let started = Instant::now();
     let report = handlers::claim_within(claim, scheduled_event(), Some(deadline)).await?;
     let wall_ms = started.elapsed().as_secs_f64() * 1e3;
-    let margin_ms = deadline - claim.now();
+    // Negative when the sweep ran past its deadline.
+    let margin_ms = deadline.millis() - claim.now().millis();
     let work = local
         .take_all(LAUNCH_QUEUE)
         .await?
@@ -274,7 +275,7 @@ pub async fn backlog(executions: usize, schedule: Schedule) -> Result<Backlog> {
     );
 
     let claim =
-        stepline::aws::coordinator_on(&local.clients, &config, Arc::new(ShiftedClock(AHEAD_MS)));
+        stepline::aws::coordinator_on(&local.clients, &config, Arc::new(ShiftedClock(AHEAD)));
     let wanted: HashSet<Uuid> = ids.iter().copied().collect();
     let mut launched: HashSet<Uuid> = HashSet::new();
     let mut sweeps: Vec<Sweep> = Vec::new();
@@ -355,7 +356,7 @@ pub async fn poison(poison: usize, good_in_shard: usize, budget_ms: i64) -> Resu
     }
 
     let claim =
-        stepline::aws::coordinator_on(&local.clients, &config, Arc::new(ShiftedClock(AHEAD_MS)));
+        stepline::aws::coordinator_on(&local.clients, &config, Arc::new(ShiftedClock(AHEAD)));
     let (first, _) = sweep(&claim, &local, budget_ms).await?;
     let good_in_shard_leased = leased(&api, &neighbours).await?;
     let now = claim.now();
@@ -370,7 +371,7 @@ pub async fn poison(poison: usize, good_in_shard: usize, budget_ms: i64) -> Resu
             .and_then(|v| v.as_n().ok())
             .context("a poison item left the index")?
             .parse()?;
-        pushed_back += usize::from(due > now);
+        pushed_back += usize::from(due > now.millis());
     }
     let (second, _) = sweep(&claim, &local, budget_ms).await?;
     Ok(Poison {

@@ -18,8 +18,8 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde_json::{json, Value};
-use stepline::domain::history::{describe, utc};
-use stepline::domain::{Status, Verdict};
+use stepline::domain::history::describe;
+use stepline::domain::{Status, Timestamp, Verdict};
 use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
 use stepline::handlers::{self, CancelRequest, DeadLetterQueues, OperatorRequest, RedriveRequest};
 use stepline::{Coordinator, HistoryView, ListRequest};
@@ -263,8 +263,8 @@ impl Console {
                 e.attempt,
                 esc(&e.tenant),
                 esc(&e.release_version),
-                utc(e.created_at),
-                utc(e.updated_at),
+                e.created_at.utc(),
+                e.updated_at.utc(),
                 esc(e.error_code.as_deref().unwrap_or("")),
                 id = e.execution_id,
                 status = e.status,
@@ -369,7 +369,10 @@ impl Console {
             messages.len()
         );
         for m in &messages {
-            let sent = m["sentAt"].as_i64().map(utc).unwrap_or_default();
+            let sent = m["sentAt"]
+                .as_i64()
+                .map(|ms| Timestamp::from_millis(ms).utc())
+                .unwrap_or_default();
             let _ = write!(
                 html,
                 "<tr><td>{sent}</td><td><pre>{}</pre></td><td><pre>{}</pre></td></tr>",
@@ -420,8 +423,8 @@ async fn live(h: &HistoryView, api: &Coordinator) -> String {
         esc(&e.pipeline_id),
         esc(&e.release_version),
         esc(&e.tenant),
-        utc(e.created_at),
-        utc(e.updated_at),
+        e.created_at.utc(),
+        e.updated_at.utc(),
         status = e.status,
         terminal = e.status.is_terminal(),
     );
@@ -447,7 +450,7 @@ async fn live(h: &HistoryView, api: &Coordinator) -> String {
         let _ = write!(
             html,
             "<li><time>{}</time> {}{}</li>",
-            utc(entry.at),
+            entry.at.utc(),
             esc(&describe(&entry.what, name)),
             entry
                 .launch_id
@@ -566,7 +569,7 @@ fn timeline(h: &HistoryView) -> String {
         .max()
         .unwrap_or(start)
         .max(h.execution.updated_at);
-    let span = (end - start).max(1) as f64;
+    let span = end.since(start).as_millis().max(1) as f64;
     let name = |k: u32| {
         h.steps
             .get(k as usize)
@@ -578,8 +581,8 @@ fn timeline(h: &HistoryView) -> String {
     );
     for a in &h.attempts {
         let until = a.ended_at.unwrap_or(end);
-        let left = (a.started_at - start) as f64 / span * 100.0;
-        let width = ((until - a.started_at) as f64 / span * 100.0).max(0.8);
+        let left = a.started_at.since(start).as_millis() as f64 / span * 100.0;
+        let width = (until.since(a.started_at).as_millis() as f64 / span * 100.0).max(0.8);
         let _ = write!(
             html,
             "<tr><td>{}</td><td>{}</td><td><span class=\"badge o-{o}\">{o}</span>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td>\

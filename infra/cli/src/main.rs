@@ -17,7 +17,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 use stepline::config::{CoordinatorConfig, Inbox};
-use stepline::domain::history::{describe, utc};
+use stepline::domain::history::describe;
+use stepline::domain::Timestamp;
 use stepline::domain::{Execution, Status, StepStatus, UnitProgress, Verdict};
 use stepline::envelope::{InteractionMessage, INTERACTION_KIND};
 use stepline::handlers::{
@@ -235,8 +236,8 @@ impl FilterArgs {
                 pipeline_id: self.pipeline.clone(),
                 tenant: self.tenant.clone(),
                 error_code: self.error_code.clone(),
-                from: self.from,
-                to: self.to,
+                from: self.from.map(Timestamp::from_millis),
+                to: self.to.map(Timestamp::from_millis),
             },
             dry_run: self.dry_run,
             max_messages: self.max,
@@ -354,8 +355,8 @@ async fn main() -> Result<()> {
                     pipeline_id: pipeline,
                     statuses,
                     tenant,
-                    from,
-                    to,
+                    from: from.map(Timestamp::from_millis),
+                    to: to.map(Timestamp::from_millis),
                     limit,
                     after,
                 })
@@ -480,7 +481,7 @@ async fn main() -> Result<()> {
                                 .unwrap_or(""),
                             w.queue,
                             w.contract_version,
-                            w.seen_at
+                            w.seen_at.millis()
                         )
                     })
                     .collect::<Vec<_>>()

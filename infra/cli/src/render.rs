@@ -30,7 +30,7 @@ pub(crate) fn listing(page: &stepline::ListResponse) -> String {
                 e.attempt,
                 e.tenant,
                 e.release_version,
-                utc(e.created_at),
+                e.created_at.utc(),
                 e.error_code
                     .as_ref()
                     .map(|c| format!("  {c}"))
@@ -60,13 +60,13 @@ pub(crate) fn story(history: &stepline::HistoryView) -> String {
         e.pipeline_id,
         e.release_version,
         e.tenant,
-        utc(e.created_at)
+        e.created_at.utc()
     )];
     for entry in &history.entries {
         lines.push(format!(
             "  {}  +{:>9.3}s  {}{}",
-            utc(entry.at),
-            (entry.at - e.created_at) as f64 / 1000.0,
+            entry.at.utc(),
+            entry.at.since(e.created_at).as_secs_f64(),
             describe(&entry.what, name),
             entry
                 .launch_id

@@ -339,13 +339,12 @@ pub fn start_event(event_id: &str, detail: serde_json::Value) -> serde_json::Val
     })
 }
 
-/// The wall clock moved by a fixed offset in milliseconds (leases and deadlines expire without
-/// waiting for them).
-pub struct ShiftedClock(pub i64);
+/// The wall clock moved ahead by a fixed span (leases and deadlines expire without waiting for them).
+pub struct ShiftedClock(pub std::time::Duration);
 
 impl stepline::ports::Clock for ShiftedClock {
-    fn now_ms(&self) -> i64 {
-        stepline::ports::SystemClock.now_ms() + self.0
+    fn now(&self) -> stepline::domain::Timestamp {
+        stepline::ports::SystemClock.now() + self.0
     }
 
     fn token(&self) -> uuid::Uuid {

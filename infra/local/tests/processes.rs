@@ -201,7 +201,11 @@ async fn a_runner_killed_with_sigkill_mid_run_and_restarted_finishes_every_execu
         }
         count
     };
-    assert_eq!(unfinished, ids.len(), "an execution finished past a held step");
+    assert_eq!(
+        unfinished,
+        ids.len(),
+        "an execution finished past a held step"
+    );
 
     let _second = runner(&stage, "", "second", &slow)?;
     let records = wait_all(&api, &ids, Duration::from_secs(120), POLL).await?;

@@ -7,7 +7,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::domain::{ChildEnd, ParentLink, StepError};
+use crate::domain::{ChildEnd, ParentLink, StepError, Timestamp};
 
 pub const REQUEST_KIND: &str = "stepline.request.v1";
 pub const REPLY_KIND: &str = "stepline.reply.v1";
@@ -82,8 +82,8 @@ pub struct RequestHeader {
     pub step_key: String,
     /// URL of the queue the reply goes to.
     pub reply_to: String,
-    /// Epoch milliseconds after which the coordinator stops waiting for this attempt.
-    pub deadline: i64,
+    /// When the coordinator stops waiting for this attempt (epoch milliseconds on the wire).
+    pub deadline: Timestamp,
     /// Proof that a reply answers this request: the worker copies it into every reply and heartbeat.
     /// Only the coordinator can make it (an HMAC under the execution's secret, over the launch id).
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -152,7 +152,7 @@ impl ReplyEnvelope {
 }
 
 /// A worker's announcement, sent to the coordinator's reply queue when it starts, at most every
-/// [`ANNOUNCE_EVERY_MS`](crate::release::ANNOUNCE_EVERY_MS) while it runs, and when it drains.
+/// [`ANNOUNCE_EVERY`](crate::release::ANNOUNCE_EVERY) while it runs, and when it drains.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerAnnouncement {
@@ -219,8 +219,7 @@ pub struct DeadLetterEnvelope {
     pub step_id: String,
     pub attempt: u32,
     pub error: Option<StepError>,
-    /// Epoch milliseconds.
-    pub failed_at: i64,
+    pub failed_at: Timestamp,
     pub version: u64,
 }
 
@@ -246,8 +245,7 @@ pub struct AwaitNotice {
     pub step_id: String,
     pub step_index: u32,
     pub await_unit_id: Uuid,
-    /// Epoch milliseconds.
-    pub deadline: i64,
+    pub deadline: Timestamp,
     pub interactions: Vec<NoticeInteraction>,
     /// The await step's input (what is to be approved).
     pub input: Value,
@@ -355,7 +353,7 @@ mod tests {
             launch_id: Uuid::from_u128(2),
             step_key: String::new(),
             reply_to: "http://q".into(),
-            deadline: 5,
+            deadline: Timestamp::from_millis(5),
             reply_token: "t".into(),
         }
     }

@@ -6,6 +6,8 @@ use std::io::Write;
 
 use serde_json::{json, Value};
 
+use crate::domain::Timestamp;
+
 pub const NAMESPACE: &str = "Stepline";
 
 /// A metric of the coordinator.
@@ -48,7 +50,7 @@ impl Metric {
 
 /// The EMF document of one metric value for a pipeline; with no pipeline, the metric has no
 /// dimension (what the template's alarms watch).
-pub fn document(metric: Metric, value: f64, pipeline: &str, timestamp_ms: i64) -> Value {
+pub fn document(metric: Metric, value: f64, pipeline: &str, at: Timestamp) -> Value {
     let dimensions = if pipeline.is_empty() {
         json!([[]])
     } else {
@@ -56,7 +58,7 @@ pub fn document(metric: Metric, value: f64, pipeline: &str, timestamp_ms: i64) -
     };
     let mut doc = json!({
         "_aws": {
-            "Timestamp": timestamp_ms,
+            "Timestamp": at,
             "CloudWatchMetrics": [{
                 "Namespace": NAMESPACE,
                 "Dimensions": dimensions,
@@ -72,11 +74,11 @@ pub fn document(metric: Metric, value: f64, pipeline: &str, timestamp_ms: i64) -
 }
 
 /// Emits a metric (inside Lambda only).
-pub fn emit(metric: Metric, value: f64, pipeline: &str, timestamp_ms: i64) {
+pub fn emit(metric: Metric, value: f64, pipeline: &str, at: Timestamp) {
     if std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_none() {
         return;
     }
-    let line = document(metric, value, pipeline, timestamp_ms).to_string();
+    let line = document(metric, value, pipeline, at).to_string();
     let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
@@ -86,7 +88,12 @@ mod tests {
 
     #[test]
     fn documents_follow_the_embedded_metric_format() {
-        let doc = document(Metric::StepLatency, 42.0, "orders", 1_700_000_000_000);
+        let doc = document(
+            Metric::StepLatency,
+            42.0,
+            "orders",
+            Timestamp::from_millis(1_700_000_000_000),
+        );
         assert_eq!(doc["_aws"]["Timestamp"], 1_700_000_000_000_i64);
         let directive = &doc["_aws"]["CloudWatchMetrics"][0];
         assert_eq!(directive["Namespace"], "Stepline");
@@ -102,7 +109,7 @@ mod tests {
 
     #[test]
     fn a_metric_without_pipeline_has_no_dimension() {
-        let doc = document(Metric::EventsDropped, 3.0, "", 1);
+        let doc = document(Metric::EventsDropped, 3.0, "", Timestamp::from_millis(1));
         assert_eq!(
             doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
             json!([[]])

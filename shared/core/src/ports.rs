@@ -7,9 +7,10 @@ use uuid::Uuid;
 use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord};
 use crate::domain::seal::SealKeys;
-use crate::domain::{ChildEnd, Execution, Tally};
+use crate::domain::{ChildEnd, Execution, Tally, Timestamp};
 use std::collections::HashMap;
 use std::ops::Range;
+use std::time::Duration;
 
 /// Store failures the handlers must tell apart.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,7 +54,12 @@ pub trait ExecutionStore: Send + Sync {
     /// it counts the execution's failed claims and moves the entry to `backoff.until(now, failures)`,
     /// so one bad item never holds the head of its shard. A later write of the record replaces the
     /// entry (and forgets the count). Returns the new due time; `None` if the entry is gone.
-    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError>;
+    async fn defer(
+        &self,
+        id: Uuid,
+        now: Timestamp,
+        backoff: Backoff,
+    ) -> Result<Option<Timestamp>, StoreError>;
     /// Number of due-index shards entries are written to now.
     fn shards(&self) -> u32;
     /// Writes chunk `chunk` of an execution's history journal (the same chunk again replaces it with
@@ -67,8 +73,8 @@ pub trait ExecutionStore: Send + Sync {
     async fn get_many(&self, ids: &[Uuid]) -> Result<Vec<Execution>, StoreError>;
 }
 
-/// Milliseconds in a day of the list index (UTC days since the epoch).
-pub const DAY_MS: i64 = 86_400_000;
+/// A day of the list index (UTC days since the epoch: [`Timestamp::days`]).
+pub const DAY: Duration = Duration::from_secs(86_400);
 
 /// A page of the list index to read: executions of `pipeline_id` created on `day` (days since the
 /// epoch), before `before` (exclusive), newest first, at most `limit`.
@@ -83,13 +89,13 @@ pub struct ListQuery {
 /// A position in the list index: an execution's creation time and id (the index's sort key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ListCursor {
-    pub created_at: i64,
+    pub created_at: Timestamp,
     pub id: Uuid,
 }
 
 impl ListCursor {
     /// Just after every execution created before `at` (an exclusive bound at `at`).
-    pub fn before(at: i64) -> Self {
+    pub fn before(at: Timestamp) -> Self {
         Self {
             created_at: at,
             id: Uuid::nil(),
@@ -167,7 +173,7 @@ pub struct BlockCount {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DueQuery {
     pub shard: u32,
-    pub now: i64,
+    pub now: Timestamp,
     pub limit: i32,
     pub after: Option<DueCursor>,
 }
@@ -175,7 +181,7 @@ pub struct DueQuery {
 /// Where a page of the due index ended: the last entry's due time and execution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DueCursor {
-    pub due_at: i64,
+    pub due_at: Timestamp,
     pub id: Uuid,
 }
 
@@ -186,17 +192,17 @@ pub struct DuePage {
     pub next: Option<DueCursor>,
 }
 
-/// How far a failing claim is pushed back: doubling from `base_ms` per failure, up to `max_ms`.
+/// How far a failing claim is pushed back: doubling from `base` per failure, up to `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
-    pub base_ms: i64,
-    pub max_ms: i64,
+    pub base: Duration,
+    pub max: Duration,
 }
 
 impl Backoff {
-    pub fn until(&self, now: i64, failures: u32) -> i64 {
+    pub fn until(&self, now: Timestamp, failures: u32) -> Timestamp {
         let doublings = failures.saturating_sub(1).min(30);
-        now + self.base_ms.saturating_mul(1 << doublings).min(self.max_ms)
+        now + self.base.saturating_mul(1 << doublings).min(self.max)
     }
 }
 
@@ -213,7 +219,7 @@ pub enum Registration {
 pub struct ActivationRequest<'a> {
     pub pipeline_id: &'a str,
     pub release_version: &'a str,
-    pub at: i64,
+    pub at: Timestamp,
     pub reason: &'a str,
 }
 
@@ -340,7 +346,7 @@ pub struct DeadLetter {
     pub body: String,
     pub attributes: HashMap<String, String>,
     /// Epoch milliseconds the message was first sent (SQS `SentTimestamp`).
-    pub sent_at: Option<i64>,
+    pub sent_at: Option<Timestamp>,
 }
 
 /// A dead-letter queue, as bulk replay and moving messages back read it.
@@ -369,8 +375,7 @@ pub trait EventPublisher: Send + Sync {
 
 /// Time and randomness, injected so the state machine's inputs can be controlled in tests.
 pub trait Clock: Send + Sync {
-    /// Epoch milliseconds.
-    fn now_ms(&self) -> i64;
+    fn now(&self) -> Timestamp;
     /// A fresh random token.
     fn token(&self) -> Uuid;
     /// A fresh reply secret, drawn on its own (from the operating system unless a simulation's clock
@@ -387,11 +392,8 @@ pub trait Clock: Send + Sync {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
-    fn now_ms(&self) -> i64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or_default()
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
     }
 
     fn token(&self) -> Uuid {

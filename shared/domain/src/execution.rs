@@ -4,6 +4,8 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::time::Timestamp;
+
 use super::fan_out::{FanOutUnit, Tally};
 use super::payload::Payload;
 pub use super::status::{Status, Verdict};
@@ -15,7 +17,7 @@ pub struct Lease {
     pub owner: String,
     pub token: Uuid,
     /// Epoch milliseconds.
-    pub expires_at: i64,
+    pub expires_at: Timestamp,
 }
 
 /// A step failure as reported by a worker or decided by the coordinator (timeouts).
@@ -142,7 +144,7 @@ pub struct DeadLetterMark {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Incident {
-    pub at: i64,
+    pub at: Timestamp,
     pub code: String,
     pub detail: String,
 }
@@ -157,7 +159,7 @@ pub struct InteractionCompletion {
     pub payload: Payload,
     /// Fingerprint of the verdict and payload: the same answer is a duplicate, another a conflict.
     pub fingerprint: String,
-    pub at: i64,
+    pub at: Timestamp,
 }
 
 /// One thing an await unit waits for (a manager's approval, a partner's callback).
@@ -182,7 +184,7 @@ pub struct AwaitUnit {
     pub id: Uuid,
     pub step: u32,
     /// Epoch milliseconds; past it the step fails with `AWAIT_TIMEOUT`.
-    pub deadline: i64,
+    pub deadline: Timestamp,
     /// An await step's interactions (none for a fan-out: its children are counted in the ledger).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interactions: Vec<Interaction>,
@@ -262,7 +264,7 @@ pub enum LifecycleKind {
 pub struct LifecycleEvent {
     pub seq: u64,
     pub kind: LifecycleKind,
-    pub at: i64,
+    pub at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -364,7 +366,7 @@ pub const MAX_EARLIER_RECEIPTS: usize = 4;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RedriveNote {
-    pub at: i64,
+    pub at: Timestamp,
     pub reason: String,
     pub from_status: Status,
     pub from_version: u64,
@@ -406,7 +408,7 @@ pub struct Execution {
     pub lease: Option<Lease>,
     /// When the execution next needs the coordinator's attention (retry time, step deadline).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wake_at: Option<i64>,
+    pub wake_at: Option<Timestamp>,
     /// Launch id of the current attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_id: Option<Uuid>,
@@ -451,7 +453,7 @@ pub struct Execution {
     pub event_seq: u64,
     /// While the outbox is not empty: when the sweeper publishes it if nobody confirmed it first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub publish_by: Option<i64>,
+    pub publish_by: Option<Timestamp>,
     /// Times the sweeper re-published the outbox without a confirmation (reset when it empties).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub publish_attempts: u32,
@@ -462,7 +464,7 @@ pub struct Execution {
     pub secret: String,
     /// When the current attempt was launched: heartbeats extend its deadline only up to a bound from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub launched_at: Option<i64>,
+    pub launched_at: Option<Timestamp>,
     /// Identifies the write that produced this version (random per decision). When a write's response
     /// is lost and the SDK's retry then fails the version condition, the writer reads the record back
     /// and knows its own write by this id, so it goes on to send what it decided.
@@ -477,9 +479,9 @@ pub struct Execution {
     /// The due time its due-index entry was last keyed by (`index_due`): kept while it is not later
     /// than `due_at`, so the hops of a running execution leave the entry where it is.
     #[serde(rename = "ix", default, skip_serializing_if = "Option::is_none")]
-    pub indexed_due: Option<i64>,
-    pub created_at: i64,
-    pub updated_at: i64,
+    pub indexed_due: Option<Timestamp>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
 }
 
 /// Zero-valued counters are left out of the item (they read back as their default).
@@ -493,7 +495,7 @@ impl Execution {
     /// `due_at`, see `machine::rekeyed`), else `due_at`. No entry when nothing is due. A running
     /// execution whose steps end before its first deadline writes its entry once, at its creation,
     /// and removes it once, at its end: its hops move the deadline, never the entry.
-    pub fn index_due(&self) -> Option<i64> {
+    pub fn index_due(&self) -> Option<Timestamp> {
         let due = self.due_at()?;
         Some(self.indexed_due.filter(|kept| *kept <= due).unwrap_or(due))
     }
@@ -501,7 +503,7 @@ impl Execution {
     /// When the sweeper should look at this execution: once terminal, only while its dead-letter envelope
     /// is unsent; at lease expiry while leased (the holder is expected to act first); otherwise at
     /// `wake_at`. Stored as the due-index sort key.
-    pub fn due_at(&self) -> Option<i64> {
+    pub fn due_at(&self) -> Option<Timestamp> {
         let work = self.work_due_at();
         match (work, self.publish_by.filter(|_| !self.events.is_empty())) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -510,7 +512,7 @@ impl Execution {
     }
 
     /// When the execution's own work (not its outbox) is due.
-    pub fn work_due_at(&self) -> Option<i64> {
+    pub fn work_due_at(&self) -> Option<Timestamp> {
         if self.status.is_terminal() {
             return self.wake_at.filter(|_| self.terminal_work_pending());
         }
@@ -601,13 +603,13 @@ mod tests {
                 verdict,
                 payload: Payload::new(payload),
                 fingerprint: "f".into(),
-                at: 0,
+                at: Timestamp::EPOCH,
             }),
         };
         let unit = AwaitUnit {
             id: Uuid::from_u128(1),
             step: 1,
-            deadline: 0,
+            deadline: Timestamp::EPOCH,
             interactions: vec![
                 interaction(
                     "item-0",

@@ -16,6 +16,8 @@ use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::time::Timestamp;
+
 pub use super::entries::{Entry, What};
 use super::execution::{Execution, Status, StepStatus, Verdict};
 use super::ids::launch_id;
@@ -47,8 +49,13 @@ pub fn started(record: &mut Execution) {
     );
 }
 
-fn push(record: &mut Execution, at: i64, what: What) {
-    let after_ms = at - record.created_at;
+/// Milliseconds from `origin` to `at` (an entry's offset from the execution's creation).
+fn offset(at: Timestamp, origin: Timestamp) -> i64 {
+    i64::try_from(at.since(origin).as_millis()).unwrap_or(i64::MAX)
+}
+
+fn push(record: &mut Execution, at: Timestamp, what: What) {
+    let after_ms = offset(at, record.created_at);
     record.history.push(Entry { after_ms, what });
 }
 
@@ -68,7 +75,7 @@ pub enum Cause<'a> {
 }
 
 /// Appends to `next` the entries the transition from `before` amounts to (`event`: what caused it).
-pub fn observe(before: &Execution, next: &mut Execution, cause: Cause<'_>, now: i64) {
+pub fn observe(before: &Execution, next: &mut Execution, cause: Cause<'_>, now: Timestamp) {
     let mut found = Vec::new();
     // Answers, before what they lead to.
     if let (Some(was), Some(unit)) = (&before.await_unit, &next.await_unit) {
@@ -192,7 +199,7 @@ pub fn observe(before: &Execution, next: &mut Execution, cause: Cause<'_>, now: 
         });
     }
     if let Cause::Heartbeat { step, attempt } = cause {
-        let after_ms = now - next.created_at;
+        let after_ms = offset(now, next.created_at);
         match next.history.last_mut() {
             Some(Entry {
                 after_ms: at,
@@ -242,7 +249,7 @@ pub fn spill(before: &Execution, next: &mut Execution) -> Option<(u32, Vec<Entry
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Shown {
-    pub at: i64,
+    pub at: Timestamp,
     #[serde(flatten)]
     pub what: What,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -256,9 +263,9 @@ pub struct AttemptView {
     pub step: u32,
     pub attempt: u32,
     pub launch_id: Uuid,
-    pub started_at: i64,
+    pub started_at: Timestamp,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ended_at: Option<i64>,
+    pub ended_at: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<i64>,
     /// RUNNING, WAITING, SUCCEEDED, FAILED, or ABANDONED (the execution ended or moved on without it).
@@ -277,13 +284,13 @@ pub struct AttemptView {
 /// The entries with their times, and the attempts they tell of, in order.
 pub fn attempts(
     execution: Uuid,
-    created_at: i64,
+    created_at: Timestamp,
     entries: &[Entry],
 ) -> (Vec<Shown>, Vec<AttemptView>) {
     let mut shown = Vec::with_capacity(entries.len());
     let mut attempts: Vec<AttemptView> = Vec::new();
     for entry in entries {
-        let at = created_at + entry.after_ms;
+        let at = created_at + crate::time::millis(entry.after_ms);
         let launch = entry
             .what
             .attempt()
@@ -349,33 +356,11 @@ pub fn attempts(
 }
 
 impl AttemptView {
-    fn end(&mut self, at: i64, outcome: &str) {
+    fn end(&mut self, at: Timestamp, outcome: &str) {
         self.ended_at = Some(at);
-        self.duration_ms = Some(at - self.started_at);
+        self.duration_ms = Some(offset(at, self.started_at));
         self.outcome = outcome.into();
     }
-}
-
-/// Epoch milliseconds as a UTC time, `2026-12-03 21:45:01.123`.
-pub fn utc(ms: i64) -> String {
-    let (days, in_day) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
-    // Civil date from days since 1970-01-01 (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let (h, m, s, milli) = (
-        in_day / 3_600_000,
-        in_day / 60_000 % 60,
-        in_day / 1000 % 60,
-        in_day % 1000,
-    );
-    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02}.{milli:03}")
 }
 
 /// One line of text per entry, for people (`stepline history`).

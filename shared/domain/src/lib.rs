@@ -19,6 +19,7 @@ pub mod planted;
 pub mod release;
 pub mod seal;
 pub mod status;
+pub mod time;
 
 /// Whether the planted bug `Bug::$bug` (see [`planted`]) is switched on in this thread: in the
 /// `testing` build of the crate that says so, and `false` in any other build, which names no bug.
@@ -52,3 +53,4 @@ pub use machine::{
 };
 pub use payload::Payload;
 pub use pipeline::{PipelineDef, Problem, RetryPolicy, StepDef, StepKind};
+pub use time::Timestamp;

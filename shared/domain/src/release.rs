@@ -6,6 +6,10 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use std::time::Duration;
+
+use crate::time::Timestamp;
+
 use super::contract::Contract;
 use super::pipeline::PipelineDef;
 
@@ -75,7 +79,7 @@ pub struct Activation {
     pub release_version: String,
     pub sequence: u64,
     /// Epoch milliseconds.
-    pub at: i64,
+    pub at: Timestamp,
     pub reason: String,
 }
 
@@ -375,7 +379,7 @@ pub enum WorkerState {
 }
 
 /// What the coordinator makes of a worker: `Stale` once it has not announced itself for
-/// [`STALE_AFTER_MS`] (presumed gone).
+/// [`STALE_AFTER`] (presumed gone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum WorkerHealth {
@@ -385,9 +389,9 @@ pub enum WorkerHealth {
 }
 
 /// How often a running worker announces itself (at its start, then at most this often).
-pub const ANNOUNCE_EVERY_MS: i64 = 5 * 60_000;
+pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(5 * 60);
 /// A worker not heard of for this long is stale: three announcements missed.
-pub const STALE_AFTER_MS: i64 = 3 * ANNOUNCE_EVERY_MS;
+pub const STALE_AFTER: Duration = Duration::from_secs(3 * 5 * 60);
 
 /// A worker as the registry last heard of it (one item per worker, the newest announcement).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -401,13 +405,13 @@ pub struct WorkerRecord {
     pub queue: String,
     pub state: WorkerState,
     /// When the coordinator received its latest announcement (epoch ms).
-    pub seen_at: i64,
+    pub seen_at: Timestamp,
 }
 
 impl WorkerRecord {
-    pub fn health(&self, now: i64) -> WorkerHealth {
+    pub fn health(&self, now: Timestamp) -> WorkerHealth {
         match self.state {
-            _ if now - self.seen_at > STALE_AFTER_MS => WorkerHealth::Stale,
+            _ if now.since(self.seen_at) > STALE_AFTER => WorkerHealth::Stale,
             WorkerState::Draining => WorkerHealth::Draining,
             WorkerState::Healthy => WorkerHealth::Healthy,
         }
@@ -417,7 +421,7 @@ impl WorkerRecord {
 /// Whether a release's workers are all draining: some worker of it announced it drains recently and
 /// none serves it. Submissions pinned to it are then refused. (No worker heard of, or only stale ones:
 /// not known to be draining.)
-pub fn all_draining(workers: &[WorkerRecord], release_version: &str, now: i64) -> bool {
+pub fn all_draining(workers: &[WorkerRecord], release_version: &str, now: Timestamp) -> bool {
     let health: Vec<WorkerHealth> = workers
         .iter()
         .filter(|w| w.release_version == release_version)
@@ -427,7 +431,7 @@ pub fn all_draining(workers: &[WorkerRecord], release_version: &str, now: i64) -
 }
 
 /// Whether a live (healthy) worker serves the release.
-pub fn served(workers: &[WorkerRecord], release_version: &str, now: i64) -> bool {
+pub fn served(workers: &[WorkerRecord], release_version: &str, now: Timestamp) -> bool {
     workers
         .iter()
         .any(|w| w.release_version == release_version && w.health(now) == WorkerHealth::Healthy)
@@ -552,8 +556,8 @@ mod tests {
             state,
             seen_at,
         };
-        let now = 10 * STALE_AFTER_MS;
-        let old = now - STALE_AFTER_MS - 1;
+        let now = Timestamp::EPOCH + STALE_AFTER * 10;
+        let old = now - STALE_AFTER - Duration::from_millis(1);
         let draining = worker("a", "1", WorkerState::Draining, now);
         assert_eq!(draining.health(now), WorkerHealth::Draining);
         assert_eq!(

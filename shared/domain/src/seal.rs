@@ -188,7 +188,7 @@ mod tests {
     fn record() -> Execution {
         let definition =
             PipelineDef::new("p", "1", [StepDef::task("a", "q"), StepDef::task("b", "q")]);
-        let ctx = Context::at(1_000);
+        let ctx = Context::at(crate::Timestamp::from_millis(1_000));
         let new = NewExecution {
             id: Uuid::from_u128(7),
             tenant: "t",

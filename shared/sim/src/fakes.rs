@@ -185,7 +185,7 @@ impl ExecutionStore for SimStore {
                     stale += usize::from(lagging);
                     if let Some((key, shard)) = key {
                         if shard == query.shard {
-                            entries.push((key, *id));
+                            entries.push((Timestamp::from_millis(key), *id));
                         }
                     }
                 }
@@ -197,7 +197,12 @@ impl ExecutionStore for SimStore {
         }
     }
 
-    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
+    async fn defer(
+        &self,
+        id: Uuid,
+        now: Timestamp,
+        backoff: Backoff,
+    ) -> Result<Option<Timestamp>, StoreError> {
         YieldOnce(false).await;
         let mut w = self.0.lock().expect("world");
         match w.fate() {
@@ -277,7 +282,7 @@ impl DeadLetterQueue for SimDeadLetterQueue {
                 handle: format!("{id}:{receipt}"),
                 body,
                 attributes: Default::default(),
-                sent_at: sent.get(&id).copied(),
+                sent_at: sent.get(&id).copied().map(Timestamp::from_millis),
             })
             .collect())
     }
@@ -418,8 +423,8 @@ impl EventPublisher for SimPublisher {
 pub(crate) struct SimClock(pub(crate) Shared);
 
 impl Clock for SimClock {
-    fn now_ms(&self) -> i64 {
-        self.0.lock().expect("world").now
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(self.0.lock().expect("world").now)
     }
     fn token(&self) -> Uuid {
         Uuid::from_u128(self.0.lock().expect("world").rng.u128(..))

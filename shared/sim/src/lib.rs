@@ -60,6 +60,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll, Waker};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
@@ -77,8 +78,8 @@ use crate::coordinator::{
     SubmitRequest,
 };
 use crate::domain::history::Entry;
-use crate::domain::Verdict;
 use crate::domain::{Execution, PipelineDef, RetryPolicy, Status, StepDef, StepError};
+use crate::domain::{Timestamp, Verdict};
 use crate::envelope::{
     AwaitNotice, DeadLetterEnvelope, Identity, InteractionMessage, LaunchWork, ReplyEnvelope,
     ReplyOutcome, RequestHeader, INTERACTION_KIND, REQUEST_KIND,
@@ -485,7 +486,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
                         reply_dlq: "reply-dlq".into(),
                         start_dlq: None,
                     },
-                    lease_ms: i64::from(config.lease_secs) * 1000,
+                    lease: std::time::Duration::from_secs(u64::from(config.lease_secs)),
                     claim_limit: config.claim_limit,
                     instance: role.into(),
                 },
@@ -532,7 +533,7 @@ pub fn run(seed: u64, config: &SimConfig) -> SimReport {
     block_on(registry.activate(crate::ports::ActivationRequest {
         pipeline_id: &def.pipeline_id,
         release_version: &def.release_version,
-        at: 0,
+        at: Timestamp::EPOCH,
         reason: "sim",
     }))
     .expect("activate");

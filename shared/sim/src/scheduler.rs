@@ -53,7 +53,7 @@ impl Scheduler<'_> {
                     .collect();
                 (w.now, due)
             };
-            let deadline = Some(started + CLAIM_TIMEOUT_MS);
+            let deadline = Some(Timestamp::from_millis(started + CLAIM_TIMEOUT_MS));
             let report =
                 crate::handlers::claim_within(&claim, EventBridgeEvent::default(), deadline).await;
             let mut w = world.lock().expect("world");

@@ -270,7 +270,11 @@ impl World {
         };
         let key = self.store.due_at(id).map(|due| {
             (
-                due_key(due, self.config.due_granularity_ms),
+                due_key(
+                    due,
+                    Duration::from_millis(self.config.due_granularity_ms as u64),
+                )
+                .millis(),
                 due_shard(id, self.shards),
             )
         });

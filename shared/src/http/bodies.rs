@@ -137,8 +137,8 @@ pub struct ExecutionView {
     pub attempt: u32,
     pub version: u64,
     /// Epoch milliseconds.
-    pub created_at: i64,
-    pub updated_at: i64,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<StepError>,
 }
@@ -164,7 +164,7 @@ pub struct InteractionView {
     /// The resume token a completion must present.
     pub token: String,
     /// Epoch milliseconds; past it the await step fails with `AWAIT_TIMEOUT`.
-    pub deadline: i64,
+    pub deadline: Timestamp,
     pub completed: bool,
 }
 

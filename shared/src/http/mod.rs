@@ -28,7 +28,7 @@ use crate::coordinator::{
     MAX_LIMIT,
 };
 use crate::domain::release::Release;
-use crate::domain::{Code, Execution, Status, StepError, Verdict};
+use crate::domain::{Code, Execution, Status, StepError, Timestamp, Verdict};
 use crate::envelope::{InteractionMessage, INTERACTION_KIND};
 use crate::ports::{Registration, StoreError};
 
@@ -523,8 +523,8 @@ pub fn list_request(query: &str) -> Result<ListRequest, ApiError> {
                 }
             }
             "tenant" => request.tenant = Some(value),
-            "from" => request.from = Some(number(&value)?),
-            "to" => request.to = Some(number(&value)?),
+            "from" => request.from = Some(Timestamp::from_millis(number(&value)?)),
+            "to" => request.to = Some(Timestamp::from_millis(number(&value)?)),
             "limit" => request.limit = number(&value)?.clamp(1, MAX_LIMIT as i64) as usize,
             "after" => request.after = Some(value),
             other => return Err(invalid(format!("unknown query parameter {other:?}"))),
@@ -667,7 +667,14 @@ mod tests {
         assert_eq!(r.pipeline_id, "orders");
         assert_eq!(r.statuses, [Status::Failed, Status::Dlq]);
         assert_eq!(r.tenant.as_deref(), Some("a b"));
-        assert_eq!((r.from, r.to, r.limit), (Some(1), Some(9), MAX_LIMIT));
+        assert_eq!(
+            (r.from, r.to, r.limit),
+            (
+                Some(Timestamp::from_millis(1)),
+                Some(Timestamp::from_millis(9)),
+                MAX_LIMIT
+            )
+        );
         assert_eq!(r.after.as_deref(), Some("x.y"));
         assert_eq!(list_request("pipeline=orders").unwrap().limit, 50);
         for bad in [

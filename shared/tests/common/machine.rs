@@ -5,17 +5,24 @@
 //! invariants.
 
 use serde_json::{json, Value};
+use std::time::Duration;
 use stepline::domain::{
     decide, launch_id, reply_token, start, Action, Context, Decision, Event, Execution, Lease,
     LifecycleEvent, LifecycleKind, NewExecution, Outcome, ParentLink, PipelineDef, Rejection,
-    RetryPolicy, Sender, Skip, Status, StepDef, StepError, StepProgress, StepStatus, Verdict,
-    MAX_EARLIER_RECEIPTS, MAX_INCIDENTS, MAX_REDRIVE_NOTES,
+    RetryPolicy, Sender, Skip, Status, StepDef, StepError, StepProgress, StepStatus, Timestamp,
+    Verdict, MAX_EARLIER_RECEIPTS, MAX_INCIDENTS, MAX_REDRIVE_NOTES,
 };
 use uuid::Uuid;
 
 /// Epoch milliseconds of the first decision of every scenario.
 pub const T0: i64 = 1_700_000_000_000;
 pub const LEASE_MS: i64 = 30_000;
+pub const LEASE: Duration = Duration::from_millis(LEASE_MS as u64);
+
+/// The moment `ms` milliseconds after the epoch: the scenarios' clock readings are milliseconds.
+pub const fn ts(ms: i64) -> Timestamp {
+    Timestamp::from_millis(ms)
+}
 pub const JITTER: f64 = 0.5;
 pub const OWNER: &str = "test:coordinator-1";
 pub const TENANT: &str = "acme";
@@ -50,12 +57,12 @@ pub fn token(n: u128) -> Uuid {
 /// The context of one decision: taken at `now`, offering lease token `token(tok)`.
 pub fn ctx(now: i64, tok: u128) -> Context {
     Context {
-        now,
+        now: ts(now),
         jitter: JITTER,
         token: token(tok),
         secret: (0x5ec0_0000_u128 | tok).to_le_bytes(),
         owner: OWNER.to_string(),
-        lease_ms: LEASE_MS,
+        lease: LEASE,
         lifecycle: false,
     }
 }
@@ -330,7 +337,7 @@ pub fn request_of(actions: &[Action]) -> (u32, u32, Uuid, i64) {
             attempt,
             launch_id,
             deadline,
-        }] => (*step, *attempt, *launch_id, *deadline),
+        }] => (*step, *attempt, *launch_id, deadline.millis()),
         other => panic!("expected exactly one SendRequest, got {other:?}"),
     }
 }
@@ -361,7 +368,7 @@ pub fn leased(tok: u128, expires_at: i64) -> Option<Lease> {
     Some(Lease {
         owner: OWNER.to_string(),
         token: token(tok),
-        expires_at,
+        expires_at: ts(expires_at),
     })
 }
 
@@ -575,7 +582,7 @@ impl Machine {
     /// else changes. Returns the record so written.
     #[track_caller]
     pub fn found_early(&self, record: &Execution, at: i64, tok: u128) -> Execution {
-        assert!(record.index_due().is_some_and(|kept| kept <= at));
+        assert!(record.index_due().is_some_and(|kept| kept <= ts(at)));
         let (moved, actions) = self.commit(record, at, tok, &Event::Claim);
         assert!(actions.is_empty(), "{actions:?}");
         assert_eq!(
@@ -586,7 +593,7 @@ impl Machine {
         let unchanged = |r: &Execution| Execution {
             version: 0,
             write_id: String::new(),
-            updated_at: 0,
+            updated_at: Timestamp::EPOCH,
             indexed_due: None,
             ..r.clone()
         };
@@ -772,7 +779,7 @@ impl Machine {
             code: None,
         }];
         record.event_seq = 1;
-        record.publish_by = Some(record.updated_at + LEASE_MS);
+        record.publish_by = Some(record.updated_at + LEASE);
         record
     }
 
@@ -789,11 +796,11 @@ impl Machine {
         let unit = record.await_unit.clone().expect("an await unit");
         assert_eq!(actions, vec![Action::SendAwaitNotice { unit: unit.id }]);
         assert_eq!(unit.id, launch_id(EXEC, 1, 1));
-        assert_eq!(unit.deadline, PARKED_AT + i64::from(WAIT_SECS) * 1000);
+        assert_eq!(unit.deadline, ts(PARKED_AT + i64::from(WAIT_SECS) * 1000));
         assert!(!unit.notice_sent);
         assert_eq!(
             record.wake_at,
-            Some(PARKED_AT + LEASE_MS),
+            Some(ts(PARKED_AT + LEASE_MS)),
             "due soon, until the notice is confirmed"
         );
         let sent = Event::AwaitNoticeSent { unit: unit.id };

@@ -47,10 +47,10 @@ fn launch_work_of_an_await_step_parks_the_execution_on_an_await_unit() {
     assert_eq!(unit.id, launch_id(EXEC, 0, 1));
     assert_eq!(unit.interactions.len(), 1, "one interaction unless named");
     assert_eq!(unit.interactions[0].id, "approval");
-    assert_eq!(unit.deadline, LAUNCHED_AT + i64::from(WAIT_SECS) * 1000);
+    assert_eq!(unit.deadline, ts(LAUNCHED_AT + i64::from(WAIT_SECS) * 1000));
     assert_eq!(actions, vec![Action::SendAwaitNotice { unit: unit.id }]);
     assert_eq!(parked.lease, None, "the lease is consumed by the launch");
-    assert_eq!(parked.wake_at, Some(LAUNCHED_AT + LEASE_MS));
+    assert_eq!(parked.wake_at, Some(ts(LAUNCHED_AT + LEASE_MS)));
 }
 
 #[test]
@@ -185,7 +185,7 @@ fn every_interaction_must_be_approved_before_resuming() {
 #[test]
 fn the_deadline_fails_the_step_with_await_timeout_through_the_sweeper() {
     let (m, record) = parked(&[]);
-    let deadline = record.await_unit.as_ref().unwrap().deadline;
+    let deadline = record.await_unit.as_ref().unwrap().deadline.millis();
     // Not due before the deadline (its entry, kept early, moved there by the first sweep).
     let record = m.found_early(&record, deadline - 1, 5);
     assert_eq!(
@@ -215,7 +215,7 @@ fn an_unconfirmed_notice_is_sent_again_by_the_sweeper() {
     let (parked, _) = m.past_first_step(json!({}));
     let unit = parked.await_unit.as_ref().unwrap().id;
     // The notice never confirmed (a crash between commit and send): due after a lease.
-    let due = parked.due_at().unwrap();
+    let due = parked.due_at().unwrap().millis();
     assert_eq!(due, PARKED_AT + LEASE_MS);
     let (again, actions) = m.claim_and_launch(&parked, (due, 4), due + 1);
     assert_eq!(actions, vec![Action::SendAwaitNotice { unit }]);

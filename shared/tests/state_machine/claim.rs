@@ -9,7 +9,7 @@ fn claim_of_due_unleased_execution_takes_lease_with_next_generation_and_enqueues
     let m = Machine::of(three_steps());
     let record = m.running();
     assert_eq!(record.lease, None);
-    assert_eq!(record.due_at(), Some(DEADLINE0));
+    assert_eq!(record.due_at(), Some(ts(DEADLINE0)));
 
     let (next, actions) = m.commit(&record, DEADLINE0, 3, &Event::Claim);
 
@@ -21,8 +21,8 @@ fn claim_of_due_unleased_execution_takes_lease_with_next_generation_and_enqueues
     assert_eq!(next.status, Status::Running);
     assert_eq!((next.step, next.attempt), (0, 1));
     assert_eq!(next.launch_id, Some(launch_id(EXEC, 0, 1)));
-    assert_eq!(next.wake_at, Some(DEADLINE0));
-    assert_eq!(next.due_at(), Some(DEADLINE0 + LEASE_MS));
+    assert_eq!(next.wake_at, Some(ts(DEADLINE0)));
+    assert_eq!(next.due_at(), Some(ts(DEADLINE0 + LEASE_MS)));
 }
 
 #[test]
@@ -31,8 +31,8 @@ fn claim_before_due_time_is_skipped_as_not_due() {
     let record = m.running();
     // Its entry was keyed at creation by the creation lease's expiry, and kept when the launch moved
     // the due time on to the step's deadline: a sweeper that finds it there moves it, once.
-    assert_eq!(record.index_due(), Some(T0 + LEASE_MS));
-    assert_eq!(record.due_at(), Some(DEADLINE0));
+    assert_eq!(record.index_due(), Some(ts(T0 + LEASE_MS)));
+    assert_eq!(record.due_at(), Some(ts(DEADLINE0)));
     let record = m.found_early(&record, DEADLINE0 - 1, 3);
     assert_eq!(
         m.skipped(&record, DEADLINE0 - 1, 4, &Event::Claim),
@@ -45,11 +45,11 @@ fn hops_leave_the_due_index_entry_where_it_is_until_it_would_be_late() {
     let m = Machine::of(three_steps());
     let record = m.running_at_step(2);
     // Two steps ended, each moving the deadline on: the entry stayed where the creation put it.
-    assert_eq!(record.index_due(), Some(T0 + LEASE_MS));
+    assert_eq!(record.index_due(), Some(ts(T0 + LEASE_MS)));
     assert!(record.due_at() > record.index_due());
     // A step whose deadline comes before the kept key moves it there (never later than due).
     let mut early = record.clone();
-    early.indexed_due = Some(record.due_at().unwrap() + 1);
+    early.indexed_due = Some(record.due_at().unwrap() + std::time::Duration::from_millis(1));
     assert_eq!(early.index_due(), record.due_at());
     // The end removes it.
     let (done, _) = m.commit(&record, T0 + 10_000, 30, &ok_reply(2, 1, output(2)));
@@ -65,11 +65,11 @@ fn claim_of_execution_under_unexpired_lease_is_skipped_without_taking_it() {
     let (record, _) = m.started();
     assert_eq!(
         record.lease.as_ref().map(|l| l.expires_at),
-        Some(T0 + LEASE_MS)
+        Some(ts(T0 + LEASE_MS))
     );
 
     // Well past the record's wake time, 1 ms before the lease runs out.
-    assert_eq!(record.wake_at, Some(T0));
+    assert_eq!(record.wake_at, Some(ts(T0)));
     let skip = m.skipped(&record, T0 + LEASE_MS - 1, 3, &Event::Claim);
 
     assert_eq!(skip, Skip::NotDue);

@@ -43,7 +43,7 @@ fn representatives() -> Vec<Representative> {
 
     let claim = |m: &Machine, r: &Execution| {
         let at = r.due_at().expect("due");
-        m.commit(r, at, 40, &Event::Claim).0
+        m.commit(r, at.millis(), 40, &Event::Claim).0
     };
     let mut found: Vec<(&str, &Rc<Machine>, Execution)> = Vec::new();
     let (started, _) = tasks.started();
@@ -89,7 +89,9 @@ fn representatives() -> Vec<Representative> {
     found.push(("claimed notice", &approval, claim(&approval, &unconfirmed)));
     let parked = approval.waiting();
     let deadline = parked.await_unit.as_ref().unwrap().deadline;
-    let expired = approval.commit(&parked, deadline, 42, &Event::Claim).0;
+    let expired = approval
+        .commit(&parked, deadline.millis(), 42, &Event::Claim)
+        .0;
     found.push(("parked", &approval, parked));
     found.push(("claimed at the await deadline", &approval, expired));
     let (fanned, _) = fan_out.past_first_step(json!({"items": [1, 2]}));
@@ -132,7 +134,7 @@ fn unpublished(record: &Execution) -> Execution {
         code: None,
     });
     record.event_seq += 1;
-    record.publish_by = Some(record.updated_at + LEASE_MS);
+    record.publish_by = Some(record.updated_at + LEASE);
     record
 }
 
@@ -148,7 +150,7 @@ fn with_parent(record: &Execution) -> Execution {
         signature: None,
     });
     if record.status.is_terminal() && record.wake_at.is_none() {
-        record.wake_at = Some(record.updated_at + LEASE_MS);
+        record.wake_at = Some(record.updated_at + LEASE);
     }
     record
 }
@@ -262,7 +264,7 @@ fn events_for(r: &Execution) -> Vec<Event> {
 fn times_for(r: &Execution) -> BTreeSet<i64> {
     let lease = r.lease.as_ref().map(|l| l.expires_at);
     [
-        Some(r.updated_at + 1),
+        Some(r.updated_at + std::time::Duration::from_millis(1)),
         r.due_at(),
         r.wake_at,
         r.publish_by,
@@ -270,6 +272,7 @@ fn times_for(r: &Execution) -> BTreeSet<i64> {
     ]
     .into_iter()
     .flatten()
+    .map(|t| t.millis())
     .collect()
 }
 

@@ -14,10 +14,10 @@ fn terminal_failure_marks_a_dead_letter_in_the_same_commit_and_sends_it() {
 
     assert_eq!(failed.status, Status::Failed);
     assert_eq!(failed.dead_letter, Some(DeadLetterMark { id, sent: false }));
-    assert_eq!(failed.wake_at, Some(at + LEASE_MS));
+    assert_eq!(failed.wake_at, Some(ts(at + LEASE_MS)));
     assert_eq!(
         failed.due_at(),
-        Some(at + LEASE_MS),
+        Some(ts(at + LEASE_MS)),
         "due again if never marked sent"
     );
     assert_eq!(failed.lease, None);
@@ -64,7 +64,7 @@ fn claim_of_failed_execution_whose_dead_letter_is_unsent_sends_it_again() {
     assert_eq!(next.dead_letter, Some(DeadLetterMark { id, sent: false }));
     assert_eq!(
         next.wake_at,
-        Some(at + 2 * LEASE_MS),
+        Some(ts(at + 2 * LEASE_MS)),
         "looked at again a lease later"
     );
     assert_eq!(

@@ -213,7 +213,10 @@ fn a_child_that_ends_tells_its_parent_until_confirmed() {
     assert_eq!(done.status, Status::Succeeded);
     assert_eq!(actions, vec![Action::NotifyParent]);
     assert!(!done.parent_notified);
-    let due = done.due_at().expect("due until the parent is told");
+    let due = done
+        .due_at()
+        .expect("due until the parent is told")
+        .millis();
     // A crash before the notice went out: the sweeper sends it again.
     let (again, actions) = m.commit(&done, due, 4, &Event::Claim);
     assert_eq!(actions, vec![Action::NotifyParent]);
@@ -237,7 +240,7 @@ fn a_cancelled_child_tells_its_parent() {
         launch_id: launch_id(EXEC, 0, 1),
     };
     assert_eq!(actions, vec![in_flight, Action::NotifyParent]);
-    assert_eq!(cancelled.due_at(), Some(LAUNCHED_AT + 1 + LEASE_MS));
+    assert_eq!(cancelled.due_at(), Some(ts(LAUNCHED_AT + 1 + LEASE_MS)));
 }
 
 /// A claim-checked reference as a step's input (the worker runtime resolves it; the machine does not).
@@ -443,7 +446,7 @@ fn a_fan_out_step_run_again_gives_its_children_the_same_tokens() {
     let (waiting, _) = fanned_out(&m, json!([{"row": 1}, {"row": 2}]));
     let first: Vec<String> = (0..2).map(|i| child_token(&waiting, i)).collect();
     // The unit's deadline passes: the step fails (AWAIT_TIMEOUT); a re-drive runs it again.
-    let deadline = waiting.await_unit.as_ref().unwrap().deadline;
+    let deadline = waiting.await_unit.as_ref().unwrap().deadline.millis();
     let (claimed, actions) = m.commit(&waiting, deadline, 20, &Event::Claim);
     let (failed, _) = m.launch(&claimed, deadline + 1, 21, &actions);
     assert_eq!(failed.status, Status::Failed);

@@ -16,10 +16,10 @@ fn heartbeat_of_current_attempt_extends_its_deadline_and_changes_nothing_else() 
     assert!(actions.is_empty());
     let mut expected = record.clone();
     expected.version += 1;
-    expected.updated_at = at;
-    expected.wake_at = Some(at + TIMEOUT_MS[0]);
+    expected.updated_at = ts(at);
+    expected.wake_at = Some(ts(at + TIMEOUT_MS[0]));
     expected.history.push(Entry {
-        after_ms: at - record.created_at,
+        after_ms: at - record.created_at.millis(),
         what: What::Heartbeat {
             step: 0,
             attempt: 1,
@@ -34,7 +34,7 @@ fn heartbeat_of_current_attempt_extends_its_deadline_and_changes_nothing_else() 
     assert_eq!(
         again.history.last().unwrap(),
         &Entry {
-            after_ms: later - record.created_at,
+            after_ms: later - record.created_at.millis(),
             what: What::Heartbeat {
                 step: 0,
                 attempt: 1,

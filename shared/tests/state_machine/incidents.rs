@@ -22,14 +22,14 @@ fn incident_is_noted_on_the_record_whatever_its_status_and_changes_nothing_else(
         assert!(actions.is_empty());
         let mut expected = record.clone();
         expected.version += 1;
-        expected.updated_at = at;
+        expected.updated_at = ts(at);
         expected.incidents = vec![Incident {
-            at,
+            at: ts(at),
             code: "UNDECODABLE".to_string(),
             detail: "message m-1 on reply: UNDECODABLE".to_string(),
         }];
         expected.history.push(Entry {
-            after_ms: at - record.created_at,
+            after_ms: at - record.created_at.millis(),
             what: What::Incident {
                 code: "UNDECODABLE".into(),
             },

@@ -315,19 +315,19 @@ fn walk(seed: u64, seen: &mut Seen) {
             0 | 1 => now += rng.below(2_000) as i64,
             2 | 3 => {
                 if let Some(due) = record.due_at() {
-                    now = now.max(due);
+                    now = now.max(due.millis());
                 }
             }
             4 => now += rng.below(20_000) as i64,
             _ => {}
         }
         let context = Context {
-            now,
+            now: ts(now),
             jitter: rng.below(1_000) as f64 / 1_000.0,
             token: token(n),
             secret: n.to_le_bytes(),
             owner: format!("walker-{seed}"),
-            lease_ms: 10_000,
+            lease: std::time::Duration::from_secs(10),
             lifecycle: false,
         };
         let event = random_event(&mut rng, &record, &issued);
@@ -373,7 +373,7 @@ fn walk(seed: u64, seen: &mut Seen) {
                             deadline,
                         } => {
                             assert_eq!(*id, launch_id(EXEC, *step, *attempt));
-                            assert_eq!(*deadline, now + 5_000);
+                            assert_eq!(*deadline, ts(now + 5_000));
                             issued.requests.push((*step, *attempt));
                         }
                         Action::SendDeadLetter { id } => {

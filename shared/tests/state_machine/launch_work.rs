@@ -20,8 +20,8 @@ fn launch_work_starts_first_attempt_of_queued_execution_with_deterministic_launc
     assert_eq!(next.launch_id, Some(id));
     assert_eq!(next.lease, None, "the lease is consumed by the launch");
     assert_eq!(next.generation, 1, "launching takes no lease");
-    assert_eq!(next.wake_at, Some(DEADLINE0));
-    assert_eq!(next.due_at(), Some(DEADLINE0));
+    assert_eq!(next.wake_at, Some(ts(DEADLINE0)));
+    assert_eq!(next.due_at(), Some(ts(DEADLINE0)));
     assert_eq!(next.steps, vec![launching(id)]);
     assert_eq!(request_of(&actions), (0, 1, id, DEADLINE0));
 }
@@ -65,7 +65,7 @@ fn launch_work_on_running_execution_past_deadline_resends_same_launch_id_once() 
     assert_eq!(next.resends, MAX_RESENDS);
     assert_eq!(
         next.wake_at,
-        Some(DEADLINE1),
+        Some(ts(DEADLINE1)),
         "the resent request gets a new deadline"
     );
     assert_eq!(next.lease, None);
@@ -93,7 +93,7 @@ fn launch_work_on_resent_attempt_past_deadline_times_it_out_and_schedules_retry(
 
     let delay = m.def.steps[0].retry.delay_ms(1, JITTER);
     assert_eq!(delay, 1_250);
-    assert_eq!(next.wake_at, Some(TIMED_OUT_AT + 1_250));
+    assert_eq!(next.wake_at, Some(ts(TIMED_OUT_AT + 1_250)));
     assert_eq!(next.generation, 4, "start, two claims, and the retry lease");
     assert_eq!(next.lease, leased(6, TIMED_OUT_AT + 1_250 + LEASE_MS));
     assert_eq!(enqueued(&actions), (4, token(6), 2));
@@ -113,10 +113,10 @@ fn step_timeout_on_last_attempt_of_budget_fails_execution() {
     let id = dead_letter_of(&actions);
     assert_eq!(next.dead_letter, Some(DeadLetterMark { id, sent: false }));
     assert_eq!(next.lease, None);
-    assert_eq!(next.wake_at, Some(TIMED_OUT_AT + LEASE_MS));
+    assert_eq!(next.wake_at, Some(ts(TIMED_OUT_AT + LEASE_MS)));
     assert_eq!(
         next.due_at(),
-        Some(TIMED_OUT_AT + LEASE_MS),
+        Some(ts(TIMED_OUT_AT + LEASE_MS)),
         "due until the dead letter is sent"
     );
     assert_eq!(next.generation, 3, "no lease is taken for a failure");
@@ -136,7 +136,7 @@ fn launch_work_on_running_execution_before_deadline_only_releases_lease() {
         attempt: 1,
     };
     let (alive, _) = m.commit(&claimed, DEADLINE0 + 5, 4, &heartbeat);
-    assert_eq!(alive.wake_at, Some(DEADLINE0 + 5 + TIMEOUT_MS[0]));
+    assert_eq!(alive.wake_at, Some(ts(DEADLINE0 + 5 + TIMEOUT_MS[0])));
     assert_eq!(
         alive.lease, claimed.lease,
         "a heartbeat leaves the lease alone"
@@ -147,11 +147,11 @@ fn launch_work_on_running_execution_before_deadline_only_releases_lease() {
     assert!(actions.is_empty());
     let mut expected = alive.clone();
     expected.version += 1;
-    expected.updated_at = DEADLINE0 + 10;
+    expected.updated_at = ts(DEADLINE0 + 10);
     expected.lease = None;
     assert_eq!(next, expected);
     assert_eq!(next.resends, 0, "nothing was re-sent");
-    assert_eq!(next.due_at(), Some(DEADLINE0 + 5 + TIMEOUT_MS[0]));
+    assert_eq!(next.due_at(), Some(ts(DEADLINE0 + 5 + TIMEOUT_MS[0])));
 }
 
 #[test]
@@ -172,6 +172,6 @@ fn launch_work_on_wait_retry_starts_next_attempt_with_new_launch_id() {
     assert_eq!(next.steps[0].status, StepStatus::Launching);
     assert_eq!(next.steps[0].launch_id, second);
     assert_eq!(next.lease, None);
-    assert_eq!(next.wake_at, Some(at + TIMEOUT_MS[0]));
+    assert_eq!(next.wake_at, Some(ts(at + TIMEOUT_MS[0])));
     assert_eq!(request_of(&actions), (0, 2, second, at + TIMEOUT_MS[0]));
 }

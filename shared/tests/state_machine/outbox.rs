@@ -15,7 +15,7 @@ fn an_outbox_that_is_never_confirmed_is_retried_less_often_then_dropped_and_note
     let mut last_gap = 0;
     loop {
         let now = record.publish_by.expect("still due");
-        let at = lifecycle_ctx(now, 100 + writes);
+        let at = lifecycle_ctx(now.millis(), 100 + writes);
         let (next, actions) = m.commit_in(&record, &at, &Event::Claim);
         writes += 1;
         if next.events.is_empty() {
@@ -23,7 +23,7 @@ fn an_outbox_that_is_never_confirmed_is_retried_less_often_then_dropped_and_note
             break;
         }
         assert_eq!(actions, vec![Action::PublishEvents]);
-        let gap = next.publish_by.unwrap() - now;
+        let gap = next.publish_by.unwrap().since(now).as_millis();
         assert!(
             gap >= last_gap && gap > 0,
             "backs off: {gap} after {last_gap}"
@@ -48,7 +48,7 @@ fn an_outbox_that_is_never_confirmed_is_retried_less_often_then_dropped_and_note
 fn record_after_drop(m: &Machine, record: &Execution) -> Execution {
     let mut exhausted = record.clone();
     exhausted.publish_attempts = MAX_PUBLISH_ATTEMPTS - 1;
-    let at = lifecycle_ctx(record.publish_by.unwrap(), 999);
+    let at = lifecycle_ctx((record.publish_by.unwrap()).millis(), 999);
     m.commit_in(&exhausted, &at, &Event::Claim).0
 }
 
@@ -56,7 +56,12 @@ fn record_after_drop(m: &Machine, record: &Execution) -> Execution {
 fn an_outbox_is_dropped_at_once_when_lifecycle_events_are_switched_off() {
     let m = Machine::of(three_steps());
     let record = m.unpublished();
-    let (next, actions) = m.commit(&record, record.publish_by.unwrap(), 5, &Event::Claim);
+    let (next, actions) = m.commit(
+        &record,
+        (record.publish_by.unwrap()).millis(),
+        5,
+        &Event::Claim,
+    );
     assert!(actions.is_empty());
     assert!(next.events.is_empty());
     assert_eq!(next.due_at(), None);
@@ -84,12 +89,12 @@ fn a_commit_with_lifecycle_events_on_fills_the_outbox_and_publishes_it() {
             (1, LifecycleKind::ExecutionSucceeded, Some(2)),
         ]
     );
-    assert!(done.events.iter().all(|e| e.at == T0 + 10_000));
+    assert!(done.events.iter().all(|e| e.at == ts(T0 + 10_000)));
     assert_eq!(done.event_seq, 2);
     assert_eq!(actions, vec![Action::PublishEvents]);
     assert_eq!(
         done.due_at(),
-        Some(T0 + 10_000 + LEASE_MS),
+        Some(ts(T0 + 10_000 + LEASE_MS)),
         "due until the events are confirmed published"
     );
     // Lifecycle events off: nothing in the outbox, nothing to publish.

@@ -210,7 +210,7 @@ fn heartbeat_delivered_twice_is_applied_again_and_extends_from_the_redelivery_ti
 
     assert!(actions.is_empty());
     assert_eq!(twice.version, once.version + 1);
-    assert_eq!(twice.wake_at, Some(later + TIMEOUT_MS[0]));
+    assert_eq!(twice.wake_at, Some(ts(later + TIMEOUT_MS[0])));
 }
 
 /// Incidents carry no identity either: the same incident delivered twice is noted twice.

@@ -28,11 +28,11 @@ fn redrive_of_failed_execution_requeues_it_with_new_budget_audit_note_and_lease(
     assert_eq!(next.attempts_in_budget(), 0);
     assert_eq!(next.error, None);
     assert_eq!(next.dead_letter, None);
-    assert_eq!(next.wake_at, Some(at));
+    assert_eq!(next.wake_at, Some(ts(at)));
     assert_eq!(
         next.redrives,
         vec![RedriveNote {
-            at,
+            at: ts(at),
             reason: "gateway fixed".to_string(),
             from_status: Status::Failed,
             from_version: 7,

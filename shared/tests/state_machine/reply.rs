@@ -33,7 +33,7 @@ fn successful_reply_on_middle_step_records_output_and_launches_next_step() {
     assert_eq!(next.launch_id, Some(second_step));
     assert_eq!(
         next.wake_at,
-        Some(at + TIMEOUT_MS[1]),
+        Some(ts(at + TIMEOUT_MS[1])),
         "deadline of the next step"
     );
     assert_eq!(next.lease, None);
@@ -101,9 +101,9 @@ fn retryable_failure_with_budget_left_waits_for_retry_under_new_lease_and_jitter
     assert_eq!((next.step, next.attempt), (0, 1));
     assert_eq!(next.error, Some(error.clone()));
     assert_eq!(next.launch_id, None);
-    assert_eq!(next.wake_at, Some(at + 1_250));
+    assert_eq!(next.wake_at, Some(ts(at + 1_250)));
     assert_eq!(next.lease, leased(3, at + 1_250 + LEASE_MS));
-    assert_eq!(next.due_at(), Some(at + 1_250 + LEASE_MS));
+    assert_eq!(next.due_at(), Some(ts(at + 1_250 + LEASE_MS)));
     let first = launch_id(EXEC, 0, 1);
     assert_eq!(
         next.steps[0],
@@ -124,7 +124,7 @@ fn retryable_failure_with_budget_left_waits_for_retry_under_new_lease_and_jitter
     let (again, actions) = m.commit(&second, at + 3_000, 5, &err_reply(0, 2, &error));
     assert_eq!(m.def.steps[0].retry.delay_ms(2, JITTER), 2_500);
     assert_eq!(again.status, Status::WaitRetry);
-    assert_eq!(again.wake_at, Some(at + 3_000 + 2_500));
+    assert_eq!(again.wake_at, Some(ts(at + 3_000 + 2_500)));
     assert_eq!(enqueued(&actions), (3, token(5), 3));
 }
 
@@ -145,7 +145,7 @@ fn retry_delay_follows_the_context_jitter() {
         assert_eq!(policy.delay_ms(1, jitter), expected_ms);
         assert_eq!(
             next.wake_at,
-            Some(T0 + 7_000 + expected_ms as i64),
+            Some(ts(T0 + 7_000 + expected_ms as i64)),
             "jitter {jitter}"
         );
         assert_eq!(
@@ -175,7 +175,7 @@ fn retryable_failure_of_last_attempt_in_budget_fails_execution_with_the_error() 
     assert_eq!(record.generation, 3, "start and the two retry leases");
     // The third failure was committed at T0 + 30 s: dead letter marked unsent, due a lease later.
     assert!(record.dead_letter.as_ref().is_some_and(|d| !d.sent));
-    assert_eq!(record.due_at(), Some(T0 + 30_000 + LEASE_MS));
+    assert_eq!(record.due_at(), Some(ts(T0 + 30_000 + LEASE_MS)));
 }
 
 #[test]
@@ -194,7 +194,7 @@ fn non_retryable_failure_fails_execution_at_once() {
     assert_eq!(next.dead_letter, Some(DeadLetterMark { id, sent: false }));
     assert_eq!(next.lease, None);
     assert_eq!(next.generation, record.generation);
-    assert_eq!(next.wake_at, Some(T0 + 7_000 + LEASE_MS));
+    assert_eq!(next.wake_at, Some(ts(T0 + 7_000 + LEASE_MS)));
 }
 
 #[test]
@@ -244,8 +244,8 @@ fn retry_delay_beyond_sqs_limit_is_left_to_the_due_index_without_lease() {
     );
     assert_eq!(waiting.lease, None);
     assert_eq!(waiting.generation, record.generation);
-    assert_eq!(waiting.wake_at, Some(at + 1_000_000));
-    assert_eq!(waiting.due_at(), Some(at + 1_000_000));
+    assert_eq!(waiting.wake_at, Some(ts(at + 1_000_000)));
+    assert_eq!(waiting.due_at(), Some(ts(at + 1_000_000)));
 
     // The sweeper picks it up once due, and the retry launches from there.
     let moved = m.found_early(&waiting, at + 999_999, 4);
@@ -278,7 +278,7 @@ fn retry_delay_of_exactly_900_seconds_is_still_enqueued_and_one_ms_more_is_not()
     let (waiting, actions) = m.commit(&m.running(), at, 3, &event);
     assert!(actions.is_empty());
     assert_eq!(waiting.lease, None);
-    assert_eq!(waiting.wake_at, Some(at + 900_001));
+    assert_eq!(waiting.wake_at, Some(ts(at + 900_001)));
 }
 
 #[test]

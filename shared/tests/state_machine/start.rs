@@ -24,10 +24,10 @@ fn start_creates_queued_record_with_first_lease_and_launch_work() {
     assert_eq!(record.version, 1);
     assert_eq!(record.generation, 1, "start takes the first lease");
     assert_eq!(record.lease, leased(1, T0 + LEASE_MS));
-    assert_eq!(record.wake_at, Some(T0));
+    assert_eq!(record.wake_at, Some(ts(T0)));
     assert_eq!(
         record.due_at(),
-        Some(T0 + LEASE_MS),
+        Some(ts(T0 + LEASE_MS)),
         "due at lease expiry while leased"
     );
     assert_eq!(record.launch_id, None);
@@ -37,7 +37,7 @@ fn start_creates_queued_record_with_first_lease_and_launch_work() {
     assert_eq!(record.result, None);
     assert_eq!(record.error, None);
     assert!(record.redrives.is_empty());
-    assert_eq!((record.created_at, record.updated_at), (T0, T0));
+    assert_eq!((record.created_at, record.updated_at), (ts(T0), ts(T0)));
     assert_eq!(enqueued(&actions), (1, token(1), 0));
 }
 
@@ -56,7 +56,7 @@ fn submitting_launches_the_first_step_in_the_creating_write() {
     assert_eq!(record.steps.len(), 1);
     assert_eq!(record.steps[0].status, StepStatus::Launching);
     // Saved as launching before the send: a crash in between is recovered at the deadline.
-    assert_eq!(record.due_at(), Some(T0 + 60_000));
+    assert_eq!(record.due_at(), Some(ts(T0 + 60_000)));
     assert_eq!(request_of(&actions), (0, 1, id, T0 + 60_000));
     assert_record_consistent(&record, &m.def);
     // The same record the lease-and-launch-work path reaches, but for the lease.

@@ -108,7 +108,7 @@ fn a_reply_naming_another_release_is_refused() {
 fn heartbeats_extend_an_attempt_only_up_to_its_bound() {
     let m = Machine::of(three_steps());
     let mut record = m.running();
-    let bound = LAUNCHED_AT + MAX_HEARTBEAT_TIMEOUTS * TIMEOUT_MS[0];
+    let bound = LAUNCHED_AT + i64::from(MAX_HEARTBEAT_TIMEOUTS) * TIMEOUT_MS[0];
     let mut now = LAUNCHED_AT;
     let mut beats = 0;
     loop {
@@ -116,7 +116,7 @@ fn heartbeats_extend_an_attempt_only_up_to_its_bound() {
         let event = genuine(&record, 0, 1, heartbeat(0, 1));
         match m.decide(&record, now, 10 + beats, &event) {
             Decision::Commit { record: next, .. } => {
-                assert!(next.wake_at.unwrap() <= bound, "never past the bound");
+                assert!(next.wake_at.unwrap() <= ts(bound), "never past the bound");
                 record = *next;
                 beats += 1;
             }
@@ -128,5 +128,5 @@ fn heartbeats_extend_an_attempt_only_up_to_its_bound() {
         }
         assert!(beats < 100, "heartbeats must stop extending");
     }
-    assert_eq!(record.wake_at, Some(bound));
+    assert_eq!(record.wake_at, Some(ts(bound)));
 }

@@ -13,12 +13,12 @@ use crate::domain::fan_out::{block_len, block_of};
 use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord};
 use crate::domain::seal::{SealKey, SealKeys};
-use crate::domain::{ChildEnd, Execution, PipelineDef, Tally};
+use crate::domain::{ChildEnd, Execution, PipelineDef, Tally, Timestamp};
 use crate::ports::due_shard;
 use crate::ports::{
     ActivationRequest, Backoff, BlockCount, DueCursor, DuePage, DueQuery, ExecutionStore,
     FanOutLedger, HeadChange, ItemOutcome, ListCursor, ListPage, ListQuery, MessageSender,
-    OutMessage, PayloadStore, Registration, ReleaseRegistry, SendError, Sent, StoreError, DAY_MS,
+    OutMessage, PayloadStore, Registration, ReleaseRegistry, SendError, Sent, StoreError,
 };
 
 #[derive(Default)]
@@ -46,9 +46,7 @@ pub struct InMemoryExecutionStore {
 /// A page of the list index over `records`, as the DynamoDB adapter's index answers it.
 pub fn list_page<'a>(records: impl Iterator<Item = &'a Execution>, query: &ListQuery) -> ListPage {
     let mut keys: Vec<ListCursor> = records
-        .filter(|r| {
-            r.pipeline_id == query.pipeline_id && r.created_at.div_euclid(DAY_MS) == query.day
-        })
+        .filter(|r| r.pipeline_id == query.pipeline_id && r.created_at.days() == query.day)
         .map(|r| ListCursor {
             created_at: r.created_at,
             id: r.id,
@@ -65,12 +63,17 @@ pub fn list_page<'a>(records: impl Iterator<Item = &'a Execution>, query: &ListQ
 /// Due-index entries pushed back by `defer`, as the DynamoDB adapter moves an item's `dueAt`: a
 /// write of the record replaces its entry, and with it the deferral.
 #[derive(Debug, Default)]
-pub struct Deferrals(BTreeMap<Uuid, (i64, u32)>);
+pub struct Deferrals(BTreeMap<Uuid, (Timestamp, u32)>);
 
 impl Deferrals {
-    pub fn defer(&mut self, record: &Execution, now: i64, backoff: Backoff) -> Option<i64> {
+    pub fn defer(
+        &mut self,
+        record: &Execution,
+        now: Timestamp,
+        backoff: Backoff,
+    ) -> Option<Timestamp> {
         record.index_due()?;
-        let entry = self.0.entry(record.id).or_insert((0, 0));
+        let entry = self.0.entry(record.id).or_insert((Timestamp::EPOCH, 0));
         entry.1 += 1;
         entry.0 = backoff.until(now, entry.1);
         Some(entry.0)
@@ -81,7 +84,7 @@ impl Deferrals {
     }
 
     /// The record's due-index entry, deferrals applied.
-    pub fn due_at(&self, record: &Execution) -> Option<i64> {
+    pub fn due_at(&self, record: &Execution) -> Option<Timestamp> {
         let due = record.index_due()?;
         Some(
             self.0
@@ -93,7 +96,7 @@ impl Deferrals {
 
 /// One page of due entries, as a Query of one shard returns it: due by `now`, earliest first, after
 /// the cursor, at most `limit`.
-pub fn due_page(entries: impl Iterator<Item = (i64, Uuid)>, query: DueQuery) -> DuePage {
+pub fn due_page(entries: impl Iterator<Item = (Timestamp, Uuid)>, query: DueQuery) -> DuePage {
     let DueQuery {
         now, limit, after, ..
     } = query;
@@ -211,14 +214,14 @@ impl InMemoryExecutionStore {
     }
 
     /// Pushes the record's due-index entry back (see [`ExecutionStore::defer`]).
-    pub fn defer_entry(&self, id: Uuid, now: i64, backoff: Backoff) -> Option<i64> {
+    pub fn defer_entry(&self, id: Uuid, now: Timestamp, backoff: Backoff) -> Option<Timestamp> {
         let records = self.records.lock().expect("store");
         let mut deferrals = self.deferrals.lock().expect("store");
         deferrals.defer(records.get(&id)?, now, backoff)
     }
 
     /// The record's due-index entry, deferrals applied.
-    pub fn due_at(&self, id: Uuid) -> Option<i64> {
+    pub fn due_at(&self, id: Uuid) -> Option<Timestamp> {
         let records = self.records.lock().expect("store");
         self.deferrals
             .lock()
@@ -280,7 +283,12 @@ impl ExecutionStore for InMemoryExecutionStore {
         Ok(due_page(entries, query))
     }
 
-    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
+    async fn defer(
+        &self,
+        id: Uuid,
+        now: Timestamp,
+        backoff: Backoff,
+    ) -> Result<Option<Timestamp>, StoreError> {
         Ok(self.defer_entry(id, now, backoff))
     }
 
@@ -451,7 +459,7 @@ impl InMemoryReleaseRegistry {
             let activation = ActivationRequest {
                 pipeline_id: &release.pipeline_id,
                 release_version: &release.release_version,
-                at: 0,
+                at: Timestamp::EPOCH,
                 reason,
             };
             registry.activate(activation).await.expect("activated");

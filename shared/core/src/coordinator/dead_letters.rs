@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{Coordinator, CoordinatorError, Role};
-use crate::domain::{Event, Rejection, Status};
+use crate::domain::{Event, Rejection, Status, Timestamp};
 use crate::envelope::{DeadLetterEnvelope, REASON_ATTRIBUTE};
 use crate::ports::{DeadLetter, DeadLetterQueue, OutMessage, StoreError};
 
@@ -21,10 +21,10 @@ pub struct ReplayFilter {
     pub pipeline_id: Option<String>,
     pub tenant: Option<String>,
     pub error_code: Option<String>,
-    /// Epoch milliseconds, inclusive.
-    pub from: Option<i64>,
-    /// Epoch milliseconds, exclusive.
-    pub to: Option<i64>,
+    /// Inclusive.
+    pub from: Option<Timestamp>,
+    /// Exclusive.
+    pub to: Option<Timestamp>,
 }
 
 impl ReplayFilter {
@@ -33,7 +33,7 @@ impl ReplayFilter {
         pipeline: Option<&str>,
         tenant: Option<&str>,
         code: Option<&str>,
-        at: Option<i64>,
+        at: Option<Timestamp>,
     ) -> bool {
         let same = |want: &Option<String>, have: Option<&str>| {
             want.as_deref().is_none_or(|w| have == Some(w))
@@ -121,7 +121,7 @@ enum Outcome {
 async fn walk<M, A, Fut>(
     queue: &dyn DeadLetterQueue,
     request: &ReplayRequest,
-    began: i64,
+    began: Timestamp,
     mut matches: M,
     mut act: A,
 ) -> Result<ReplayReport, CoordinatorError>

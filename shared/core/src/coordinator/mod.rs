@@ -13,7 +13,7 @@
 //! `outbox` is where actions become messages. The handlers above only decode and encode.
 
 mod batch;
-pub use releases::WORKERS_CACHED_MS;
+pub use releases::WORKERS_CACHED;
 mod dead_letters;
 mod fan_out;
 pub mod items;
@@ -35,11 +35,12 @@ pub use submit::{SubmitRequest, Submitted};
 pub use sweep::{ClaimReport, MAX_DUE_SHARDS};
 pub use visibility::{
     step_state, ExecutionSummary, HistoryView, ListRequest, ListResponse, StepState,
-    DEFAULT_WINDOW_MS, MAX_EXAMINED, MAX_LIMIT,
+    DEFAULT_WINDOW, MAX_EXAMINED, MAX_LIMIT,
 };
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -52,7 +53,7 @@ use crate::domain::release::WorkerRecord;
 use crate::domain::seal::{self, SealKeys};
 use crate::domain::{
     self, Action, Code, Context, Decision, Event, Execution, NewExecution, ParentLink, PipelineDef,
-    Rejection, Skip,
+    Rejection, Skip, Timestamp,
 };
 use crate::ports::{
     Clock, EventPublisher, ExecutionStore, FanOutLedger, MessageSender, ReleaseRegistry,
@@ -147,7 +148,8 @@ impl CoordinatorError {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub queues: Queues,
-    pub lease_ms: i64,
+    /// How long a lease lasts.
+    pub lease: Duration,
     pub claim_limit: i32,
     /// Identifies this process in lease owners.
     pub instance: String,
@@ -160,7 +162,7 @@ impl Settings {
     pub fn named() -> Self {
         Self {
             queues: Queues::named(),
-            lease_ms: 30_000,
+            lease: Duration::from_secs(30),
             claim_limit: 10,
             instance: "test".into(),
         }
@@ -169,7 +171,7 @@ impl Settings {
     pub fn from_config(config: &CoordinatorConfig) -> Self {
         Self {
             queues: config.queues.clone(),
-            lease_ms: i64::from(config.lease_seconds) * 1000,
+            lease: Duration::from_secs(u64::from(config.lease_seconds)),
             claim_limit: config.claim_limit,
             instance: Uuid::new_v4().simple().to_string()[..12].to_string(),
         }
@@ -266,13 +268,13 @@ pub struct Coordinator {
     settings: Settings,
     /// Pinned releases; immutable once registered, so kept for the life of the process.
     releases: Mutex<HashMap<(String, String), Arc<Pinned>>>,
-    /// Each pipeline's workers as last read, and when (re-read after [`WORKERS_CACHED_MS`]).
+    /// Each pipeline's workers as last read, and when (re-read after [`WORKERS_CACHED`]).
     workers: Mutex<HashMap<String, WorkersRead>>,
     publisher: Option<Arc<dyn EventPublisher>>,
     /// Records this process committed last (bounded): the hot path decides on them without a read.
     recent: Mutex<RecentRecords>,
     /// When this process last re-sent each execution's first request for a duplicate submission.
-    resent: Mutex<BoundedCache<Uuid, i64>>,
+    resent: Mutex<BoundedCache<Uuid, Timestamp>>,
     /// Where payloads above the threshold go (none: kept inline).
     claims: Option<ClaimCheck>,
     /// Where fan-out children are counted (none: a child's end cannot be counted).
@@ -280,27 +282,27 @@ pub struct Coordinator {
     /// Where the keys requests' records are sealed under come from (`domain::seal`); none: requests
     /// go unsealed and their replies' completions read the record.
     key_source: Option<Arc<dyn SealKeySource>>,
-    /// The keys as last loaded, and when (epoch ms).
-    keys: std::sync::RwLock<Option<(i64, Arc<SealKeys>)>>,
+    /// The keys as last loaded, and when.
+    keys: std::sync::RwLock<Option<(Timestamp, Arc<SealKeys>)>>,
 }
 
 /// How long a process uses the sealing keys it loaded before it reads them again: a rotation reaches
 /// every warm process within this (what an older key sealed meanwhile still opens as the previous).
-pub const KEYS_CACHED_MS: i64 = 5 * 60 * 1000;
+pub const KEYS_CACHED: Duration = Duration::from_secs(5 * 60);
 
 /// A parent link that no loaded key signed is checked once more on keys at most this old (it may be
 /// signed under a key a rotation made since they were loaded).
-const KEYS_RECHECKED_MS: i64 = 10_000;
+const KEYS_RECHECKED: Duration = Duration::from_secs(10);
 
 /// A duplicate submission re-sends its execution's first request at most once in this long per
 /// process: however often a caller submits the same key, its worker sees a bounded number of copies.
-pub const RESEND_WINDOW_MS: i64 = 10_000;
+pub const RESEND_WINDOW: Duration = Duration::from_secs(10);
 
 /// How many executions' re-sends a process remembers, at most.
 const RESENT_CAPACITY: usize = 1024;
 
-/// A pipeline's workers as read from the registry, and when (epoch ms).
-type WorkersRead = (i64, Arc<Vec<WorkerRecord>>);
+/// A pipeline's workers as read from the registry, and when.
+type WorkersRead = (Timestamp, Arc<Vec<WorkerRecord>>);
 
 /// Records a process committed, oldest evicted first, bounded by count and by bytes (a share of the
 /// function's memory: records carry step outputs until the next step consumed them).
@@ -380,34 +382,34 @@ impl Coordinator {
         &self.settings
     }
 
-    pub fn now(&self) -> i64 {
-        self.clock.now_ms()
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
     }
 
     fn context(&self, role: Role) -> Context {
         Context {
-            now: self.clock.now_ms(),
+            now: self.clock.now(),
             jitter: self.clock.jitter(),
             token: self.clock.token(),
             secret: self.clock.secret(),
             owner: format!("{role}:{}", self.settings.instance),
-            lease_ms: self.settings.lease_ms,
+            lease: self.settings.lease,
             lifecycle: self.publisher.is_some(),
         }
     }
 
     /// The sealing keys: loaded by the first call of the process, read again once they are
-    /// [`KEYS_CACHED_MS`] old. None without a key source, or while the keys cannot be read (requests
+    /// [`KEYS_CACHED`] old. None without a key source, or while the keys cannot be read (requests
     /// then go unsealed and replies are read; parent links wait).
     pub async fn seal_keys(&self) -> Option<Arc<SealKeys>> {
-        self.keys_newer_than(KEYS_CACHED_MS).await
+        self.keys_newer_than(KEYS_CACHED).await
     }
 
-    async fn keys_newer_than(&self, age_ms: i64) -> Option<Arc<SealKeys>> {
-        let now = self.clock.now_ms();
+    async fn keys_newer_than(&self, age: Duration) -> Option<Arc<SealKeys>> {
+        let now = self.clock.now();
         let loaded = self.keys.read().expect("keys").clone();
         if let Some((at, keys)) = &loaded {
-            if now - at < age_ms {
+            if now.since(*at) < age {
                 return Some(keys.clone());
             }
         }
@@ -742,7 +744,7 @@ fn observe(before: &Execution, after: &Execution, actions: &[Action]) {
         // The record's previous write launched the step (or recorded its last heartbeat).
         emit(
             Metric::StepLatency,
-            (after.updated_at - before.updated_at).max(0) as f64,
+            after.updated_at.since(before.updated_at).as_millis() as f64,
             pipeline,
             at,
         );

@@ -407,7 +407,7 @@ impl Coordinator {
         step: u32,
         attempt: u32,
         launch_id: Uuid,
-        deadline: i64,
+        deadline: crate::domain::Timestamp,
     ) -> RequestHeader {
         RequestHeader {
             kind: REQUEST_KIND.to_string(),

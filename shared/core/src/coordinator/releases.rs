@@ -10,7 +10,7 @@ use crate::ports::{ActivationRequest, Registration, StoreError};
 
 /// How long a process trusts the workers it read for a pipeline before reading them again (one
 /// registry Query per pipeline per process and period, not per submission).
-pub const WORKERS_CACHED_MS: i64 = 30_000;
+pub const WORKERS_CACHED: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Coordinator {
     /// Registers an immutable release after checking it against its definition. Registering the
@@ -184,7 +184,7 @@ impl Coordinator {
     }
 
     /// Refuses a submission pinned to a release whose workers all drain (read at most every
-    /// [`WORKERS_CACHED_MS`] per pipeline).
+    /// [`WORKERS_CACHED`] per pipeline).
     pub(super) async fn refuse_draining(
         &self,
         pipeline_id: &str,
@@ -196,7 +196,7 @@ impl Coordinator {
             .lock()
             .expect("workers")
             .get(pipeline_id)
-            .filter(|(read_at, _)| now - read_at < WORKERS_CACHED_MS)
+            .filter(|(read_at, _)| now.since(*read_at) < WORKERS_CACHED)
             .map(|(_, workers)| workers.clone());
         let workers = match cached {
             Some(workers) => workers,

@@ -195,7 +195,7 @@ impl Coordinator {
         // Signed under a key rotated in since this process loaded its keys: checked on fresh ones.
         let signed = signed(&keys)
             || self
-                .keys_newer_than(KEYS_RECHECKED_MS)
+                .keys_newer_than(KEYS_RECHECKED)
                 .await
                 .is_some_and(|keys| signed(&keys));
         if !signed && !self.proven_by_parent(link, &request).await? {
@@ -206,13 +206,13 @@ impl Coordinator {
     }
 
     /// Whether this process may re-send `id`'s first request now (it has not in the last
-    /// [`RESEND_WINDOW_MS`]), noting that it does.
+    /// [`RESEND_WINDOW`]), noting that it does.
     fn resend_due(&self, id: Uuid) -> bool {
-        let now = self.clock.now_ms();
+        let now = self.clock.now();
         let mut resent = self.resent.lock().expect("resent");
         if resent
             .get(&id)
-            .is_some_and(|at| now - at < RESEND_WINDOW_MS)
+            .is_some_and(|at| now.since(*at) < RESEND_WINDOW)
         {
             return false;
         }
@@ -311,7 +311,7 @@ mod tests {
             let activation = ActivationRequest {
                 pipeline_id: &release.pipeline_id,
                 release_version: &release.release_version,
-                at: 0,
+                at: Timestamp::EPOCH,
                 reason: "test",
             };
             registry.activate(activation).await.unwrap();

@@ -1,10 +1,12 @@
 //! The sweeper: one pass over the due-time index claims what is due, page by page, shard by shard.
 
+use std::time::Duration;
+
 use serde::Serialize;
 use uuid::Uuid;
 
 use super::{Coordinator, CoordinatorError, Decided, Outbox, Read, Role};
-use crate::domain::Event;
+use crate::domain::{Event, Timestamp};
 use crate::metrics::{emit, Metric};
 use crate::ports::{Backoff, DueQuery};
 
@@ -17,10 +19,13 @@ impl Coordinator {
     /// back in the index with a growing delay instead of holding the head of its shard. A window of
     /// the shards beyond the configured count is swept too, so entries written before the count was
     /// lowered are found and moved (any write puts an entry in its current shard).
-    pub async fn claim_due(&self, deadline: Option<i64>) -> Result<ClaimReport, CoordinatorError> {
+    pub async fn claim_due(
+        &self,
+        deadline: Option<Timestamp>,
+    ) -> Result<ClaimReport, CoordinatorError> {
         // No sealing keys: what a claim decides (launch work, dead letters, a child's end, lifecycle
         // events) is neither sealed nor signed.
-        let now = self.clock.now_ms();
+        let now = self.clock.now();
         let shards = self.store.shards().max(1);
         let first = ((self.clock.jitter() * f64::from(shards)) as u32).min(shards - 1);
         let order = (0..shards)
@@ -28,12 +33,12 @@ impl Coordinator {
             .chain(stray_shards(shards, now));
         let mut report = ClaimReport::default();
         // The longest page so far: a page is not started unless twice that much time is left.
-        let mut longest_page = 0;
+        let mut longest_page = Duration::ZERO;
         'shards: for shard in order {
             let mut after = None;
             loop {
-                let started = self.clock.now_ms();
-                let needed = SWEEP_MARGIN_MS.max(2 * longest_page);
+                let started = self.clock.now();
+                let needed = SWEEP_MARGIN.max(2 * longest_page);
                 if deadline.is_some_and(|d| started + needed >= d) {
                     report.stopped_early = true;
                     break 'shards;
@@ -58,7 +63,7 @@ impl Coordinator {
                     report.stray += page.ids.len();
                 }
                 self.claim_page(&page.ids, now, &mut report).await;
-                longest_page = longest_page.max(self.clock.now_ms() - started);
+                longest_page = longest_page.max(self.clock.now().since(started));
                 match page.next {
                     Some(cursor) => after = Some(cursor),
                     None => break,
@@ -72,7 +77,7 @@ impl Coordinator {
     }
 
     /// Claims one page of due executions (bounded concurrency) and sends what the claims staged.
-    async fn claim_page(&self, ids: &[Uuid], now: i64, report: &mut ClaimReport) {
+    async fn claim_page(&self, ids: &[Uuid], now: Timestamp, report: &mut ClaimReport) {
         use futures_util::stream::{self, StreamExt};
         let results: Vec<(Uuid, Result<Decided, CoordinatorError>)> =
             stream::iter(ids.iter().copied())
@@ -117,7 +122,7 @@ impl Coordinator {
                         match self.store.defer(id, now, CLAIM_BACKOFF).await {
                             Ok(Some(until)) => {
                                 report.deferred += 1;
-                                tracing::error!(execution_id = %id, code = %e.code(), until, "claim keeps failing: pushed back in the due index");
+                                tracing::error!(execution_id = %id, code = %e.code(), until = until.millis(), "claim keeps failing: pushed back in the due index");
                             }
                             Ok(None) => {}
                             Err(e) => {
@@ -137,11 +142,11 @@ impl Coordinator {
 const CLAIM_CONCURRENCY: usize = 16;
 /// A sweep starts no page with less than this (or twice its longest page so far) left before its
 /// invocation's deadline: every page it starts is claimed and sent in time.
-const SWEEP_MARGIN_MS: i64 = 1_500;
+const SWEEP_MARGIN: Duration = Duration::from_millis(1_500);
 /// Failing claims are pushed back 30 s, doubling per failure, up to an hour.
 const CLAIM_BACKOFF: Backoff = Backoff {
-    base_ms: 30_000,
-    max_ms: 3_600_000,
+    base: Duration::from_secs(30),
+    max: Duration::from_secs(3_600),
 };
 /// The largest shard count the template allows: entries may sit in any shard below it.
 pub const MAX_DUE_SHARDS: u32 = 1024;
@@ -153,7 +158,7 @@ const STRAY_SHARDS_PER_SWEEP: u32 = 16;
 /// sweep, and a window of as many beyond those that moves on every minute, so the whole range up to
 /// `MAX_DUE_SHARDS` is covered within `MAX_DUE_SHARDS / STRAY_SHARDS_PER_SWEEP` minutes. An empty
 /// Query costs half a read unit.
-fn stray_shards(shards: u32, now: i64) -> impl Iterator<Item = u32> {
+fn stray_shards(shards: u32, now: Timestamp) -> impl Iterator<Item = u32> {
     let near_end = shards
         .saturating_add(STRAY_SHARDS_PER_SWEEP)
         .min(MAX_DUE_SHARDS);
@@ -162,7 +167,7 @@ fn stray_shards(shards: u32, now: i64) -> impl Iterator<Item = u32> {
     let offset = if far == 0 {
         0
     } else {
-        ((now / 60_000) as u64 * u64::from(window) % u64::from(far)) as u32
+        ((now.millis() / 60_000) as u64 * u64::from(window) % u64::from(far)) as u32
     };
     (shards..near_end).chain((0..window).map(move |k| near_end + (offset + k) % far))
 }
@@ -176,7 +181,8 @@ mod stray_tests {
         for shards in [1, 4, 16, 1000] {
             let mut seen = std::collections::BTreeSet::new();
             for minute in 0..(i64::from(MAX_DUE_SHARDS) / i64::from(STRAY_SHARDS_PER_SWEEP) + 1) {
-                let visited: Vec<u32> = stray_shards(shards, minute * 60_000).collect();
+                let visited: Vec<u32> =
+                    stray_shards(shards, Timestamp::from_millis(minute * 60_000)).collect();
                 assert!(visited.iter().all(|s| *s >= shards && *s < MAX_DUE_SHARDS));
                 assert!(visited.len() <= 2 * STRAY_SHARDS_PER_SWEEP as usize);
                 seen.extend(visited);
@@ -187,7 +193,7 @@ mod stray_tests {
                 "shards {shards}"
             );
         }
-        assert_eq!(stray_shards(MAX_DUE_SHARDS, 0).count(), 0);
+        assert_eq!(stray_shards(MAX_DUE_SHARDS, Timestamp::EPOCH).count(), 0);
     }
 }
 

@@ -2,17 +2,20 @@
 //! index, read a day at a time, newest first), and an execution's history (the journal and the
 //! record's own entries).
 
+use std::time::Duration;
+
 use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Coordinator, CoordinatorError};
 use crate::domain::history::{self, AttemptView, Entry, Shown};
+use crate::domain::Timestamp;
 use crate::domain::{Execution, Status, StepKind};
-use crate::ports::{ListCursor, ListQuery, DAY_MS};
+use crate::ports::{ListCursor, ListQuery, DAY};
 
 /// The window listed when none is given: the last week.
-pub const DEFAULT_WINDOW_MS: i64 = 7 * DAY_MS;
+pub const DEFAULT_WINDOW: Duration = DAY.saturating_mul(7);
 /// At most this many executions are read per listing call (a page may then hold fewer than asked
 /// for when a filter is narrow; its `next` goes on from where the reading stopped).
 pub const MAX_EXAMINED: usize = 1000;
@@ -27,8 +30,8 @@ pub struct ListRequest {
     pub pipeline_id: String,
     pub statuses: Vec<Status>,
     pub tenant: Option<String>,
-    pub from: Option<i64>,
-    pub to: Option<i64>,
+    pub from: Option<Timestamp>,
+    pub to: Option<Timestamp>,
     pub limit: usize,
     /// The `next` of the previous page.
     pub after: Option<String>,
@@ -46,8 +49,8 @@ pub struct ExecutionSummary {
     /// The current step (0-based) and its attempt.
     pub step: u32,
     pub attempt: u32,
-    pub created_at: i64,
-    pub updated_at: i64,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_code: Option<String>,
 }
@@ -112,14 +115,14 @@ pub struct HistoryView {
 }
 
 fn encode(cursor: ListCursor) -> String {
-    format!("{}.{}", cursor.created_at, cursor.id)
+    format!("{}.{}", cursor.created_at.millis(), cursor.id)
 }
 
 fn decode(text: &str) -> Result<ListCursor, CoordinatorError> {
     let bad = || CoordinatorError::Invalid(format!("not a listing position: {text:?}"));
     let (at, id) = text.split_once('.').ok_or_else(bad)?;
     Ok(ListCursor {
-        created_at: at.parse().map_err(|_| bad())?,
+        created_at: Timestamp::from_millis(at.parse().map_err(|_| bad())?),
         id: id.parse().map_err(|_| bad())?,
     })
 }
@@ -149,22 +152,26 @@ impl Coordinator {
             return Err(CoordinatorError::Invalid("pipelineId is required".into()));
         }
         let limit = request.limit.clamp(1, MAX_LIMIT);
-        let to = request.to.unwrap_or_else(|| self.clock.now_ms() + 1);
-        let from = request.from.unwrap_or(to - DEFAULT_WINDOW_MS);
+        let to = request
+            .to
+            .unwrap_or_else(|| self.clock.now() + Duration::from_millis(1));
+        let from = request.from.unwrap_or(to - DEFAULT_WINDOW);
         if from >= to {
             return Err(CoordinatorError::Invalid(format!(
-                "an empty window: from {from} is not before to {to}"
+                "an empty window: from {} is not before to {}",
+                from.millis(),
+                to.millis()
             )));
         }
         let mut position = match &request.after {
             Some(token) => decode(token)?,
             None => ListCursor::before(to),
         };
-        let mut day = position.created_at.div_euclid(DAY_MS);
+        let mut day = position.created_at.days();
         let mut found = Vec::new();
         let mut examined = 0;
         loop {
-            if (day + 1) * DAY_MS <= from {
+            if Timestamp::day_start(day + 1) <= from {
                 return Ok(ListResponse {
                     executions: found,
                     next: None,
@@ -223,7 +230,7 @@ impl Coordinator {
             }
             if !page.more {
                 day -= 1;
-                position = ListCursor::before((day + 1) * DAY_MS);
+                position = ListCursor::before(Timestamp::day_start(day + 1));
             }
         }
     }

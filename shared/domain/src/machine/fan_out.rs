@@ -23,7 +23,7 @@ pub(super) fn launch_fan_out(
     def: &PipelineDef,
     ctx: &Context,
     id: Uuid,
-    deadline: i64,
+    deadline: Timestamp,
 ) -> Vec<Action> {
     // Items held in an object are counted by the coordinator before any child starts (`FanOutSized`).
     let in_an_object = next.step_input(next.step).is_some_and(items_in_an_object);

@@ -43,7 +43,7 @@ pub(super) fn claim(record: &Execution, ctx: &Context) -> Decision {
             return commit(next, Vec::new());
         }
         next.publish_attempts += 1;
-        next.publish_by = Some(ctx.now + ctx.lease_ms * (1_i64 << next.publish_attempts.min(6)));
+        next.publish_by = Some(ctx.now + ctx.lease * (1_u32 << next.publish_attempts.min(6)));
         return commit(next, vec![Action::PublishEvents]);
     }
     match record.work_due_at() {
@@ -65,7 +65,7 @@ pub(super) fn claim(record: &Execution, ctx: &Context) -> Decision {
             return Decision::Skip(Skip::Terminal);
         }
         let mut next = bump(record, ctx);
-        next.wake_at = Some(ctx.now + ctx.lease_ms);
+        next.wake_at = Some(ctx.now + ctx.lease);
         return commit(next, actions);
     }
     // (A held lease makes the record due at its expiry, so a due record's lease has expired.)
@@ -119,7 +119,7 @@ pub(super) fn launch_work(
         Status::Running if record.wake_at.is_some_and(|w| w <= ctx.now) => {
             if record.resends < MAX_RESENDS {
                 next.resends += 1;
-                let deadline = ctx.now + step_timeout_ms(def, record.step);
+                let deadline = ctx.now + step_timeout(def, record.step);
                 next.wake_at = Some(deadline);
                 let action = Action::SendRequest {
                     step: record.step,
@@ -133,7 +133,7 @@ pub(super) fn launch_work(
                     Code::StepTimeout.as_str(),
                     format!(
                         "no reply within {} s (request sent {} times)",
-                        step_timeout_ms(def, record.step) / 1000,
+                        step_timeout(def, record.step).as_secs(),
                         record.resends + 1
                     ),
                     true,
@@ -157,7 +157,7 @@ pub(super) fn launch_attempt(
 ) -> Vec<Action> {
     let step = next.step;
     let id = launch_id(next.id, step, attempt);
-    let deadline = ctx.now + step_timeout_ms(def, step);
+    let deadline = ctx.now + step_timeout(def, step);
     next.status = Status::Running;
     next.attempt = attempt;
     next.launch_id = Some(id);
@@ -238,13 +238,12 @@ pub(super) fn fail_attempt(
     next.lease = None;
     let used = next.attempts_in_budget();
     if error.retryable && used < policy.max_attempts {
-        let delay_ms = policy.delay_ms(used, ctx.jitter);
+        let delay = Duration::from_millis(policy.delay_ms(used, ctx.jitter));
         next.status = Status::WaitRetry;
         next.error = Some(error);
-        next.wake_at = Some(ctx.now + delay_ms as i64);
-        let delay_secs = delay_ms.div_ceil(1000);
-        if delay_secs <= MAX_DELAY_SECONDS {
-            vec![take_lease(next, ctx, delay_ms as i64)]
+        next.wake_at = Some(ctx.now + delay);
+        if whole_seconds(delay) <= MAX_DELAY_SECONDS {
+            vec![take_lease(next, ctx, delay)]
         } else {
             Vec::new()
         }
@@ -254,7 +253,7 @@ pub(super) fn fail_attempt(
         let id = dead_letter_id(next.id, next.version);
         next.dead_letter = Some(DeadLetterMark { id, sent: false });
         // Due again if the envelope is not marked sent by then (a crash between commit and send).
-        next.wake_at = Some(ctx.now + ctx.lease_ms);
+        next.wake_at = Some(ctx.now + ctx.lease);
         vec![Action::SendDeadLetter { id }]
     }
 }
@@ -264,28 +263,33 @@ pub(super) fn dead_letter_id(execution: Uuid, version: u64) -> Uuid {
     Uuid::new_v5(&execution, format!("dead-letter/{version}").as_bytes())
 }
 
-/// Takes a fresh lease (new generation) covering `delay_ms` plus the lease time, and returns the launch
+/// Takes a fresh lease (new generation) covering `delay` plus the lease time, and returns the launch
 /// work that carries it.
-pub(super) fn take_lease(next: &mut Execution, ctx: &Context, delay_ms: i64) -> Action {
+pub(super) fn take_lease(next: &mut Execution, ctx: &Context, delay: Duration) -> Action {
     next.generation += 1;
     next.lease = Some(Lease {
         owner: ctx.owner.clone(),
         token: ctx.token,
-        expires_at: ctx.now + delay_ms + ctx.lease_ms,
+        expires_at: ctx.now + delay + ctx.lease,
     });
     Action::EnqueueLaunch {
         generation: next.generation,
         token: ctx.token,
-        delay_secs: (delay_ms.max(0) as u64).div_ceil(1000) as u32,
+        delay_secs: u32::try_from(whole_seconds(delay)).unwrap_or(u32::MAX),
     }
 }
 
 /// Commits `next` with a fresh lease taken now, and the launch work that carries it.
 pub(super) fn commit_leased(mut next: Execution, ctx: &Context) -> Decision {
-    let action = take_lease(&mut next, ctx, 0);
+    let action = take_lease(&mut next, ctx, Duration::ZERO);
     commit(next, vec![action])
 }
 
-pub(super) fn step_timeout_ms(def: &PipelineDef, step: u32) -> i64 {
-    def.step(step).map_or(300, |s| s.timeout_secs) as i64 * 1000
+pub(super) fn step_timeout(def: &PipelineDef, step: u32) -> Duration {
+    Duration::from_secs(def.step(step).map_or(300, |s| u64::from(s.timeout_secs)))
+}
+
+/// A span in whole seconds, rounded up (as SQS delays count).
+fn whole_seconds(span: Duration) -> u64 {
+    span.as_millis().div_ceil(1000) as u64
 }

@@ -73,6 +73,10 @@
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use std::time::Duration;
+
+use crate::time::Timestamp;
+
 use super::codes::Code;
 use super::crypto::same;
 use super::execution::{
@@ -99,7 +103,7 @@ mod start;
 pub use fan_out::{child_notice, fan_out_items, items_in_an_object};
 use fan_out::{launch_fan_out, settle_fan_out, size_fan_out};
 use lease::{
-    claim, commit_leased, fail_attempt, launch_attempt, launch_work, step_timeout_ms, take_lease,
+    claim, commit_leased, fail_attempt, launch_attempt, launch_work, step_timeout, take_lease,
 };
 use notices::{await_notice_sent, complete_interaction, dead_letter_sent, notice_check};
 use operator::{cancel, redrive, rejoin};
@@ -118,8 +122,7 @@ pub const MAX_DELAY_SECONDS: u64 = 900;
 /// Inputs from the world that the machine must not fetch itself.
 #[derive(Debug, Clone)]
 pub struct Context {
-    /// Epoch milliseconds.
-    pub now: i64,
+    pub now: Timestamp,
     /// Uniform in `[0, 1)`, for full-jitter backoff.
     pub jitter: f64,
     /// A fresh token for a lease this decision may take.
@@ -129,7 +132,8 @@ pub struct Context {
     pub secret: [u8; 16],
     /// Who acts (handler name and instance), recorded as lease owner.
     pub owner: String,
-    pub lease_ms: i64,
+    /// How long a lease taken now lasts.
+    pub lease: Duration,
     /// Record lifecycle events in the outbox (published to the event bus after each commit).
     pub lifecycle: bool,
 }
@@ -138,14 +142,14 @@ pub struct Context {
 impl Context {
     /// A context fixed but for `now`, for tests: a decision that takes a lease, or creates an
     /// execution, takes token 9 and secret `[9; 16]`, for 30 s, as `test`.
-    pub fn at(now: i64) -> Self {
+    pub fn at(now: Timestamp) -> Self {
         Self {
             now,
             jitter: 0.5,
             token: Uuid::from_u128(9),
             secret: [9; 16],
             owner: "test".into(),
-            lease_ms: 30_000,
+            lease: Duration::from_secs(30),
             lifecycle: false,
         }
     }
@@ -281,7 +285,7 @@ pub const MAX_PUBLISH_ATTEMPTS: u32 = 8;
 pub const EVENTS_DROPPED: &str = Code::EventsDropped.as_str();
 
 /// A heartbeat extends an attempt's deadline to at most this many step timeouts after its launch.
-pub const MAX_HEARTBEAT_TIMEOUTS: i64 = 12;
+pub const MAX_HEARTBEAT_TIMEOUTS: u32 = 12;
 
 /// Effects to carry out after the commit.
 #[derive(Debug, Clone, PartialEq)]
@@ -291,7 +295,7 @@ pub enum Action {
         step: u32,
         attempt: u32,
         launch_id: Uuid,
-        deadline: i64,
+        deadline: Timestamp,
     },
     /// Put launch work on the launch queue, under the lease the decision took.
     EnqueueLaunch {
@@ -469,7 +473,7 @@ pub fn decide(record: &Execution, def: &PipelineDef, ctx: &Context, event: &Even
         // A fan-out child that just ended tells its parent (again by the sweeper until confirmed).
         if next.parent.is_some() && next.status.is_terminal() && !record.status.is_terminal() {
             next.parent_notified = false;
-            next.wake_at = next.wake_at.or(Some(ctx.now + ctx.lease_ms));
+            next.wake_at = next.wake_at.or(Some(ctx.now + ctx.lease));
             actions.push(Action::NotifyParent);
         }
         history::observe(record, next, cause(event), ctx.now);
@@ -547,7 +551,7 @@ fn record_lifecycle(before: &Execution, next: &mut Execution, ctx: &Context) {
         next.event_seq += 1;
     }
     if !next.events.is_empty() && before.events.len() < next.events.len() {
-        next.publish_by = Some(ctx.now + ctx.lease_ms);
+        next.publish_by = Some(ctx.now + ctx.lease);
     }
 }
 

@@ -147,9 +147,12 @@ pub(super) fn complete_interaction(
 }
 
 /// When to check that an await notice went out: soon, but never after the deadline.
-pub(super) fn notice_check(next: &Execution, ctx: &Context) -> i64 {
-    let deadline = next.await_unit.as_ref().map_or(i64::MAX, |u| u.deadline);
-    (ctx.now + ctx.lease_ms).min(deadline)
+pub(super) fn notice_check(next: &Execution, ctx: &Context) -> Timestamp {
+    let deadline = next
+        .await_unit
+        .as_ref()
+        .map_or(Timestamp::from_millis(i64::MAX), |u| u.deadline);
+    (ctx.now + ctx.lease).min(deadline)
 }
 
 /// The output of an await or fan-out step: its input, with the answers beside it (an object input

@@ -93,7 +93,7 @@ pub(super) fn rejoin(
         status if status.is_terminal() => {
             let mut next = bump(record, ctx);
             next.parent_notified = false;
-            next.wake_at = Some(ctx.now + ctx.lease_ms);
+            next.wake_at = Some(ctx.now + ctx.lease);
             commit(next, vec![Action::NotifyParent])
         }
         _ => commit(bump(record, ctx), Vec::new()),

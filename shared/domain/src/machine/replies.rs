@@ -197,10 +197,10 @@ pub(super) fn heartbeat(
             Skip::Stale
         });
     }
-    let timeout = step_timeout_ms(def, step);
+    let timeout = step_timeout(def, step);
     let extended = ctx.now + timeout;
     let wake = match record.launched_at {
-        Some(launched) => extended.min(launched + MAX_HEARTBEAT_TIMEOUTS * timeout),
+        Some(launched) => extended.min(launched + timeout * MAX_HEARTBEAT_TIMEOUTS),
         None => extended,
     };
     if record.wake_at.is_some_and(|w| wake <= w) {

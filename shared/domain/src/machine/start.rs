@@ -47,7 +47,7 @@ pub fn start(new: NewExecution<'_>, ctx: &Context) -> (Execution, Vec<Action>) {
         updated_at: ctx.now,
     };
     history::started(&mut record);
-    let mut actions = vec![take_lease(&mut record, ctx, 0)];
+    let mut actions = vec![take_lease(&mut record, ctx, Duration::ZERO)];
     announce_start(&mut record, None, ctx, &mut actions);
     record.indexed_due = record.index_due();
     (record, actions)
@@ -75,7 +75,7 @@ pub(super) fn announce_start(
     if let Some(queued) = queued {
         record_lifecycle(queued, record, ctx);
     }
-    record.publish_by = Some(ctx.now + ctx.lease_ms);
+    record.publish_by = Some(ctx.now + ctx.lease);
     actions.push(Action::PublishEvents);
 }
 

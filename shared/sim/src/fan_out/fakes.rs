@@ -141,7 +141,12 @@ impl ExecutionStore for Store {
         alive(&self.world)?;
         self.inner.due(query).await.map(crate::fakes::sweep_bug)
     }
-    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
+    async fn defer(
+        &self,
+        id: Uuid,
+        now: Timestamp,
+        backoff: Backoff,
+    ) -> Result<Option<Timestamp>, StoreError> {
         alive(&self.world)?;
         self.inner.defer(id, now, backoff).await
     }
@@ -249,8 +254,8 @@ pub(super) struct SimClock {
 }
 
 impl Clock for SimClock {
-    fn now_ms(&self) -> i64 {
-        self.now.load(Ordering::SeqCst)
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(self.now.load(Ordering::SeqCst))
     }
     fn token(&self) -> Uuid {
         Uuid::from_u128(u128::from(self.next.fetch_add(1, Ordering::SeqCst)) | (1 << 100))

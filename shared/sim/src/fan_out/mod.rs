@@ -22,6 +22,8 @@ use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use crate::domain::Timestamp;
+
 use crate::adapters::{
     InMemoryExecutionStore, InMemoryFanOutLedger, InMemoryPayloadStore, InMemoryReleaseRegistry,
 };
@@ -214,7 +216,7 @@ async fn simulate(seed: u64, config: &FanOutConfig) -> FanOutReport {
                     reply_dlq: "dlq".into(),
                     start_dlq: Some("dlq".into()),
                 },
-                lease_ms: 30_000,
+                lease: std::time::Duration::from_secs(30),
                 claim_limit: 100,
                 instance: "sim".into(),
             },

@@ -8,7 +8,7 @@ pub struct DynamoDbExecutionStore {
     pub(super) client: Client,
     pub(super) table: String,
     shards: u32,
-    granularity_ms: i64,
+    granularity: Duration,
 }
 
 impl DynamoDbExecutionStore {
@@ -17,13 +17,13 @@ impl DynamoDbExecutionStore {
             client,
             table: table.into(),
             shards: shards.max(1),
-            granularity_ms: 0,
+            granularity: Duration::ZERO,
         }
     }
 
-    /// Rounds due times up to `granularity_ms` in the index (see the module documentation).
-    pub fn with_due_granularity(mut self, granularity_ms: i64) -> Self {
-        self.granularity_ms = granularity_ms.max(0);
+    /// Rounds due times up to `granularity` in the index (see the module documentation).
+    pub fn with_due_granularity(mut self, granularity: Duration) -> Self {
+        self.granularity = granularity;
         self
     }
 
@@ -34,15 +34,15 @@ impl DynamoDbExecutionStore {
         rename_steps(&mut item, true);
         share_step_error(&mut item, record);
         item.insert(PK.into(), s(execution_key(record.id)));
-        let day = record.created_at.div_euclid(DAY_MS);
+        let day = record.created_at.days();
         item.insert(LIST_KEY.into(), s(list_key(&record.pipeline_id, day)));
-        item.insert(LIST_AT.into(), n(record.created_at));
+        item.insert(LIST_AT.into(), at(record.created_at));
         if let Some(due) = record.index_due() {
             item.insert(
                 DUE_SHARD.into(),
                 s(format!("s{}", due_shard(record.id, self.shards))),
             );
-            item.insert(DUE_AT.into(), n(due_key(due, self.granularity_ms)));
+            item.insert(DUE_AT.into(), at(due_key(due, self.granularity)));
         }
         Ok(item)
     }
@@ -104,7 +104,7 @@ impl ExecutionStore for DynamoDbExecutionStore {
             Item::from([
                 (PK.to_string(), s(execution_key(c.id))),
                 (DUE_SHARD.to_string(), s(shard_key.clone())),
-                (DUE_AT.to_string(), n(c.due_at)),
+                (DUE_AT.to_string(), at(c.due_at)),
             ])
         });
         let out = self
@@ -116,7 +116,7 @@ impl ExecutionStore for DynamoDbExecutionStore {
             .expression_attribute_names("#shard", DUE_SHARD)
             .expression_attribute_names("#due", DUE_AT)
             .expression_attribute_values(":shard", s(shard_key))
-            .expression_attribute_values(":now", n(query.now))
+            .expression_attribute_values(":now", at(query.now))
             .limit(query.limit)
             .set_exclusive_start_key(start)
             .send()
@@ -128,7 +128,7 @@ impl ExecutionStore for DynamoDbExecutionStore {
         };
         let next = out.last_evaluated_key.as_ref().and_then(|key| {
             let due_at = match key.get(DUE_AT) {
-                Some(AttributeValue::N(v)) => v.parse().ok()?,
+                Some(AttributeValue::N(v)) => parse_at(v)?,
                 _ => return None,
             };
             Some(DueCursor {
@@ -142,7 +142,12 @@ impl ExecutionStore for DynamoDbExecutionStore {
         })
     }
 
-    async fn defer(&self, id: Uuid, now: i64, backoff: Backoff) -> Result<Option<i64>, StoreError> {
+    async fn defer(
+        &self,
+        id: Uuid,
+        now: Timestamp,
+        backoff: Backoff,
+    ) -> Result<Option<Timestamp>, StoreError> {
         // Counted first (the count decides the delay), then moved; both only while the item is in the
         // index. A full write of the record drops both attributes.
         let counted = self
@@ -167,13 +172,13 @@ impl ExecutionStore for DynamoDbExecutionStore {
                 }
             }
         };
-        let until = due_key(backoff.until(now, failures), self.granularity_ms);
+        let until = due_key(backoff.until(now, failures), self.granularity);
         let moved = self
             .update(id)
             .update_expression("SET #due = :until")
             .condition_expression("attribute_exists(#due) AND #due < :until")
             .expression_attribute_names("#due", DUE_AT)
-            .expression_attribute_values(":until", n(until))
+            .expression_attribute_values(":until", at(until))
             .send()
             .await;
         match moved.map_err(classify) {
@@ -234,14 +239,17 @@ impl ExecutionStore for DynamoDbExecutionStore {
             .scan_index_forward(false)
             .limit(query.limit.max(1));
         if before.id.is_nil() {
-            request = request.expression_attribute_values(":before", n(before.created_at));
+            request = request.expression_attribute_values(":before", at(before.created_at));
         } else {
             // After a listed execution: on from its entry (executions created in the same
             // millisecond are told apart by the table key, which the index orders them by).
             request = request
-                .expression_attribute_values(":before", n(before.created_at + 1))
+                .expression_attribute_values(
+                    ":before",
+                    at(before.created_at + Duration::from_millis(1)),
+                )
                 .exclusive_start_key(LIST_KEY, key)
-                .exclusive_start_key(LIST_AT, n(before.created_at))
+                .exclusive_start_key(LIST_AT, at(before.created_at))
                 .exclusive_start_key(PK, s(execution_key(before.id)));
         }
         let out = request.send().await.map_err(classify)?;

@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata};
@@ -23,11 +24,10 @@ use uuid::Uuid;
 
 use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord, WorkerState};
-use crate::domain::Execution;
+use crate::domain::{Execution, Timestamp};
 use crate::ports::{
     ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, HeadChange,
     ItemOutcome, ListCursor, ListPage, ListQuery, Registration, ReleaseRegistry, StoreError,
-    DAY_MS,
 };
 
 /// Name of the due-time GSI (see template.yaml).
@@ -54,6 +54,16 @@ fn s(value: impl Into<String>) -> AttributeValue {
 
 fn n(value: impl ToString) -> AttributeValue {
     AttributeValue::N(value.to_string())
+}
+
+/// A moment as a number attribute: its epoch milliseconds.
+fn at(moment: Timestamp) -> AttributeValue {
+    n(moment.millis())
+}
+
+/// A number attribute's text read as a moment (epoch milliseconds).
+fn parse_at(text: &str) -> Option<Timestamp> {
+    text.parse().ok().map(Timestamp::from_millis)
 }
 
 /// Maps an SDK error: a failed condition is a `Conflict`, anything else is reported as unavailable.
@@ -97,22 +107,19 @@ fn listed(item: &Item) -> Option<ListCursor> {
         return None;
     };
     Some(ListCursor {
-        created_at: at.parse().ok()?,
+        created_at: parse_at(at)?,
         id: pk.strip_prefix("exec#")?.parse().ok()?,
     })
 }
 
-/// The index key of a due time: rounded up to the next multiple of `granularity_ms` (0: exact).
-pub fn due_key(due: i64, granularity_ms: i64) -> i64 {
-    if granularity_ms <= 0 {
-        return due;
+/// The index key of a due time: rounded up to the next multiple of `granularity` (zero: exact).
+pub fn due_key(due: Timestamp, granularity: Duration) -> Timestamp {
+    let (due, step) = (due.millis(), granularity.as_millis() as i64);
+    if step <= 0 {
+        return Timestamp::from_millis(due);
     }
-    due.div_euclid(granularity_ms) * granularity_ms
-        + if due.rem_euclid(granularity_ms) == 0 {
-            0
-        } else {
-            granularity_ms
-        }
+    let rounded = due.div_euclid(step) * step + if due.rem_euclid(step) == 0 { 0 } else { step };
+    Timestamp::from_millis(rounded)
 }
 
 /// Short names of the attributes of a step's progress in the item (long ones in the record): the item
@@ -222,22 +229,28 @@ pub use releases::DynamoDbReleaseRegistry;
 
 #[cfg(test)]
 mod due_key_tests {
-    use super::due_key;
+    use super::*;
+
+    /// `due_key` on milliseconds, a granule of 5 s (0: none).
+    fn key(due: i64, granule_ms: u64) -> i64 {
+        due_key(
+            Timestamp::from_millis(due),
+            Duration::from_millis(granule_ms),
+        )
+        .millis()
+    }
 
     #[test]
     fn due_keys_round_up_to_the_granule_and_never_early() {
-        assert_eq!(due_key(12_345, 0), 12_345);
-        assert_eq!(due_key(10_000, 5_000), 10_000);
-        assert_eq!(due_key(10_001, 5_000), 15_000);
-        assert_eq!(due_key(14_999, 5_000), 15_000);
+        assert_eq!(key(12_345, 0), 12_345);
+        assert_eq!(key(10_000, 5_000), 10_000);
+        assert_eq!(key(10_001, 5_000), 15_000);
+        assert_eq!(key(14_999, 5_000), 15_000);
         // Hops inside one granule keep the key (and so the index entry) unchanged.
-        assert_eq!(
-            due_key(60_100 + 10_000, 5_000),
-            due_key(60_900 + 10_000, 5_000)
-        );
+        assert_eq!(key(60_100 + 10_000, 5_000), key(60_900 + 10_000, 5_000));
         for due in [-7_001, -1, 0, 1, 4_999, 123_456_789] {
-            let key = due_key(due, 5_000);
-            assert!(key >= due && key - due < 5_000, "{due} -> {key}");
+            let k = key(due, 5_000);
+            assert!(k >= due && k - due < 5_000, "{due} -> {k}");
         }
     }
 }
@@ -255,7 +268,8 @@ mod item_tests {
             .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
             .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
             .build();
-        DynamoDbExecutionStore::new(Client::from_conf(config), "t", 4).with_due_granularity(5_000)
+        DynamoDbExecutionStore::new(Client::from_conf(config), "t", 4)
+            .with_due_granularity(Duration::from_secs(5))
     }
 
     #[test]
@@ -270,8 +284,8 @@ mod item_tests {
             steps: vec![step],
         };
         let ctx = Context {
-            lease_ms: 60_000,
-            ..Context::at(1_000_001)
+            lease: Duration::from_secs(60),
+            ..Context::at(Timestamp::from_millis(1_000_001))
         };
         let id = Uuid::from_u128(7);
         let (mut record, _) = start_launched(
@@ -295,7 +309,7 @@ mod item_tests {
         assert_eq!(keys, ["l", "r", "s"]);
         assert_eq!(
             item[DUE_AT],
-            n(due_key(record.due_at().unwrap(), 5_000)),
+            at(due_key(record.due_at().unwrap(), Duration::from_secs(5))),
             "rounded up to the granule"
         );
         assert_eq!(execution_from_item(item).unwrap(), record);

@@ -184,16 +184,16 @@ impl ReleaseRegistry for DynamoDbReleaseRegistry {
             .item(SK, s(format!("{WORKER_PREFIX}{}", worker.worker_id)))
             .item("body", s(body))
             .item("draining", AttributeValue::Bool(draining))
-            .item("seenAt", AttributeValue::N(worker.seen_at.to_string()))
+            .item("seenAt", at(worker.seen_at))
             .item(
                 "expiresAt",
-                AttributeValue::N((worker.seen_at / 1000 + WORKER_RETENTION_SECS).to_string()),
+                n(worker.seen_at.seconds() + WORKER_RETENTION_SECS),
             );
         // The latest word of a worker replaces an older one, whatever either says: a drain is
         // evidence only until the worker is heard again.
         let written = put
             .condition_expression("attribute_not_exists(pk) OR seenAt <= :seen")
-            .expression_attribute_values(":seen", AttributeValue::N(worker.seen_at.to_string()))
+            .expression_attribute_values(":seen", at(worker.seen_at))
             .send()
             .await
             .map_err(classify);

@@ -15,6 +15,7 @@ use aws_sdk_sqs::types::{
 };
 use aws_sdk_sqs::Client;
 
+use crate::domain::Timestamp;
 use crate::ports::{
     DeadLetter, DeadLetterQueue, MessageSender, OutMessage, SendError, Sent, StoreError,
 };
@@ -303,7 +304,8 @@ impl DeadLetterQueue for SqsDeadLetterQueue {
                     .and_then(|a| {
                         a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::SentTimestamp)
                     })
-                    .and_then(|v| v.parse().ok()),
+                    .and_then(|v| v.parse().ok())
+                    .map(Timestamp::from_millis),
                 attributes: m
                     .message_attributes
                     .unwrap_or_default()

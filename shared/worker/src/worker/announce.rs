@@ -58,7 +58,7 @@ impl Worker {
         let Some(announcer) = &self.announcer else {
             return;
         };
-        let every = std::time::Duration::from_millis(crate::release::ANNOUNCE_EVERY_MS as u64);
+        let every = crate::release::ANNOUNCE_EVERY;
         let (queue, message) = {
             let mut a = announcer.lock().expect("announcer");
             let due = a.last.is_none_or(|last| last.elapsed() >= every)

@@ -44,7 +44,7 @@ use tracing::Instrument;
 use crate::adapters::batches::MAX_BATCH_BYTES;
 use crate::claims::{ClaimCheck, ClaimError, MAX_INLINE_BYTES};
 use crate::domain::payload::PayloadRef;
-use crate::domain::{Code, StepError};
+use crate::domain::{Code, StepError, Timestamp};
 use crate::envelope::{
     Identity, RawRequest, ReplyEnvelope, ReplyOutcome, RequestHeader, CANCEL_KIND,
     DETAIL_ATTRIBUTE, REASON_ATTRIBUTE, REQUEST_KIND, SOURCE_ATTRIBUTE,
@@ -133,10 +133,9 @@ pub enum Heartbeat {
     Off,
 }
 
-/// The default heartbeat interval for a request due at `deadline_ms`, at `now_ms` (both epoch ms).
-pub fn default_heartbeat_interval(deadline_ms: i64, now_ms: i64) -> Duration {
-    let left_ms = deadline_ms.saturating_sub(now_ms).max(0) as u64;
-    Duration::from_millis(left_ms / 3).max(MIN_DEFAULT_HEARTBEAT)
+/// The default heartbeat interval for a request due at `deadline`, at `now`.
+pub fn default_heartbeat_interval(deadline: Timestamp, now: Timestamp) -> Duration {
+    (deadline.since(now) / 3).max(MIN_DEFAULT_HEARTBEAT)
 }
 
 /// The visibility timeout set at each heartbeat: two intervals and some slack, so a message stays hidden
@@ -673,7 +672,7 @@ impl Core {
             Heartbeat::Every(interval) => Some(interval.max(Duration::from_millis(1))),
             Heartbeat::FromDeadline => Some(default_heartbeat_interval(
                 header.deadline,
-                SystemClock.now_ms(),
+                SystemClock.now(),
             )),
         }
     }
