@@ -459,6 +459,7 @@ async fn bulk_replay_filters_dry_runs_and_redrives_from_the_execution_dlq() -> a
             max_messages: 50,
             rate_per_second: Some(10.0),
             reason: "pricing restored".into(),
+            onto_release: None,
         })
     };
     let report = |response| match response {
@@ -663,6 +664,7 @@ async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Re
                 max_messages: 10,
                 rate_per_second: None,
                 reason: "reply queue consumer fixed".into(),
+                onto_release: None,
             },
         })
     };
@@ -674,6 +676,15 @@ async fn moving_a_dead_lettered_reply_back_resumes_its_execution() -> anyhow::Re
     assert_eq!((dry.matched, dry.replayed), (1, 0));
     assert_eq!(dry.executions, vec![id]);
     assert_eq!(stack.api.get(id).await?.step, 0, "a dry run moves nothing");
+    // A move sends a message back as it is: it cannot take it onto another release.
+    let mut onto = request(false);
+    if let OperatorRequest::Move(m) = &mut onto {
+        m.replay.onto_release = Some("2".into());
+    }
+    let refused = handlers::operator(&stack.api, &queues, onto)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code().as_str(), "INVALID_REQUEST", "{refused}");
 
     let OperatorResponse::Replay(moved) =
         handlers::operator(&stack.api, &queues, request(false)).await?

@@ -11,9 +11,11 @@ use order_worker::OrderSteps;
 use serde_json::Value;
 use stepline::contract::Contract;
 use stepline::domain::history::What;
-use stepline::domain::{PipelineDef, Status, StepError};
+use stepline::domain::{Execution, PipelineDef, Status, StepError};
 use stepline::envelope::{RequestHeader, REASON_ATTRIBUTE};
-use stepline::handlers::RedriveRequest;
+use stepline::handlers::{
+    self, OperatorRequest, OperatorResponse, RedriveRequest, ReplayFilter, ReplayRequest,
+};
 use stepline::ports::{Registration, StoreError};
 use stepline::release::Release;
 use stepline::worker::StepFunction;
@@ -356,19 +358,24 @@ impl StepFunction for BuggyPricing {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_executions_move_onto_a_fixed_release_and_succeed_while_the_others_never_notice(
-) -> anyhow::Result<()> {
-    let mut stack = on_emulator!(TestStack::new("e2e-hotfix", |_| {}).await?);
-    let (v2_queue, v2_dlq) = v2_queues(&stack).await?;
+/// Release 1 with its pricing bug on the stack's workers, beside it release 2 (the fix: the same steps
+/// and contract, its code behind its own queue) and release 3 (every step's retry policy changed: not
+/// a fix an execution can continue on). Six orders run on release 1: orders 2 and 5 have three
+/// espressos and fail at pricing, the others succeed.
+struct Hotfix {
+    fixed_steps: Arc<Recording>,
+    failed: Vec<Execution>,
+    succeeded: Vec<Execution>,
+}
+
+async fn run_into_the_pricing_bug(stack: &mut TestStack) -> anyhow::Result<Hotfix> {
+    let (v2_queue, v2_dlq) = v2_queues(stack).await?;
     let v1 = stack.pipeline.clone();
-    // Release 2, the fix: the same steps and contract, its fixed code behind its own queue.
     let mut fixed = v1.clone();
     fixed.release_version = "2".into();
     for step in &mut fixed.steps {
         step.queue = v2_queue.name.clone();
     }
-    // Release 3 changes the retry policy of every step: not a fix an execution can continue on.
     let mut other = release_two(&v1, &v2_queue.name);
     other.release_version = "3".into();
     let registry = stack.api.registry().clone();
@@ -384,9 +391,8 @@ async fn failed_executions_move_onto_a_fixed_release_and_succeed_while_the_other
     )?;
     let fixed_steps = Recording::new(0);
     let releases = (&fixed, &v2_queue, &v2_dlq);
-    start_beside_release_two(&mut stack, vec![v1_worker], releases, fixed_steps.clone())?;
+    start_beside_release_two(stack, vec![v1_worker], releases, fixed_steps.clone())?;
 
-    // Orders 2 and 5 have three espressos: they fail at pricing on release 1; the others succeed.
     let ids = stack.submit_orders(6).await?;
     let mut ended = Vec::new();
     for id in &ids {
@@ -399,6 +405,57 @@ async fn failed_executions_move_onto_a_fixed_release_and_succeed_while_the_other
         .iter()
         .all(|r| r.error.as_ref().unwrap().code == "PRICING_BUG" && r.step == 1));
     assert!(succeeded.iter().all(|r| r.status == Status::Succeeded));
+    Ok(Hotfix {
+        fixed_steps,
+        failed,
+        succeeded,
+    })
+}
+
+/// The moved executions ran on release 2's workers alone and succeeded there, their notes and history
+/// saying from which release to which; the others ended on release 1, never re-driven.
+async fn moved_onto_the_fix(stack: &TestStack, hotfix: &Hotfix) -> anyhow::Result<()> {
+    for record in &hotfix.failed {
+        let done = stack.wait_terminal(record.id).await?;
+        assert_eq!(done.status, Status::Succeeded, "{done:#?}");
+        assert_eq!(done.release_version, "2");
+        let note = done.redrives.last().unwrap();
+        assert_eq!(
+            (note.from_release.as_deref(), note.to_release.as_deref()),
+            (Some("1"), Some("2"))
+        );
+        let history = stack.api.history(record.id).await?;
+        assert!(
+            history.entries.iter().any(|e| matches!(
+                &e.what,
+                What::Redriven { release: Some(r), .. } if r == "2"
+            )),
+            "{history:#?}"
+        );
+    }
+    let moved: BTreeSet<Uuid> = hotfix.failed.iter().map(|r| r.id).collect();
+    assert_eq!(
+        hotfix.fixed_steps.ran(),
+        moved,
+        "release 2 ran the moved executions alone"
+    );
+    for record in &hotfix.succeeded {
+        let now = stack.api.get(record.id).await?;
+        assert_eq!(
+            (now.status, now.release_version.as_str()),
+            (Status::Succeeded, "1")
+        );
+        assert!(now.redrives.is_empty());
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_executions_move_onto_a_fixed_release_and_succeed_while_the_others_never_notice(
+) -> anyhow::Result<()> {
+    let mut stack = on_emulator!(TestStack::new("e2e-hotfix", |_| {}).await?);
+    let hotfix = run_into_the_pricing_bug(&mut stack).await?;
+    let failed = &hotfix.failed;
 
     // A re-drive as an operator makes it: on the record as it is now (a failed execution's record
     // still moves as its dead-letter envelope is confirmed sent), again if it moved meanwhile.
@@ -438,42 +495,103 @@ async fn failed_executions_move_onto_a_fixed_release_and_succeed_while_the_other
     assert!(unmoved.redrives.is_empty());
 
     // Onto release 2: both move, run on release 2's workers, and succeed.
-    for record in &failed {
+    for record in failed {
         let moved = redrive(record.id, "2").await?;
         assert_eq!(moved.status, Status::Queued);
     }
-    for record in &failed {
-        let done = stack.wait_terminal(record.id).await?;
-        assert_eq!(done.status, Status::Succeeded, "{done:#?}");
-        assert_eq!(done.release_version, "2");
-        let note = done.redrives.last().unwrap();
-        assert_eq!(
-            (note.from_release.as_deref(), note.to_release.as_deref()),
-            (Some("1"), Some("2"))
-        );
-        let history = stack.api.history(record.id).await?;
-        assert!(
-            history.entries.iter().any(|e| matches!(
-                &e.what,
-                What::Redriven { release: Some(r), .. } if r == "2"
-            )),
-            "{history:#?}"
-        );
+    moved_onto_the_fix(&stack, &hotfix).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_replay_moves_one_bugs_failures_onto_the_fix_after_a_dry_run_and_keeps_a_refused_move(
+) -> anyhow::Result<()> {
+    let mut stack = on_emulator!(TestStack::new("e2e-bulk-hotfix", |_| {}).await?);
+    let hotfix = run_into_the_pricing_bug(&mut stack).await?;
+    for record in &hotfix.failed {
+        stack.wait_dead_lettered(record.id).await?;
     }
-    let moved: BTreeSet<Uuid> = failed.iter().map(|r| r.id).collect();
+    let dlq = stack.dead_letter_queues()?;
+    let replay = |step: &str, onto: &str, dry_run: bool| {
+        OperatorRequest::Replay(ReplayRequest {
+            filter: ReplayFilter {
+                pipeline_id: Some(stack.pipeline.pipeline_id.clone()),
+                release_version: Some("1".into()),
+                step_id: Some(step.into()),
+                error_code: Some("PRICING_BUG".into()),
+                ..Default::default()
+            },
+            dry_run,
+            max_messages: 50,
+            rate_per_second: Some(5.0),
+            reason: format!("pricing fixed in release {onto}"),
+            onto_release: Some(onto.into()),
+        })
+    };
+    let run = |request| {
+        let (api, dlq) = (&stack.api, &dlq);
+        async move {
+            match handlers::operator(api, dlq, request).await? {
+                OperatorResponse::Replay(report) => anyhow::Ok(report),
+                other => anyhow::bail!("unexpected {other:?}"),
+            }
+        }
+    };
+    let failed: BTreeSet<Uuid> = hotfix.failed.iter().map(|r| r.id).collect();
+    let unmoved = || async {
+        for id in &failed {
+            let record = stack.api.get(*id).await?;
+            assert_eq!(
+                (record.status, record.release_version.as_str()),
+                (Status::Failed, "1")
+            );
+            assert!(record.redrives.is_empty());
+        }
+        anyhow::Ok(())
+    };
+
+    // Another step matches nothing; the dry run lists the two failures and moves nothing.
+    let other_step = run(replay("validate", "2", true)).await?;
     assert_eq!(
-        fixed_steps.ran(),
-        moved,
-        "release 2 ran the moved executions alone"
+        (other_step.matched, other_step.replayed),
+        (0, 0),
+        "{other_step:?}"
     );
-    // The others never noticed: they ended on release 1, never re-driven.
-    for record in &succeeded {
-        let now = stack.api.get(record.id).await?;
-        assert_eq!(
-            (now.status, now.release_version.as_str()),
-            (Status::Succeeded, "1")
-        );
-        assert!(now.redrives.is_empty());
-    }
+    let dry = run(replay("price", "2", true)).await?;
+    assert_eq!(
+        (dry.examined, dry.matched, dry.replayed),
+        (2, 2, 0),
+        "{dry:?}"
+    );
+    assert_eq!(
+        dry.executions.iter().copied().collect::<BTreeSet<_>>(),
+        failed
+    );
+    unmoved().await?;
+
+    // Onto release 3: each move refused with its code and the diff, both kept in the DLQ.
+    let refused = run(replay("price", "3", false)).await?;
+    assert_eq!(
+        (refused.matched, refused.replayed, refused.failed),
+        (2, 0, 2),
+        "{refused:?}"
+    );
+    assert!(refused
+        .refused
+        .iter()
+        .all(|r| r.code == "INCOMPATIBLE_RELEASE"
+            && r.message.contains("\"to\":\"3\"")
+            && r.execution_id.is_some_and(|id| failed.contains(&id))));
+    unmoved().await?;
+
+    // Onto release 2: both move and succeed there; the DLQ is empty after.
+    let moved = run(replay("price", "2", false)).await?;
+    assert_eq!(
+        (moved.matched, moved.replayed, moved.failed),
+        (2, 2, 0),
+        "{moved:?}"
+    );
+    moved_onto_the_fix(&stack, &hotfix).await?;
+    let after = run(replay("price", "2", true)).await?;
+    assert_eq!(after.examined, 0, "{after:?}");
     Ok(())
 }

@@ -166,6 +166,7 @@ async fn start_queue_poison_goes_to_the_start_dlq_and_moves_back_to_the_start_qu
                 max_messages: 10,
                 rate_per_second: None,
                 reason: "test".into(),
+                onto_release: None,
             },
         }),
     )

@@ -16,7 +16,8 @@ use crate::coordinator::{
     Inbound, Inbox, MessageError, Role, Settings, SubmitRequest,
 };
 pub use crate::coordinator::{
-    CancelRequest, RedriveRequest, RedriveResponse, ReplayFilter, ReplayReport, ReplayRequest,
+    CancelRequest, RedriveRequest, RedriveResponse, Refused, ReplayFilter, ReplayReport,
+    ReplayRequest,
 };
 use crate::domain::{Event, Outcome, Sender, Timestamp};
 use crate::envelope::{

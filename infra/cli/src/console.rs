@@ -185,7 +185,7 @@ impl Console {
                         execution_id: id,
                         expected_version: version,
                         reason: non_empty(reason, "re-driven from the console"),
-                        release_version: None,
+                        release_version: field(&r.form, "release"),
                     },
                 )
                 .await?;
@@ -197,6 +197,8 @@ impl Console {
                     pipeline: field(&r.form, "pipeline"),
                     tenant: field(&r.form, "tenant"),
                     error_code: field(&r.form, "errorCode"),
+                    release: field(&r.form, "release"),
+                    step: field(&r.form, "step"),
                     from: None,
                     to: None,
                     dry_run: r.form.contains_key("dryRun"),
@@ -207,7 +209,7 @@ impl Console {
                         "replayed from the console",
                     ),
                 };
-                let report = self.replay(filter).await?;
+                let report = self.replay(filter, field(&r.form, "onto")).await?;
                 Page::Html(200, self.dead_letters(r, Some(report)).await?)
             }
             _ => Page::Html(404, layout("Not found", "<p>No such page.</p>")),
@@ -334,10 +336,10 @@ impl Console {
         Ok(Page::Redirect(format!("/executions/{id}")))
     }
 
-    async fn replay(&self, filter: FilterArgs) -> Result<Value> {
+    async fn replay(&self, filter: FilterArgs, onto: Option<String>) -> Result<Value> {
         let dlqs = dead_letter_queues(&self.stage)?;
-        let response =
-            handlers::operator(&self.api, &dlqs, OperatorRequest::Replay(filter.request())).await?;
+        let request = OperatorRequest::Replay(filter.request(onto));
+        let response = handlers::operator(&self.api, &dlqs, request).await?;
         Ok(serde_json::to_value(response)?)
     }
 
@@ -386,6 +388,9 @@ impl Console {
              <label>Pipeline <input name=\"pipeline\"></label>\
              <label>Tenant <input name=\"tenant\"></label>\
              <label>Error code <input name=\"errorCode\"></label>\
+             <label>Failed on release <input name=\"release\"></label>\
+             <label>At step <input name=\"step\"></label>\
+             <label>Onto release <input name=\"onto\"></label>\
              <label>Reason <input name=\"reason\" value=\"replayed from the console\"></label>\
              <label><input type=\"checkbox\" name=\"dryRun\" checked> dry run</label>\
              <button type=\"submit\" id=\"replay\">Replay</button></form>",
@@ -548,7 +553,8 @@ fn operations(h: &HistoryView) -> String {
     match e.status {
         Status::Failed | Status::Dlq => format!(
             "<form method=\"post\" action=\"/executions/{id}/redrive\" class=\"op\">\
-             <input name=\"reason\" placeholder=\"why re-drive\" required> <button id=\"redrive\" type=\"submit\">Re-drive</button></form>"
+             <input name=\"reason\" placeholder=\"why re-drive\" required> \
+             <input name=\"release\" placeholder=\"onto release (optional)\"> <button id=\"redrive\" type=\"submit\">Re-drive</button></form>"
         ),
         s if !s.is_terminal() => format!(
             "<form method=\"post\" action=\"/executions/{id}/cancel\" class=\"op\">\

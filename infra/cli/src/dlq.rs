@@ -58,9 +58,9 @@ pub(crate) async fn dlq(
                     .join("\n")
             });
         }
-        DlqAction::Replay { filter } => {
-            let response =
-                handlers::operator(api, &dlqs, OperatorRequest::Replay(filter.request())).await?;
+        DlqAction::Replay { filter, onto } => {
+            let request = OperatorRequest::Replay(filter.request(onto));
+            let response = handlers::operator(api, &dlqs, request).await?;
             out.show(&response, || {
                 serde_json::to_string_pretty(&response).unwrap_or_default()
             });
@@ -74,7 +74,7 @@ pub(crate) async fn dlq(
             };
             let request = OperatorRequest::Move(MoveRequest {
                 queue: source,
-                replay: filter.request(),
+                replay: filter.request(None),
             });
             let response = handlers::operator(api, &dlqs, request).await?;
             out.show(&response, || {

@@ -194,6 +194,10 @@ enum DlqAction {
     Replay {
         #[command(flatten)]
         filter: FilterArgs,
+        /// Continue each on this release of its pipeline (a hotfix): a move it cannot continue on
+        /// is refused (INCOMPATIBLE_RELEASE), reported, and left in the DLQ.
+        #[arg(long)]
+        onto: Option<String>,
     },
     /// Move matching dead letters of the launch, reply or start queue back to it.
     Move {
@@ -212,6 +216,12 @@ struct FilterArgs {
     tenant: Option<String>,
     #[arg(long)]
     error_code: Option<String>,
+    /// The release the execution failed on (a request's or reply's release).
+    #[arg(long)]
+    release: Option<String>,
+    /// The step (its id) it failed at.
+    #[arg(long)]
+    step: Option<String>,
     /// Epoch milliseconds, inclusive.
     #[arg(long)]
     from: Option<i64>,
@@ -230,12 +240,14 @@ struct FilterArgs {
 }
 
 impl FilterArgs {
-    fn request(&self) -> ReplayRequest {
+    fn request(&self, onto_release: Option<String>) -> ReplayRequest {
         ReplayRequest {
             filter: ReplayFilter {
                 pipeline_id: self.pipeline.clone(),
                 tenant: self.tenant.clone(),
                 error_code: self.error_code.clone(),
+                release_version: self.release.clone(),
+                step_id: self.step.clone(),
                 from: self.from.map(Timestamp::from_millis),
                 to: self.to.map(Timestamp::from_millis),
             },
@@ -243,6 +255,7 @@ impl FilterArgs {
             max_messages: self.max,
             rate_per_second: self.rate,
             reason: self.reason.clone(),
+            onto_release,
         }
     }
 }

@@ -130,6 +130,7 @@ impl Scheduler<'_> {
                 max_messages: 100,
                 rate_per_second: None,
                 reason: "bulk replay in the sim".into(),
+                onto_release: None,
             };
             let report = api.replay(&dlq, &request).await;
             let mut w = world.lock().expect("world");

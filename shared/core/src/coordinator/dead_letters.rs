@@ -1,5 +1,5 @@
-//! Dead letters: bulk replay of the execution DLQ (re-drive every matching failed execution) and moving
-//! messages from a queue's DLQ back to its source queue. Both work on any SQS implementation (no
+//! Dead letters: bulk replay of the execution DLQ (re-drive every matching failed execution, on its
+//! release or onto a fixed one) and moving messages from a queue's DLQ back to its source queue. Both work on any SQS implementation (no
 //! `StartMessageMoveTask`): receive, act, then delete. A crash between acting and deleting leaves the
 //! message in the DLQ; replaying it again is absorbed (the execution is no longer at that failure, or
 //! the coordinator deduplicates the moved message), so nothing is lost and nothing is applied twice.
@@ -21,26 +21,37 @@ pub struct ReplayFilter {
     pub pipeline_id: Option<String>,
     pub tenant: Option<String>,
     pub error_code: Option<String>,
+    /// The release the execution failed on.
+    pub release_version: Option<String>,
+    /// The step it failed at (its id).
+    pub step_id: Option<String>,
     /// Inclusive.
     pub from: Option<Timestamp>,
     /// Exclusive.
     pub to: Option<Timestamp>,
 }
 
+/// What a dead letter says of itself, as far as it says it.
+struct Facts<'a> {
+    pipeline_id: Option<&'a str>,
+    tenant: Option<&'a str>,
+    error_code: Option<&'a str>,
+    release_version: Option<&'a str>,
+    step_id: Option<&'a str>,
+    at: Option<Timestamp>,
+}
+
 impl ReplayFilter {
-    fn matches(
-        &self,
-        pipeline: Option<&str>,
-        tenant: Option<&str>,
-        code: Option<&str>,
-        at: Option<Timestamp>,
-    ) -> bool {
+    fn matches(&self, facts: &Facts) -> bool {
         let same = |want: &Option<String>, have: Option<&str>| {
             want.as_deref().is_none_or(|w| have == Some(w))
         };
-        same(&self.pipeline_id, pipeline)
-            && same(&self.tenant, tenant)
-            && same(&self.error_code, code)
+        let at = facts.at;
+        same(&self.pipeline_id, facts.pipeline_id)
+            && same(&self.tenant, facts.tenant)
+            && same(&self.error_code, facts.error_code)
+            && same(&self.release_version, facts.release_version)
+            && same(&self.step_id, facts.step_id)
             && self.from.is_none_or(|from| at.is_some_and(|at| at >= from))
             && self.to.is_none_or(|to| at.is_some_and(|at| at < to))
     }
@@ -66,6 +77,10 @@ pub struct ReplayRequest {
     pub rate_per_second: Option<f64>,
     /// Audit reason recorded on every re-driven execution.
     pub reason: String,
+    /// Replay: continue each execution on this release of its pipeline (a hotfix), each move
+    /// checked as a single re-drive onto it is; a refused one is reported and left in the DLQ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub onto_release: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +98,24 @@ pub struct ReplayReport {
     pub dry_run: bool,
     /// Executions that matched.
     pub executions: Vec<Uuid>,
+    /// Why each failed one was not replayed (its execution, when the message names one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<Refused>,
+}
+
+/// A matching dead letter left in its DLQ: the refusal's code and message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Refused {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<Uuid>,
+    pub code: String,
+    pub message: String,
+}
+
+/// The text field `name` of a JSON object, if it has one.
+fn text_of<'a>(object: Option<&'a serde_json::Value>, name: &str) -> Option<&'a str> {
+    object?.get(name)?.as_str()
 }
 
 /// Paces actions to `rate` per second.
@@ -177,6 +210,11 @@ where
                 }
                 Err(e) => {
                     tracing::warn!(code = %e.code(), error = %e, "dead letter not replayed; kept");
+                    report.refused.push(Refused {
+                        execution_id: execution,
+                        code: e.code().as_str().to_string(),
+                        message: e.to_string(),
+                    });
                     report.failed += 1;
                     report.kept += 1;
                     held.push(handle);
@@ -208,19 +246,22 @@ impl Coordinator {
                 let e = envelope(message)?;
                 request
                     .filter
-                    .matches(
-                        Some(&e.pipeline_id),
-                        Some(&e.tenant),
-                        e.error.as_ref().map(|x| x.code.as_str()),
-                        Some(e.failed_at),
-                    )
+                    .matches(&Facts {
+                        pipeline_id: Some(&e.pipeline_id),
+                        tenant: Some(&e.tenant),
+                        error_code: e.error.as_ref().map(|x| x.code.as_str()),
+                        release_version: Some(&e.release_version),
+                        step_id: Some(&e.step_id),
+                        at: Some(e.failed_at),
+                    })
                     .then_some(Some(e.execution_id))
             },
             |message| {
                 let e = envelope(&message);
                 async move {
                     let e = e.expect("matched messages parse");
-                    self.redrive_failure(&e, &request.reason).await
+                    self.redrive_failure(&e, &request.reason, request.onto_release.as_deref())
+                        .await
                 }
             },
         )
@@ -232,6 +273,7 @@ impl Coordinator {
         &self,
         envelope: &DeadLetterEnvelope,
         reason: &str,
+        onto_release: Option<&str>,
     ) -> Result<Outcome, CoordinatorError> {
         for _ in 0..3 {
             let record = match self.get(envelope.execution_id).await {
@@ -244,10 +286,14 @@ impl Coordinator {
             if !at_this_failure {
                 return Ok(Outcome::Absorbed);
             }
+            let onto = match onto_release {
+                Some(to) => Some(self.hotfix_pin(&record, to).await?),
+                None => None,
+            };
             let event = Event::Redrive {
                 expected_version: record.version,
                 reason: reason.to_string(),
-                onto: None,
+                onto,
             };
             match self.apply(record.id, &event, Role::Replay).await {
                 Ok(_) => return Ok(Outcome::Replayed),
@@ -268,6 +314,11 @@ impl Coordinator {
         target: &str,
         request: &ReplayRequest,
     ) -> Result<ReplayReport, CoordinatorError> {
+        if request.onto_release.is_some() {
+            return Err(CoordinatorError::Invalid(
+                "a move sends messages back as they are: ontoRelease is for a replay".into(),
+            ));
+        }
         walk(
             queue,
             request,
@@ -277,22 +328,20 @@ impl Coordinator {
                     serde_json::from_str(&message.body).unwrap_or_default();
                 let header = body.get("header").unwrap_or(&body);
                 let identity = header.get("identity");
-                let pipeline = identity
-                    .and_then(|i| i.get("pipelineId"))
-                    .and_then(|v| v.as_str());
-                let tenant = header.get("tenant").and_then(|v| v.as_str());
                 let execution = header
                     .get("executionId")
                     .and_then(|v| v.as_str())
                     .and_then(|v| v.parse().ok());
                 request
                     .filter
-                    .matches(
-                        pipeline,
-                        tenant,
-                        message.attributes.get(REASON_ATTRIBUTE).map(String::as_str),
-                        message.sent_at,
-                    )
+                    .matches(&Facts {
+                        pipeline_id: text_of(identity, "pipelineId"),
+                        tenant: text_of(Some(header), "tenant"),
+                        error_code: message.attributes.get(REASON_ATTRIBUTE).map(String::as_str),
+                        release_version: text_of(identity, "releaseVersion"),
+                        step_id: text_of(Some(header), "stepId"),
+                        at: message.sent_at,
+                    })
                     .then_some(execution)
             },
             |message| async move {
@@ -312,5 +361,38 @@ impl Coordinator {
             },
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts<'a>(release: Option<&'a str>, step: Option<&'a str>) -> Facts<'a> {
+        Facts {
+            pipeline_id: Some("orders"),
+            tenant: Some("acme"),
+            error_code: Some("PRICING_BUG"),
+            release_version: release,
+            step_id: step,
+            at: Some(Timestamp::from_millis(5)),
+        }
+    }
+
+    #[test]
+    fn a_filter_takes_only_the_release_and_step_it_names() {
+        let filter = ReplayFilter {
+            release_version: Some("1".into()),
+            step_id: Some("price".into()),
+            ..Default::default()
+        };
+        assert!(filter.matches(&facts(Some("1"), Some("price"))));
+        assert!(!filter.matches(&facts(Some("2"), Some("price"))));
+        assert!(!filter.matches(&facts(Some("1"), Some("validate"))));
+        assert!(
+            !filter.matches(&facts(None, Some("price"))),
+            "a dead letter that does not say its release is not taken"
+        );
+        assert!(ReplayFilter::default().matches(&facts(None, None)));
     }
 }

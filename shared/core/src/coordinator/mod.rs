@@ -26,7 +26,7 @@ mod sweep;
 mod visibility;
 
 pub use batch::{BatchReport, Command, Inbound, Inbox, MessageError};
-pub use dead_letters::{ReplayFilter, ReplayReport, ReplayRequest};
+pub use dead_letters::{Refused, ReplayFilter, ReplayReport, ReplayRequest};
 pub use fan_out::count_child;
 use outbox::Outbox;
 pub use requests::interaction_event;

@@ -70,7 +70,10 @@ impl Coordinator {
         // The audit trail: the record keeps only the latest re-drive notes.
         tracing::info!(execution_id = %request.execution_id, expected_version = request.expected_version, reason = %request.reason, "re-drive requested");
         let onto = match &request.release_version {
-            Some(to) => Some(self.hotfix_pin(request.execution_id, to).await?),
+            Some(to) => Some(
+                self.hotfix_pin(&self.get(request.execution_id).await?, to)
+                    .await?,
+            ),
             None => None,
         };
         let event = Event::Redrive {
@@ -82,11 +85,14 @@ impl Coordinator {
             .await
     }
 
-    /// Release `to` of execution `id`'s pipeline, as the pin it moves onto, if `to` can continue
-    /// the execution from its step. (Checked on the record as read: the re-drive's expected version
+    /// Release `to` of `record`'s pipeline, as the pin it moves onto, if `to` can continue the
+    /// execution from its step. (Checked on the record as read: the re-drive's expected version
     /// makes sure it is the record the move is applied to.)
-    async fn hotfix_pin(&self, id: Uuid, to: &str) -> Result<Pin, CoordinatorError> {
-        let record = self.get(id).await?;
+    pub(super) async fn hotfix_pin(
+        &self,
+        record: &Execution,
+        to: &str,
+    ) -> Result<Pin, CoordinatorError> {
         let pipeline_id = &record.pipeline_id;
         let release = |version: String| async move {
             self.registry
