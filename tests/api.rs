@@ -824,6 +824,25 @@ async fn executions_are_listed_and_their_history_read_over_http() -> anyhow::Res
     )
     .await;
     assert_eq!(failed.body["executions"], json!([]));
+    // Windows back to the epoch and thousands of years ahead: each call reads a bounded number of
+    // index pages, lists what it found, and (back to the epoch) says where to go on.
+    let since_1970 = get(&stack, &format!("/executions?pipeline={pipeline}&from=1")).await;
+    assert_eq!(since_1970.status, 200, "{}", since_1970.body);
+    assert_eq!(
+        each(&since_1970.body["executions"], "executionId"),
+        [second.to_string(), first.to_string()]
+    );
+    assert!(since_1970.body["next"].is_string(), "{}", since_1970.body);
+    let far_ahead = get(
+        &stack,
+        &format!("/executions?pipeline={pipeline}&to=1000000000000000"),
+    )
+    .await;
+    assert_eq!(far_ahead.status, 200, "{}", far_ahead.body);
+    assert_eq!(
+        each(&far_ahead.body["executions"], "executionId"),
+        [second.to_string(), first.to_string()]
+    );
     get(&stack, "/executions?status=FAILED")
         .await
         .refused(400, "INVALID_REQUEST");

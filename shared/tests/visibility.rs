@@ -9,8 +9,9 @@ use std::sync::Arc;
 use common::{coordinator_of, last_request, reply, sqs, submitted, task_pipeline};
 use serde_json::json;
 use stepline::adapters::{InMemoryExecutionStore, RecordingSender};
+use stepline::coordinator::MAX_INDEX_READS;
 use stepline::domain::history::{What, JOURNAL_CHUNK};
-use stepline::domain::{launch_id, Status, StepError};
+use stepline::domain::{launch_id, Status, StepError, Timestamp};
 use stepline::envelope::ReplyOutcome;
 use stepline::handlers::{self, RedriveRequest};
 use stepline::{Coordinator, ListRequest, SubmitRequest};
@@ -285,4 +286,69 @@ async fn executions_are_listed_newest_first_by_pipeline_status_and_tenant_a_page
     };
     let bad = coordinator.list(bad).await.unwrap_err();
     assert_eq!(bad.code().as_str(), "INVALID_REQUEST");
+}
+
+#[tokio::test]
+async fn a_listing_reads_a_bounded_number_of_index_pages_however_wide_its_window() {
+    let store = Arc::new(InMemoryExecutionStore::default());
+    let sender = Arc::new(RecordingSender::default());
+    let coordinator =
+        coordinator_of(task_pipeline("shop", &["a"]), store.clone(), sender.clone()).await;
+    let mut ids = Vec::new();
+    for k in 0..3 {
+        let request = SubmitRequest {
+            pipeline_id: "shop".into(),
+            tenant: "acme".into(),
+            input: json!({"k": k}),
+            ..Default::default()
+        };
+        ids.push(coordinator.submit(request).await.unwrap().execution);
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    }
+    let newest_first: Vec<_> = ids.iter().rev().copied().collect();
+    let reads = |request: ListRequest| {
+        let (coordinator, store) = (&coordinator, &store);
+        async move {
+            let before = store.lists();
+            let page = coordinator.list(request).await.unwrap();
+            (page, store.lists() - before)
+        }
+    };
+
+    // Every day back to the epoch: one bounded call finds today's executions, and says where to go on.
+    let since_1970 = ListRequest {
+        from: Some(Timestamp::from_millis(1)),
+        ..shop(50)
+    };
+    let (page, index_reads) = reads(since_1970.clone()).await;
+    assert!(
+        index_reads <= MAX_INDEX_READS,
+        "{index_reads} index pages read"
+    );
+    let listed: Vec<_> = page.executions.iter().map(|e| e.execution_id).collect();
+    assert_eq!(listed, newest_first);
+    let next = page.next.expect("a window not walked to its end goes on");
+    // The next call goes on from where the first stopped, just as bounded, and lists nothing twice.
+    let (later, index_reads) = reads(ListRequest {
+        after: Some(next),
+        ..since_1970
+    })
+    .await;
+    assert!(
+        index_reads <= MAX_INDEX_READS,
+        "{index_reads} index pages read"
+    );
+    assert!(later.executions.is_empty(), "{later:?}");
+
+    // A window ending thousands of years ahead lists from a day ahead of the clock, bounded too.
+    let far_ahead = ListRequest {
+        to: Some(Timestamp::from_millis(1_000_000_000_000_000)),
+        ..shop(50)
+    };
+    let (page, index_reads) = reads(far_ahead).await;
+    // The default window, a week back from there: nine days at most, walked to its end.
+    assert!(index_reads <= 9, "{index_reads} index pages read");
+    assert!(page.next.is_none());
+    let listed: Vec<_> = page.executions.iter().map(|e| e.execution_id).collect();
+    assert_eq!(listed, newest_first);
 }

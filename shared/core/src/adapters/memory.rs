@@ -30,6 +30,8 @@ pub struct InMemoryExecutionStore {
     /// Reads and writes that reached the store (tests count the calls of a path).
     gets: AtomicUsize,
     writes: AtomicUsize,
+    /// List-index pages read.
+    lists: AtomicUsize,
     /// Answer the next write as the SDK's retry does after a lost response: applied, then `Conflict`.
     lose_next: AtomicBool,
     /// Answer the next write as when every attempt's response is lost: applied, then `Unavailable`.
@@ -147,6 +149,11 @@ impl InMemoryExecutionStore {
     /// Writes (`create`, `replace`) that reached the store, applied or not.
     pub fn writes(&self) -> usize {
         self.writes.load(Ordering::SeqCst)
+    }
+
+    /// List-index pages read so far.
+    pub fn lists(&self) -> usize {
+        self.lists.load(Ordering::SeqCst)
     }
 
     /// The next write is applied but answered with `Conflict`, as the SDK's retry of a write whose
@@ -306,6 +313,7 @@ impl ExecutionStore for InMemoryExecutionStore {
     }
 
     async fn list(&self, query: ListQuery) -> Result<ListPage, StoreError> {
+        self.lists.fetch_add(1, Ordering::SeqCst);
         let records = self.records.lock().expect("store");
         Ok(list_page(records.values(), &query))
     }

@@ -35,7 +35,7 @@ pub use submit::{SubmitRequest, Submitted};
 pub use sweep::{ClaimReport, MAX_DUE_SHARDS};
 pub use visibility::{
     step_state, ExecutionSummary, HistoryView, ListRequest, ListResponse, StepState,
-    DEFAULT_WINDOW, MAX_EXAMINED, MAX_LIMIT,
+    DEFAULT_WINDOW, MAX_EXAMINED, MAX_INDEX_READS, MAX_LIMIT,
 };
 
 use std::collections::HashMap;

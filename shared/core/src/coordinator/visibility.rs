@@ -21,6 +21,12 @@ pub const DEFAULT_WINDOW: Duration = DAY.saturating_mul(7);
 pub const MAX_EXAMINED: usize = 1000;
 /// Index entries read per Query.
 const INDEX_PAGE: i32 = 100;
+/// At most this many list-index pages (one Query each: a day, or a page of a day) are read per
+/// listing call, however wide its window: a call that reaches it answers with what it found and a
+/// `next` that goes on from the day it stopped at.
+pub const MAX_INDEX_READS: usize = 30;
+/// Nothing is created later than the clock plus this: a `to` further ahead lists from there.
+const FUTURE_SLACK: Duration = DAY;
 pub const MAX_LIMIT: usize = 200;
 
 /// What to list: a pipeline's executions, optionally of some statuses and a tenant, created in
@@ -152,9 +158,11 @@ impl Coordinator {
             return Err(CoordinatorError::Invalid("pipelineId is required".into()));
         }
         let limit = request.limit.clamp(1, MAX_LIMIT);
+        let now = self.clock.now();
         let to = request
             .to
-            .unwrap_or_else(|| self.clock.now() + Duration::from_millis(1));
+            .unwrap_or(now + Duration::from_millis(1))
+            .min(now + FUTURE_SLACK);
         let from = request.from.unwrap_or(to - DEFAULT_WINDOW);
         if from >= to {
             return Err(CoordinatorError::Invalid(format!(
@@ -164,12 +172,13 @@ impl Coordinator {
             )));
         }
         let mut position = match &request.after {
-            Some(token) => decode(token)?,
+            Some(token) => decode(token)?.min(ListCursor::before(to)),
             None => ListCursor::before(to),
         };
         let mut day = position.created_at.days();
         let mut found = Vec::new();
         let mut examined = 0;
+        let mut index_reads = 0;
         loop {
             if Timestamp::day_start(day + 1) <= from {
                 return Ok(ListResponse {
@@ -178,6 +187,14 @@ impl Coordinator {
                     examined,
                 });
             }
+            if index_reads == MAX_INDEX_READS {
+                return Ok(ListResponse {
+                    executions: found,
+                    next: Some(encode(position)),
+                    examined,
+                });
+            }
+            index_reads += 1;
             let page = self
                 .store
                 .list(ListQuery {
