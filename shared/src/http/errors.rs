@@ -19,7 +19,8 @@ pub enum ApiError {
     MethodNotAllowed {
         method: Method,
         path: String,
-        allowed: Method,
+        /// The resource's methods, as the `Allow` header lists them.
+        allowed: &'static str,
     },
     #[error("malformed id {0:?}")]
     InvalidId(String),
@@ -81,7 +82,7 @@ impl ApiError {
         let mut response = json_response(status, &body);
         let headers = response.headers_mut();
         if let ApiError::MethodNotAllowed { allowed, .. } = &self {
-            if let Ok(value) = HeaderValue::from_str(allowed.as_str()) {
+            if let Ok(value) = HeaderValue::from_str(allowed) {
                 headers.insert(header::ALLOW, value);
             }
         }

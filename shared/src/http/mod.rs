@@ -112,7 +112,7 @@ impl<'a> Route<'a> {
     }
 
     /// Each route takes exactly one method.
-    fn method(&self) -> Method {
+    fn method(&self) -> &'static Method {
         match self {
             Route::Execution(_)
             | Route::ListExecutions
@@ -120,14 +120,14 @@ impl<'a> Route<'a> {
             | Route::ExecutionResult(_)
             | Route::Interactions(_)
             | Route::PipelineReleases(_)
-            | Route::ActiveRelease(_) => Method::GET,
+            | Route::ActiveRelease(_) => &Method::GET,
             Route::Executions
             | Route::SubmitBatch
             | Route::Cancel(_)
             | Route::Redrive(_)
             | Route::Interaction(..)
             | Route::Releases
-            | Route::Activations(_) => Method::POST,
+            | Route::Activations(_) => &Method::POST,
         }
     }
 }
@@ -209,8 +209,12 @@ async fn route(
     if route == Route::Executions && request.method() == Method::GET {
         route = Route::ListExecutions;
     }
-    let allowed = route.method();
-    if request.method() != allowed {
+    if request.method() != route.method() {
+        let allowed = match route {
+            // One resource, two routes: submit and list.
+            Route::Executions | Route::ListExecutions => "GET, POST",
+            _ => route.method().as_str(),
+        };
         return Err(ApiError::MethodNotAllowed {
             method: request.method().clone(),
             path: path.to_string(),
@@ -525,7 +529,14 @@ pub fn list_request(query: &str) -> Result<ListRequest, ApiError> {
             "tenant" => request.tenant = Some(value),
             "from" => request.from = Some(Timestamp::from_millis(number(&value)?)),
             "to" => request.to = Some(Timestamp::from_millis(number(&value)?)),
-            "limit" => request.limit = number(&value)?.clamp(1, MAX_LIMIT as i64) as usize,
+            "limit" => {
+                request.limit = usize::try_from(number(&value)?)
+                    .ok()
+                    .filter(|n| (1..=MAX_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        invalid(format!("limit is from 1 to {MAX_LIMIT}, not {value}"))
+                    })?
+            }
             "after" => request.after = Some(value),
             other => return Err(invalid(format!("unknown query parameter {other:?}"))),
         }
@@ -661,7 +672,7 @@ mod tests {
     #[test]
     fn the_listing_reads_its_query_parameters() {
         let r = list_request(
-            "pipeline=orders&status=FAILED,dlq&tenant=a%20b&from=1&to=9&limit=500&after=x.y",
+            "pipeline=orders&status=FAILED,dlq&tenant=a%20b&from=1&to=9&limit=200&after=x.y",
         )
         .unwrap();
         assert_eq!(r.pipeline_id, "orders");
@@ -682,6 +693,9 @@ mod tests {
             "pipeline=o&status=NOPE",
             "pipeline=o&colour=red",
             "pipeline=o&from=soon",
+            "pipeline=o&limit=0",
+            "pipeline=o&limit=-89667",
+            "pipeline=o&limit=201",
         ] {
             let error = list_request(bad).unwrap_err();
             assert_eq!(error.code(), Code::InvalidRequest, "{bad}");
