@@ -2,6 +2,7 @@
 //! (moto or LocalStack) and runs the project's handlers behind emulated Lambda event sources.
 
 pub mod binaries;
+pub mod endpoint;
 pub mod runner;
 pub mod runtime_api;
 pub mod testing;

@@ -105,6 +105,10 @@ enum Command {
         /// Functions to run: any of claim, launch, completion, worker (default: all).
         #[arg(long, value_delimiter = ',')]
         functions: Vec<String>,
+        /// Also serve the HTTP API here (a loopback address, e.g. 127.0.0.1:9000), as its function
+        /// URLs would: payload format 2.0 events into the API function's handler.
+        #[arg(long)]
+        api: Option<std::net::SocketAddr>,
         #[command(flatten)]
         pipeline: PipelineArgs,
     },
@@ -271,6 +275,7 @@ async fn main() -> Result<()> {
             stage,
             params,
             functions,
+            api,
             pipeline,
         } => {
             let local = LocalStack::up_with(&stage, &params.into_iter().collect())
@@ -281,6 +286,11 @@ async fn main() -> Result<()> {
             local.take_outside_queues_as_worker_stacks()?;
             release_order_example(&local, &pipeline).await?;
             let _runner = start(&local, &functions, &pipeline)?;
+            if let Some(address) = api {
+                let bound = stepline_local::endpoint::start(&local, address).await?;
+                // A line a script can wait for.
+                eprintln!("api http://{bound}");
+            }
             eprintln!("running stage {stage}; Ctrl-C to stop");
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

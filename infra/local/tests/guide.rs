@@ -77,7 +77,7 @@ fn run_guide(lang: &str, timeout: Duration, env: &[(&str, String)]) -> Result<St
     };
     let stdout = std::fs::read_to_string(&out_file).unwrap_or_default();
     if !status.success() {
-        let logs: Vec<String> = ["coordinator.log", "worker.log"]
+        let logs: Vec<String> = ["coordinator.log", "worker.log", "run.log"]
             .iter()
             .flat_map(|name| {
                 walk(&dir)
@@ -154,5 +154,36 @@ fn the_rust_guide_runs_to_a_succeeded_execution() -> Result<()> {
         &[("CARGO_TARGET_DIR", target.to_string_lossy().into_owned())],
     )?;
     assert_succeeded(&stdout);
+    Ok(())
+}
+
+#[test]
+fn the_curl_guide_talks_to_the_local_api() -> Result<()> {
+    stepline_local::needs_emulator!();
+    let stdout = run_guide("curl", Duration::from_secs(300), &[])?;
+    // The submit, the result, the listing and the history, each as the API answered it.
+    let answers: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("one JSON answer a line: {stdout}"))?;
+    let [submitted, result, listed, history] = answers.as_slice() else {
+        bail!("four answers: {stdout}");
+    };
+    let id = submitted["executionId"].as_str().context("an id")?;
+    assert_eq!(result["status"], "SUCCEEDED", "{result}");
+    assert_eq!(result["result"]["totalCents"], 500, "{result}");
+    assert!(
+        listed["executions"]
+            .as_array()
+            .is_some_and(|all| all.iter().any(|e| e["executionId"] == id)),
+        "{listed}"
+    );
+    assert_eq!(history["execution"]["executionId"], id, "{history}");
+    assert_eq!(
+        history["attempts"].as_array().map(Vec::len),
+        Some(3),
+        "{history}"
+    );
     Ok(())
 }

@@ -32,6 +32,10 @@ pub mod functions {
     pub const LAUNCH: &str = "LaunchFunction";
     pub const COMPLETION: &str = "CompletionFunction";
     pub const REDRIVE: &str = "RedriveFunction";
+    /// The API's three function URLs: submit (and reads), operate, administer.
+    pub const API: &str = "ApiFunction";
+    pub const OPERATOR_API: &str = "OperatorApiFunction";
+    pub const ADMIN_API: &str = "AdminApiFunction";
     pub const ORDER_WORKER: &str = "OrderWorkerFunction";
 }
 

@@ -199,6 +199,15 @@ fn failed(method: &Method, path: &str, error: ApiError) -> Response<Body> {
     error.into_response()
 }
 
+/// Whom a request is for, by its method and path (`None`: a read every endpoint serves, or no route):
+/// a gateway in front of several endpoints picks the one to call by it.
+pub fn audience_of(method: &Method, path: &str) -> Option<Audience> {
+    match Route::parse(path)? {
+        Route::Executions if method == Method::GET => None,
+        route => route.audience(),
+    }
+}
+
 async fn route(
     coordinator: &Coordinator,
     served: Audiences,
