@@ -67,6 +67,8 @@ if [ "$tier" = full ]; then
   infra/build-lambdas.sh
 fi
 chosen moto || chosen localstack || chosen lossy && infra/emulator.sh start
+# The API fuzz test's schemathesis (infra/local/tests/api_fuzz.rs).
+chosen moto || chosen localstack && infra/fuzzer.sh
 eval "$(infra/emulator.sh env)"
 chosen localstack && infra/localstack.sh start
 # The binaries the tests run (functions, CLI, local runner) are built here, with the tests.

@@ -280,6 +280,15 @@ async fn executions_are_listed_newest_first_by_pipeline_status_and_tenant_a_page
         ..shop(50)
     };
     assert!(listed(&coordinator, other).await.is_empty());
+    // An empty window lists nothing, without a read.
+    let empty = ListRequest {
+        from: Some(fourth),
+        to: Some(fourth),
+        ..shop(50)
+    };
+    let reads = store.lists();
+    assert!(listed(&coordinator, empty).await.is_empty());
+    assert_eq!(store.lists(), reads);
     let bad = ListRequest {
         after: Some("nonsense".into()),
         ..shop(5)

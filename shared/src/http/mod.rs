@@ -529,13 +529,15 @@ pub fn list_request(query: &str) -> Result<ListRequest, ApiError> {
         match key {
             "pipeline" | "pipelineId" => request.pipeline_id = value,
             "status" => {
-                for status in value.split(',').filter(|s| !s.is_empty()) {
-                    let parsed = serde_json::from_value(Value::String(status.to_uppercase()))
+                // Exactly as the spec's pattern: upper-case names, commas between them.
+                for status in value.split(',').filter(|_| !value.is_empty()) {
+                    let parsed = serde_json::from_value(Value::String(status.to_string()))
                         .map_err(|_| invalid(format!("no status {status:?}")))?;
                     request.statuses.push(parsed);
                 }
             }
-            "tenant" => request.tenant = Some(value),
+            // An empty optional parameter is one not given.
+            "tenant" => request.tenant = Some(value).filter(|v| !v.is_empty()),
             "from" => request.from = Some(Timestamp::from_millis(number(&value)?)),
             "to" => request.to = Some(Timestamp::from_millis(number(&value)?)),
             "limit" => {
@@ -546,7 +548,7 @@ pub fn list_request(query: &str) -> Result<ListRequest, ApiError> {
                         invalid(format!("limit is from 1 to {MAX_LIMIT}, not {value}"))
                     })?
             }
-            "after" => request.after = Some(value),
+            "after" => request.after = Some(value).filter(|v| !v.is_empty()),
             other => return Err(invalid(format!("unknown query parameter {other:?}"))),
         }
     }
@@ -681,7 +683,7 @@ mod tests {
     #[test]
     fn the_listing_reads_its_query_parameters() {
         let r = list_request(
-            "pipeline=orders&status=FAILED,dlq&tenant=a%20b&from=1&to=9&limit=200&after=x.y",
+            "pipeline=orders&status=FAILED,DLQ&tenant=a%20b&from=1&to=9&limit=200&after=x.y",
         )
         .unwrap();
         assert_eq!(r.pipeline_id, "orders");
@@ -697,6 +699,8 @@ mod tests {
         );
         assert_eq!(r.after.as_deref(), Some("x.y"));
         assert_eq!(list_request("pipeline=orders").unwrap().limit, 50);
+        let blank = list_request("pipeline=orders&tenant=&after=").unwrap();
+        assert_eq!((blank.tenant, blank.after), (None, None));
         for bad in [
             "status=FAILED",
             "pipeline=o&status=NOPE",
@@ -705,6 +709,8 @@ mod tests {
             "pipeline=o&limit=0",
             "pipeline=o&limit=-89667",
             "pipeline=o&limit=201",
+            "pipeline=o&status=dlq",
+            "pipeline=o&status=FAILED,,DLQ",
         ] {
             let error = list_request(bad).unwrap_err();
             assert_eq!(error.code(), Code::InvalidRequest, "{bad}");

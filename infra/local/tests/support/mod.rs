@@ -77,6 +77,14 @@ impl RunProcess {
         let _ = self.child.wait();
     }
 
+    /// The address of the HTTP API the runner serves (`--api`), from its log.
+    pub fn api_address(&self) -> Option<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("api http://").map(str::to_string))
+    }
+
     /// Log lines (JSON) whose message is `message`.
     pub fn events(&self, message: &str) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.log)

@@ -127,6 +127,10 @@ fn encode(cursor: ListCursor) -> String {
 fn decode(text: &str) -> Result<ListCursor, CoordinatorError> {
     let bad = || CoordinatorError::Invalid(format!("not a listing position: {text:?}"));
     let (at, id) = text.split_once('.').ok_or_else(bad)?;
+    // As `encode` writes it (and the spec's pattern says): a hyphenated id.
+    if id.len() != 36 {
+        return Err(bad());
+    }
     Ok(ListCursor {
         created_at: Timestamp::from_millis(at.parse().map_err(|_| bad())?),
         id: id.parse().map_err(|_| bad())?,
@@ -165,11 +169,12 @@ impl Coordinator {
             .min(now + FUTURE_SLACK);
         let from = request.from.unwrap_or(to - DEFAULT_WINDOW);
         if from >= to {
-            return Err(CoordinatorError::Invalid(format!(
-                "an empty window: from {} is not before to {}",
-                from.millis(),
-                to.millis()
-            )));
+            // An empty window: nothing was created in it.
+            return Ok(ListResponse {
+                executions: Vec::new(),
+                next: None,
+                examined: 0,
+            });
         }
         let mut position = match &request.after {
             Some(token) => decode(token)?.min(ListCursor::before(to)),
