@@ -14,7 +14,8 @@ use stepline::domain::history::What;
 use stepline::domain::{Execution, PipelineDef, Status, StepError};
 use stepline::envelope::{RequestHeader, REASON_ATTRIBUTE};
 use stepline::handlers::{
-    self, OperatorRequest, OperatorResponse, RedriveRequest, ReplayFilter, ReplayRequest,
+    self, OperatorRequest, OperatorResponse, RedriveRequest, ReplayFilter, ReplayReport,
+    ReplayRequest,
 };
 use stepline::ports::{Registration, StoreError};
 use stepline::release::Release;
@@ -536,6 +537,7 @@ async fn a_bulk_replay_moves_one_bugs_failures_onto_the_fix_after_a_dry_run_and_
             }
         }
     };
+    let counts = |r: &ReplayReport| (r.matched, r.replayed, r.failed);
     let failed: BTreeSet<Uuid> = hotfix.failed.iter().map(|r| r.id).collect();
     let unmoved = || async {
         for id in &failed {
@@ -570,11 +572,7 @@ async fn a_bulk_replay_moves_one_bugs_failures_onto_the_fix_after_a_dry_run_and_
 
     // Onto release 3: each move refused with its code and the diff, both kept in the DLQ.
     let refused = run(replay("price", "3", false)).await?;
-    assert_eq!(
-        (refused.matched, refused.replayed, refused.failed),
-        (2, 0, 2),
-        "{refused:?}"
-    );
+    assert_eq!(counts(&refused), (2, 0, 2), "{refused:?}");
     assert!(refused
         .refused
         .iter()
@@ -585,11 +583,7 @@ async fn a_bulk_replay_moves_one_bugs_failures_onto_the_fix_after_a_dry_run_and_
 
     // Onto release 2: both move and succeed there; the DLQ is empty after.
     let moved = run(replay("price", "2", false)).await?;
-    assert_eq!(
-        (moved.matched, moved.replayed, moved.failed),
-        (2, 2, 0),
-        "{moved:?}"
-    );
+    assert_eq!(counts(&moved), (2, 2, 0), "{moved:?}");
     moved_onto_the_fix(&stack, &hotfix).await?;
     let after = run(replay("price", "2", true)).await?;
     assert_eq!(after.examined, 0, "{after:?}");

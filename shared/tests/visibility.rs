@@ -36,6 +36,26 @@ fn shop(limit: usize) -> ListRequest {
     }
 }
 
+/// A coordinator over an in-memory store with one execution of `shop` submitted per tenant given, a
+/// few milliseconds apart (the listing's order), and their ids.
+async fn shop_of(tenants: &[&str]) -> (Arc<InMemoryExecutionStore>, Coordinator, Vec<uuid::Uuid>) {
+    let store = Arc::new(InMemoryExecutionStore::default());
+    let sender = Arc::new(RecordingSender::default());
+    let coordinator = coordinator_of(task_pipeline("shop", &["a"]), store.clone(), sender).await;
+    let mut ids = Vec::new();
+    for (k, tenant) in tenants.iter().enumerate() {
+        let request = SubmitRequest {
+            pipeline_id: "shop".into(),
+            tenant: tenant.to_string(),
+            input: json!({"k": k}),
+            ..Default::default()
+        };
+        ids.push(coordinator.submit(request).await.unwrap().execution);
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    }
+    (store, coordinator, ids)
+}
+
 /// The executions `request` lists, in the order listed.
 async fn listed(coordinator: &Coordinator, request: ListRequest) -> Vec<uuid::Uuid> {
     let page = coordinator.list(request).await.unwrap();
@@ -198,22 +218,8 @@ async fn what_no_longer_fits_in_the_record_goes_to_the_journal_a_chunk_at_a_time
 
 #[tokio::test]
 async fn executions_are_listed_newest_first_by_pipeline_status_and_tenant_a_page_at_a_time() {
-    let store = Arc::new(InMemoryExecutionStore::default());
-    let sender = Arc::new(RecordingSender::default());
-    let coordinator =
-        coordinator_of(task_pipeline("shop", &["a"]), store.clone(), sender.clone()).await;
-    let mut ids = Vec::new();
-    for k in 0..7 {
-        let request = SubmitRequest {
-            pipeline_id: "shop".into(),
-            tenant: if k % 2 == 0 { "even" } else { "odd" }.into(),
-            input: json!({"k": k}),
-            ..Default::default()
-        };
-        ids.push(coordinator.submit(request).await.unwrap().execution);
-        // Distinct creation times (the listing's order).
-        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
-    }
+    let (store, coordinator, ids) =
+        shop_of(&["even", "odd", "even", "odd", "even", "odd", "even"]).await;
     // Two of them are cancelled.
     for id in [ids[1], ids[4]] {
         let version = coordinator.get(id).await.unwrap().version;
@@ -299,21 +305,7 @@ async fn executions_are_listed_newest_first_by_pipeline_status_and_tenant_a_page
 
 #[tokio::test]
 async fn a_listing_reads_a_bounded_number_of_index_pages_however_wide_its_window() {
-    let store = Arc::new(InMemoryExecutionStore::default());
-    let sender = Arc::new(RecordingSender::default());
-    let coordinator =
-        coordinator_of(task_pipeline("shop", &["a"]), store.clone(), sender.clone()).await;
-    let mut ids = Vec::new();
-    for k in 0..3 {
-        let request = SubmitRequest {
-            pipeline_id: "shop".into(),
-            tenant: "acme".into(),
-            input: json!({"k": k}),
-            ..Default::default()
-        };
-        ids.push(coordinator.submit(request).await.unwrap().execution);
-        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
-    }
+    let (store, coordinator, ids) = shop_of(&["acme"; 3]).await;
     let newest_first: Vec<_> = ids.iter().rev().copied().collect();
     let reads = |request: ListRequest| {
         let (coordinator, store) = (&coordinator, &store);

@@ -38,6 +38,9 @@ impl StoreError {
     }
 }
 
+/// What deferring a due entry answers: its new due time, `None` if it is gone.
+pub type Deferred = Result<Option<Timestamp>, StoreError>;
+
 /// The execution table. Every change is conditional on the version read.
 #[async_trait]
 pub trait ExecutionStore: Send + Sync {
@@ -54,12 +57,7 @@ pub trait ExecutionStore: Send + Sync {
     /// it counts the execution's failed claims and moves the entry to `backoff.until(now, failures)`,
     /// so one bad item never holds the head of its shard. A later write of the record replaces the
     /// entry (and forgets the count). Returns the new due time; `None` if the entry is gone.
-    async fn defer(
-        &self,
-        id: Uuid,
-        now: Timestamp,
-        backoff: Backoff,
-    ) -> Result<Option<Timestamp>, StoreError>;
+    async fn defer(&self, id: Uuid, now: Timestamp, backoff: Backoff) -> Deferred;
     /// Number of due-index shards entries are written to now.
     fn shards(&self) -> u32;
     /// Writes chunk `chunk` of an execution's history journal (the same chunk again replaces it with

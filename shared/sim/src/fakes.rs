@@ -197,12 +197,7 @@ impl ExecutionStore for SimStore {
         }
     }
 
-    async fn defer(
-        &self,
-        id: Uuid,
-        now: Timestamp,
-        backoff: Backoff,
-    ) -> Result<Option<Timestamp>, StoreError> {
+    async fn defer(&self, id: Uuid, now: Timestamp, backoff: Backoff) -> Deferred {
         YieldOnce(false).await;
         let mut w = self.0.lock().expect("world");
         match w.fate() {

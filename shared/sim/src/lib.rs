@@ -86,9 +86,9 @@ use crate::envelope::{
 };
 use crate::planted::Bug;
 use crate::ports::{
-    Backoff, BusEvent, Clock, DeadLetter, DeadLetterQueue, DuePage, DueQuery, EventPublisher,
-    ExecutionStore, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore, ReleaseRegistry,
-    SendError, Sent, StoreError,
+    Backoff, BusEvent, Clock, DeadLetter, DeadLetterQueue, Deferred, DuePage, DueQuery,
+    EventPublisher, ExecutionStore, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore,
+    ReleaseRegistry, SendError, Sent, StoreError,
 };
 use crate::worker::{StepFunction, Worker};
 

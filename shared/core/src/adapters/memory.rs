@@ -14,7 +14,7 @@ use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord};
 use crate::domain::seal::{SealKey, SealKeys};
 use crate::domain::{ChildEnd, Execution, PipelineDef, Tally, Timestamp};
-use crate::ports::due_shard;
+use crate::ports::{due_shard, Deferred};
 use crate::ports::{
     ActivationRequest, Backoff, BlockCount, DueCursor, DuePage, DueQuery, ExecutionStore,
     FanOutLedger, HeadChange, ItemOutcome, ListCursor, ListPage, ListQuery, MessageSender,
@@ -290,12 +290,7 @@ impl ExecutionStore for InMemoryExecutionStore {
         Ok(due_page(entries, query))
     }
 
-    async fn defer(
-        &self,
-        id: Uuid,
-        now: Timestamp,
-        backoff: Backoff,
-    ) -> Result<Option<Timestamp>, StoreError> {
+    async fn defer(&self, id: Uuid, now: Timestamp, backoff: Backoff) -> Deferred {
         Ok(self.defer_entry(id, now, backoff))
     }
 

@@ -94,20 +94,20 @@ pub struct ReplayReport {
     pub absorbed: usize,
     /// Not matching, dry run, or failed: left in the DLQ.
     pub kept: usize,
+    /// Not replayed for an error, each one's in `refused` (with its execution when the message
+    /// names one).
     pub failed: usize,
+    #[serde(default)]
+    pub refused: Vec<Refused>,
     pub dry_run: bool,
     /// Executions that matched.
     pub executions: Vec<Uuid>,
-    /// Why each failed one was not replayed (its execution, when the message names one).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub refused: Vec<Refused>,
 }
 
 /// A matching dead letter left in its DLQ: the refusal's code and message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Refused {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub execution_id: Option<Uuid>,
     pub code: String,
     pub message: String,

@@ -141,12 +141,7 @@ impl ExecutionStore for Store {
         alive(&self.world)?;
         self.inner.due(query).await.map(crate::fakes::sweep_bug)
     }
-    async fn defer(
-        &self,
-        id: Uuid,
-        now: Timestamp,
-        backoff: Backoff,
-    ) -> Result<Option<Timestamp>, StoreError> {
+    async fn defer(&self, id: Uuid, now: Timestamp, backoff: Backoff) -> Deferred {
         alive(&self.world)?;
         self.inner.defer(id, now, backoff).await
     }

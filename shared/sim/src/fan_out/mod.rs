@@ -38,9 +38,9 @@ use crate::envelope::{
 };
 use crate::planted::{self, Bug};
 use crate::ports::{
-    Backoff, BlockCount, Clock, DuePage, DueQuery, ExecutionStore, FanOutLedger, HeadChange,
-    ItemOutcome, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore, SendError, Sent,
-    StoreError,
+    Backoff, BlockCount, Clock, Deferred, DuePage, DueQuery, ExecutionStore, FanOutLedger,
+    HeadChange, ItemOutcome, ListPage, ListQuery, MessageSender, OutMessage, PayloadStore,
+    SendError, Sent, StoreError,
 };
 use crate::worker::{Heartbeat, StepFunction, Worker};
 

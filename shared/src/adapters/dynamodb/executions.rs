@@ -142,12 +142,7 @@ impl ExecutionStore for DynamoDbExecutionStore {
         })
     }
 
-    async fn defer(
-        &self,
-        id: Uuid,
-        now: Timestamp,
-        backoff: Backoff,
-    ) -> Result<Option<Timestamp>, StoreError> {
+    async fn defer(&self, id: Uuid, now: Timestamp, backoff: Backoff) -> Deferred {
         // Counted first (the count decides the delay), then moved; both only while the item is in the
         // index. A full write of the record drops both attributes.
         let counted = self

@@ -26,7 +26,7 @@ use crate::domain::history::Entry;
 use crate::domain::release::{Activation, Release, WorkerRecord, WorkerState};
 use crate::domain::{Execution, Timestamp};
 use crate::ports::{
-    ActivationRequest, Backoff, DueCursor, DuePage, DueQuery, ExecutionStore, HeadChange,
+    ActivationRequest, Backoff, Deferred, DueCursor, DuePage, DueQuery, ExecutionStore, HeadChange,
     ItemOutcome, ListCursor, ListPage, ListQuery, Registration, ReleaseRegistry, StoreError,
 };
 
