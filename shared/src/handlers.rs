@@ -110,14 +110,6 @@ pub async fn launch(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchRespo
 /// the next step's `launching` state in one conditional write, then sends the next request directly.
 /// Interaction completions arrive on the same queue.
 pub async fn completion(coordinator: &Coordinator, event: SqsEvent) -> SqsBatchResponse {
-    let mut event = event;
-    if crate::planted!(DropsReplies) {
-        let mut n = 0;
-        event.records.retain(|_| {
-            n += 1;
-            n % 2 == 1
-        });
-    }
     batch(coordinator, Inbox::Reply, event, reply_command).await
 }
 

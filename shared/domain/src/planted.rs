@@ -9,7 +9,8 @@ pub enum Bug {
     /// Launch work is carried out without checking that its lease's token and generation are the
     /// record's (fencing ignored).
     LaunchIgnoresFencing,
-    /// The completion handler acknowledges every other reply without applying it.
+    /// Every other reply is acknowledged without being applied: the simulation's event source hands
+    /// the completion handler half of each batch.
     DropsReplies,
     /// A worker's message is accepted without checking its reply token.
     AcceptsUnauthenticatedReplies,

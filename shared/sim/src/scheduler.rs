@@ -176,6 +176,16 @@ impl Scheduler<'_> {
             }
             REPLY => {
                 let c = self.processes.completion[pick].clone();
+                let mut event = event;
+                // Planted: the event source hands the completion every other reply, and the others
+                // are acknowledged with its batch, never applied.
+                if planted::active(Bug::DropsReplies) {
+                    let mut n = 0;
+                    event.records.retain(|_| {
+                        n += 1;
+                        n % 2 == 1
+                    });
+                }
                 (
                     Role::Completion,
                     Box::pin(async move { Some(crate::handlers::completion(&c, event).await) }),
