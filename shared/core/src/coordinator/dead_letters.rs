@@ -1,8 +1,9 @@
 //! Dead letters: bulk replay of the execution DLQ (re-drive every matching failed execution, on its
-//! release or onto a fixed one) and moving messages from a queue's DLQ back to its source queue. Both work on any SQS implementation (no
-//! `StartMessageMoveTask`): receive, act, then delete. A crash between acting and deleting leaves the
-//! message in the DLQ; replaying it again is absorbed (the execution is no longer at that failure, or
-//! the coordinator deduplicates the moved message), so nothing is lost and nothing is applied twice.
+//! release or onto a fixed one) and moving messages from a queue's DLQ back to its source queue.
+//! Both work on any SQS implementation (no `StartMessageMoveTask`): receive, act, then delete. A
+//! crash between acting and deleting leaves the message in the DLQ; replaying it again is absorbed
+//! (the execution is no longer at that failure, or the coordinator deduplicates the moved message),
+//! so nothing is lost and nothing is applied twice.
 
 use std::time::Duration;
 
